@@ -1,0 +1,300 @@
+#include "common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace paramcast {
+
+const char* backend_name(Backend b) { return b == Backend::kNccl ? "nccl" : "gloo"; }
+
+namespace {
+
+// Thrown inside the loader only, turned into a Status at its boundary.
+struct ConfigError {
+  std::string message;
+};
+
+class Loader {
+ public:
+  explicit Loader(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& path, const std::string& what) const {
+    std::ostringstream os;
+    os << file_;
+    if (node.IsDefined() && node.Mark().line >= 0)
+      os << ":" << node.Mark().line + 1 << ":" << node.Mark().column + 1;
+    os << ": key '" << path << "': " << what;
+    throw ConfigError{os.str()};
+  }
+
+  std::string scalar(const YAML::Node& n, const std::string& path, const char* expected) const {
+    if (!n.IsScalar()) fail(n, path, std::string("expected ") + expected + ", got a " + kind(n));
+    return n.Scalar();
+  }
+
+  static const char* kind(const YAML::Node& n) {
+    switch (n.Type()) {
+      case YAML::NodeType::Map: return "mapping";
+      case YAML::NodeType::Sequence: return "list";
+      case YAML::NodeType::Null: return "null value";
+      default: return "scalar";
+    }
+  }
+
+  Millis duration(const YAML::Node& n, const std::string& path, bool allow_zero = false) const {
+    const std::string s = scalar(n, path, "a duration like 500ms or 10s");
+    auto d = parse_duration(s);
+    if (!d) fail(n, path, "bad value '" + s + "': expected a duration like 500ms or 10s (units ns, us, ms, s, m, h)");
+    if (!allow_zero && d->count() <= 0) fail(n, path, "bad value '" + s + "': expected a positive duration");
+    return std::chrono::duration_cast<Millis>(*d);
+  }
+
+  uint64_t size(const YAML::Node& n, const std::string& path, uint64_t min) const {
+    const std::string s = scalar(n, path, "a size like 256MiB");
+    auto v = parse_size(s);
+    if (!v) fail(n, path, "bad value '" + s + "': expected a size like 4096, 64KiB, 256MiB or 1GiB");
+    if (*v < min) fail(n, path, "bad value '" + s + "': must be at least " + std::to_string(min) + " bytes");
+    return *v;
+  }
+
+  int64_t integer(const YAML::Node& n, const std::string& path, int64_t min, int64_t max) const {
+    const std::string s = scalar(n, path, "an integer");
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || p != s.data() + s.size())
+      fail(n, path, "bad value '" + s + "': expected an integer");
+    if (v < min || v > max)
+      fail(n, path, "bad value '" + s + "': expected an integer in [" + std::to_string(min) + ", " +
+                        std::to_string(max) + "]");
+    return v;
+  }
+
+  bool boolean(const YAML::Node& n, const std::string& path) const {
+    const std::string s = scalar(n, path, "true or false");
+    if (s == "true") return true;
+    if (s == "false") return false;
+    fail(n, path, "bad value '" + s + "': expected true or false");
+  }
+
+  template <typename E>
+  E choice(const YAML::Node& n, const std::string& path, const std::vector<std::pair<std::string, E>>& options) const {
+    const std::string s = scalar(n, path, "one of the listed words");
+    std::string names;
+    for (auto& [name, value] : options) {
+      if (name == s) return value;
+      names += (names.empty() ? "" : ", ") + name;
+    }
+    fail(n, path, "bad value '" + s + "': expected one of " + names);
+  }
+
+  Device device(const YAML::Node& n, const std::string& path) const {
+    const std::string s = scalar(n, path, "a device like cpu or cuda:1");
+    auto d = parse_device(s);
+    if (!d.ok()) fail(n, path, "bad value '" + s + "': expected cpu, cuda or cuda:N");
+    return *d;
+  }
+
+  // Visits every key of a mapping; unknown keys are errors.
+  void map(const YAML::Node& n, const std::string& path,
+           const std::map<std::string, std::function<void(const YAML::Node&, const std::string&)>>& fields) const {
+    if (!n.IsMap()) fail(n, path.empty() ? "<top level>" : path, std::string("expected a mapping, got a ") + kind(n));
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      const std::string sub = path.empty() ? key : path + "." + key;
+      auto f = fields.find(key);
+      if (f == fields.end()) {
+        std::string known;
+        for (auto& [k, _] : fields) known += (known.empty() ? "" : ", ") + k;
+        fail(it->first, sub, "unknown key (known keys here: " + known + ")");
+      }
+      f->second(it->second, sub);
+    }
+  }
+
+ private:
+  std::string file_;
+};
+
+bool valid_worker_id(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+  return true;
+}
+
+Config parse(const YAML::Node& root, const std::string& file) {
+  Loader L(file);
+  Config c;
+  c.source = file;
+  if (root.IsNull() || !root.IsDefined()) return c;
+  using N = const YAML::Node&;
+  using P = const std::string&;
+  L.map(root, "", {
+    {"control", [&](N n, P p) {
+      L.map(n, p, {
+        {"endpoint", [&](N v, P q) {
+          c.control.endpoint = L.scalar(v, q, "an endpoint like tcp://host:port");
+          if (!c.control.endpoint.starts_with("tcp://") && !c.control.endpoint.starts_with("ipc://"))
+            L.fail(v, q, "bad value '" + c.control.endpoint + "': expected tcp://HOST:PORT (or ipc://PATH)");
+        }},
+        {"heartbeat_interval", [&](N v, P q) { c.control.heartbeat_interval = L.duration(v, q); }},
+        {"heartbeat_timeout", [&](N v, P q) { c.control.heartbeat_timeout = L.duration(v, q); }},
+        {"join_timeout", [&](N v, P q) { c.control.join_timeout = L.duration(v, q); }},
+        {"reconnect_backoff_max", [&](N v, P q) { c.control.reconnect_backoff_max = L.duration(v, q); }},
+        {"max_message_size", [&](N v, P q) { c.control.max_message_bytes = L.size(v, q, 4096); }},
+      });
+      if (c.control.heartbeat_timeout <= c.control.heartbeat_interval)
+        L.fail(n["heartbeat_timeout"].IsDefined() ? n["heartbeat_timeout"] : n, p + ".heartbeat_timeout",
+               "must be longer than heartbeat_interval (" + std::to_string(c.control.heartbeat_interval.count()) +
+                   "ms), got " + std::to_string(c.control.heartbeat_timeout.count()) + "ms");
+    }},
+    {"data_plane", [&](N n, P p) {
+      L.map(n, p, {
+        {"backend", [&](N v, P q) {
+          c.data_plane.backend = L.choice<Backend>(v, q, {{"gloo", Backend::kGloo}, {"nccl", Backend::kNccl}});
+        }},
+        {"gloo_hostname", [&](N v, P q) { c.data_plane.gloo_hostname = L.scalar(v, q, "a host name or address"); }},
+        {"gloo_interface", [&](N v, P q) { c.data_plane.gloo_interface = L.scalar(v, q, "an interface name"); }},
+        {"bucket_size", [&](N v, P q) { c.data_plane.bucket_bytes = L.size(v, q, 4096); }},
+        {"direct_min_size", [&](N v, P q) { c.data_plane.direct_min_bytes = L.size(v, q, 1); }},
+        {"checksum", [&](N v, P q) {
+          c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}});
+        }},
+        {"timeout", [&](N v, P q) { c.data_plane.timeout = L.duration(v, q); }},
+        {"init_timeout", [&](N v, P q) { c.data_plane.init_timeout = L.duration(v, q); }},
+      });
+    }},
+    {"publisher", [&](N n, P p) {
+      L.map(n, p, {
+        {"subscribers", [&](N v, P q) {
+          if (v.IsSequence()) {
+            std::set<std::string> seen;
+            c.publisher.subscriber_ids.clear();
+            for (size_t i = 0; i < v.size(); ++i) {
+              const std::string qi = q + "[" + std::to_string(i) + "]";
+              std::string id = L.scalar(v[i], qi, "a worker id");
+              if (!valid_worker_id(id))
+                L.fail(v[i], qi, "bad worker id '" + id + "': expected 1-64 of [A-Za-z0-9._-]");
+              if (!seen.insert(id).second) L.fail(v[i], qi, "duplicate worker id '" + id + "'");
+              c.publisher.subscriber_ids.push_back(id);
+            }
+            if (c.publisher.subscriber_ids.empty()) L.fail(v, q, "expected at least one worker id");
+            c.publisher.subscriber_count = static_cast<int>(c.publisher.subscriber_ids.size());
+          } else {
+            c.publisher.subscriber_count = static_cast<int>(L.integer(v, q, 1, 4096));
+          }
+        }},
+        {"device", [&](N v, P q) { c.publisher.device = L.device(v, q); }},
+        {"on_member_loss", [&](N v, P q) {
+          c.publisher.on_member_loss = L.choice<MemberLossPolicy>(
+              v, q, {{"fail", MemberLossPolicy::kFail}, {"continue", MemberLossPolicy::kContinue}});
+        }},
+        {"on_missing_at_start", [&](N v, P q) {
+          c.publisher.on_missing_at_start = L.choice<MissingAtStartPolicy>(
+              v, q, {{"fail", MissingAtStartPolicy::kFail}, {"start_with_present", MissingAtStartPolicy::kStartWithPresent}});
+        }},
+        {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
+      });
+    }},
+    {"subscriber", [&](N n, P p) {
+      L.map(n, p, {
+        {"device", [&](N v, P q) { c.subscriber.devices = {L.device(v, q)}; }},
+        {"devices", [&](N v, P q) {
+          if (!v.IsSequence() || v.size() == 0) L.fail(v, q, "expected a non-empty list of devices");
+          c.subscriber.devices.clear();
+          for (size_t i = 0; i < v.size(); ++i)
+            c.subscriber.devices.push_back(L.device(v[i], q + "[" + std::to_string(i) + "]"));
+        }},
+      });
+    }},
+    {"trainer", [&](N n, P p) {
+      L.map(n, p, {
+        {"model_size", [&](N v, P q) { c.trainer.model_bytes = L.size(v, q, 1); }},
+        {"layers", [&](N v, P q) { c.trainer.layers = static_cast<int>(L.integer(v, q, 0, 100000)); }},
+        {"dtype", [&](N v, P q) {
+          std::string s = L.scalar(v, q, "a dtype");
+          auto d = parse_dtype(s);
+          if (!d) L.fail(v, q, "bad value '" + s + "': expected a safetensors dtype (F32, F16, BF16, F8_E4M3, F8_E5M2, I8, U8, I16, I32, I64, BOOL, F64)");
+          c.trainer.dtype = *d;
+        }},
+        {"updates", [&](N v, P q) { c.trainer.updates = static_cast<int>(L.integer(v, q, 1, 1000000)); }},
+        {"interval", [&](N v, P q) { c.trainer.interval = L.duration(v, q, /*allow_zero=*/true); }},
+        {"seed", [&](N v, P q) { c.trainer.seed = static_cast<uint64_t>(L.integer(v, q, 0, INT64_MAX)); }},
+      });
+    }},
+    {"logging", [&](N n, P p) {
+      L.map(n, p, {
+        {"level", [&](N v, P q) {
+          c.log_level = L.choice<LogLevel>(v, q, {{"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
+                                                  {"warn", LogLevel::kWarn}, {"error", LogLevel::kError},
+                                                  {"off", LogLevel::kOff}});
+        }},
+      });
+    }},
+  });
+  // Cross-field checks.
+  const auto& dev = c.subscriber.devices;
+  if (dev.size() > 1 && static_cast<int>(dev.size()) != c.publisher.subscriber_count)
+    L.fail(root["subscriber"]["devices"], "subscriber.devices",
+           "lists " + std::to_string(dev.size()) + " devices for " + std::to_string(c.publisher.subscriber_count) +
+               " subscribers: give one device for all, or one per subscriber");
+  const bool any_cuda = c.publisher.device.is_cuda() ||
+                        std::any_of(dev.begin(), dev.end(), [](const Device& d) { return d.is_cuda(); });
+  if (c.data_plane.backend == Backend::kGloo && any_cuda)
+    L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
+           "backend gloo moves host memory, but a cuda device is configured: use backend nccl or cpu devices");
+  if (c.data_plane.backend == Backend::kNccl && !any_cuda)
+    L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
+           "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> Config::worker_ids() const {
+  if (!publisher.subscriber_ids.empty()) return publisher.subscriber_ids;
+  std::vector<std::string> ids;
+  for (int i = 1; i <= publisher.subscriber_count; ++i) ids.push_back("worker-" + std::to_string(i));
+  return ids;
+}
+
+int Config::expected_count() const { return publisher.subscriber_count; }
+
+Device Config::device_for_worker(const std::string& id) const {
+  if (subscriber.devices.size() <= 1) return subscriber.devices.empty() ? Device::cpu() : subscriber.devices[0];
+  const auto ids = worker_ids();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == id && i < subscriber.devices.size()) return subscriber.devices[i];
+  return subscriber.devices[0];
+}
+
+StatusOr<Config> load_config_string(const std::string& yaml, const std::string& name) {
+  try {
+    YAML::Node root = YAML::Load(yaml);
+    return parse(root, name);
+  } catch (const ConfigError& e) {
+    return invalid_argument(e.message);
+  } catch (const YAML::Exception& e) {
+    std::ostringstream os;
+    os << name << ":" << e.mark.line + 1 << ":" << e.mark.column + 1 << ": YAML syntax error: " << e.msg;
+    return invalid_argument(os.str());
+  }
+}
+
+StatusOr<Config> load_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return invalid_argument(path + ": cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return load_config_string(ss.str(), path);
+}
+
+}  // namespace paramcast

@@ -1,0 +1,128 @@
+// ParamCast's typed options and the YAML loader that fills them.
+//
+// Each struct documents its defaults. The loader only fills and validates
+// these structs: an invalid file yields one error naming the file, line and
+// column, the key path, the bad value and what was expected. Unknown keys are
+// errors so that a typo never passes silently. See deploy/*.yaml for examples.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace paramcast {
+
+using Millis = std::chrono::milliseconds;
+
+struct ControlOptions {
+  // ZeroMQ endpoint the publisher binds and subscribers connect to. A port of
+  // "*" binds an ephemeral port (the publisher reports the bound endpoint).
+  // Default: tcp://127.0.0.1:29500
+  std::string endpoint = "tcp://127.0.0.1:29500";
+  // Interval of heartbeats in both directions. Default: 250ms
+  Millis heartbeat_interval{250};
+  // Silence after which a peer is declared lost. Default: 3s
+  Millis heartbeat_timeout{3000};
+  // How long start() waits for the expected subscribers. Default: 60s
+  Millis join_timeout{60000};
+  // Upper bound of a subscriber's reconnect backoff. Default: 2s
+  Millis reconnect_backoff_max{2000};
+  // Largest control message accepted; larger frames are dropped. Default: 64MiB
+  uint64_t max_message_bytes = 64ull << 20;
+};
+
+enum class Backend { kGloo, kNccl };
+const char* backend_name(Backend b);
+
+enum class Checksum { kNone, kXxh64 };
+
+struct DataPlaneOptions {
+  // Default: gloo
+  Backend backend = Backend::kGloo;
+  // Address Gloo's TCP device binds (and announces to peers). Default: 127.0.0.1
+  std::string gloo_hostname = "127.0.0.1";
+  // Network interface for Gloo instead of a hostname, e.g. "lo". Default: unset
+  std::string gloo_interface;
+  // Staging bucket size; small tensors are packed into buckets of this size.
+  // Default: 256MiB
+  uint64_t bucket_bytes = 256ull << 20;
+  // Tensors at least this large skip staging and move straight between the
+  // caller's buffers. Default: 1MiB
+  uint64_t direct_min_bytes = 1ull << 20;
+  // Per-bucket integrity check. Default: xxh64
+  Checksum checksum = Checksum::kXxh64;
+  // Deadline of one collective (one bucket's broadcast). Default: 60s
+  Millis timeout{60000};
+  // Deadline of communicator creation (group formation). Default: 60s
+  Millis init_timeout{60000};
+};
+
+enum class MemberLossPolicy { kFail, kContinue };
+enum class MissingAtStartPolicy { kFail, kStartWithPresent };
+
+struct PublisherOptions {
+  // Expected subscribers: explicit ids, or a count (ids then unchecked).
+  // Default: 1 subscriber, any id.
+  std::vector<std::string> subscriber_ids;
+  int subscriber_count = 1;
+  // Device holding the trainer's tensors. Default: cpu
+  Device device;
+  // What weight_update does after a member is lost. Default: fail
+  MemberLossPolicy on_member_loss = MemberLossPolicy::kFail;
+  // What start() does when join_timeout passes with subscribers missing. Default: fail
+  MissingAtStartPolicy on_missing_at_start = MissingAtStartPolicy::kFail;
+  // Deadline of one whole weight_update. Default: 10m
+  Millis update_timeout{600000};
+};
+
+struct SubscriberOptions {
+  // Device per worker, by worker index (position in the id list, or N of
+  // "worker-N" when subscribers is a count). One entry applies to all.
+  // Default: [cpu]
+  std::vector<Device> devices{Device::cpu()};
+};
+
+// The synthetic workload of paramcast-trainer / paramcast-worker.
+struct TrainerJobOptions {
+  // Approximate total bytes of the synthetic model. Default: 64MiB
+  uint64_t model_bytes = 64ull << 20;
+  // Decoder layers (9 tensors each; 291 tensors for 32 layers). Default: 32
+  int layers = 32;
+  // Element type of every tensor. Default: BF16
+  DType dtype = DType::kBF16;
+  // Number of weight updates to publish. Default: 5
+  int updates = 5;
+  // Pause between updates. Default: 0s
+  Millis interval{0};
+  // Seed of the reproducible content. Default: 1
+  uint64_t seed = 1;
+};
+
+struct Config {
+  std::string source;  // file the config came from, for messages
+  ControlOptions control;
+  DataPlaneOptions data_plane;
+  PublisherOptions publisher;
+  SubscriberOptions subscriber;
+  TrainerJobOptions trainer;
+  LogLevel log_level = LogLevel::kInfo;
+
+  // Ids of the workers a deployment runs: the listed ids, or worker-1..N.
+  std::vector<std::string> worker_ids() const;
+  int expected_count() const;
+  // Device of the worker with this id (see SubscriberOptions::devices).
+  Device device_for_worker(const std::string& id) const;
+};
+
+StatusOr<Config> load_config_file(const std::string& path);
+// `name` stands in for the file name in error messages.
+StatusOr<Config> load_config_string(const std::string& yaml, const std::string& name = "<string>");
+
+}  // namespace paramcast

@@ -1,0 +1,83 @@
+// Communicator: the data plane's one interface. It moves tensor bytes between
+// the ranks of a group that the control plane formed; it never decides who is
+// in the group or what the bytes mean.
+//
+// A communicator is created from a GroupOptions (what JoinGroup carries) and a
+// Store for the backend's rendezvous. Broadcast is bitwise and asynchronous:
+// it returns a Work that completes in issue order and is waited on with a
+// deadline. After any failure, or abort(), the communicator is unusable: every
+// pending and later operation fails fast with kAborted, and the group must be
+// re-formed (a new epoch, a new communicator).
+//
+// Backends: data/gloo (host memory over TCP), data/nccl (CUDA memory).
+// Thread-safety: broadcast() from one thread at a time; abort() and
+// async_error() from any thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/config.h"
+#include "common/data/store.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace paramcast {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+struct GroupOptions {
+  uint64_t epoch = 0;
+  int rank = 0;
+  int world_size = 1;
+  Backend backend = Backend::kGloo;
+  // ncclUniqueId bytes (NCCL) or the rendezvous key prefix (Gloo).
+  std::string bootstrap;
+  Device device;
+  std::chrono::milliseconds init_timeout{60000};
+  std::chrono::milliseconds op_timeout{60000};
+  std::string gloo_hostname = "127.0.0.1";
+  std::string gloo_interface;
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Waits until the operation finished or `deadline` passed. On deadline the
+  // communicator is aborted (a half-done collective cannot be resumed).
+  virtual Status wait(Deadline deadline) = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // Broadcasts `bytes` at `data` from `root` to every rank. `data` is the
+  // source on the root and the destination elsewhere; it must stay valid until
+  // the returned Work completes. Zero bytes completes at once.
+  virtual std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) = 0;
+
+  // Makes every pending and later operation fail fast with kAborted.
+  virtual void abort(const std::string& reason) = 0;
+
+  // The first asynchronous failure seen, or OK.
+  virtual Status async_error() = 0;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual Device device() const = 0;
+};
+
+// Creates this rank's communicator; blocks until every rank has joined or
+// options.init_timeout passes.
+StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& options, Store& store);
+
+// Mints the bootstrap bytes the root hands to every rank in JoinGroup.
+StatusOr<std::string> mint_bootstrap(Backend backend, uint64_t epoch);
+
+// Whether this build and machine can run the backend ("" if yes, else why not).
+std::string backend_unavailable_reason(Backend backend);
+
+}  // namespace paramcast

@@ -1,0 +1,57 @@
+#include "common/data/device_memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+#include "common/xxhash.h"
+#include "paramcast/build_config.h"
+
+namespace paramcast {
+#if PARAMCAST_HAVE_NCCL
+namespace nccl_backend {
+StatusOr<std::unique_ptr<DeviceMemory>> create_cuda_memory(int index);
+}
+#endif
+
+namespace {
+class HostMemory : public DeviceMemory {
+ public:
+  ~HostMemory() override {
+    for (auto& [p, n] : sizes_) std::free(p);
+  }
+  StatusOr<void*> allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(4096, ((bytes + 4095) / 4096) * 4096 + 4096);
+    if (!p) return internal_error("cannot allocate " + std::to_string(bytes) + " bytes of staging memory");
+    sizes_[p] = bytes;
+    track(static_cast<int64_t>(bytes));
+    return p;
+  }
+  void release(void* ptr) override {
+    auto it = sizes_.find(ptr);
+    if (it == sizes_.end()) return;
+    track(-static_cast<int64_t>(it->second));
+    sizes_.erase(it);
+    std::free(ptr);
+  }
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return Status();
+  }
+  StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) override { return xxh64(ptr, bytes); }
+
+ private:
+  std::unordered_map<void*, size_t> sizes_;
+};
+}  // namespace
+
+StatusOr<std::unique_ptr<DeviceMemory>> create_device_memory(Device device) {
+  if (!device.is_cuda()) return std::unique_ptr<DeviceMemory>(new HostMemory());
+#if PARAMCAST_HAVE_NCCL
+  return nccl_backend::create_cuda_memory(device.index);
+#else
+  return unavailable("device " + device.to_string() + " needs a build with CUDA (PARAMCAST_WITH_NCCL)");
+#endif
+}
+
+}  // namespace paramcast

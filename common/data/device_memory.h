@@ -1,0 +1,68 @@
+// DeviceMemory: staging buffers, copies and checksums on one device, so that
+// the bucket pipeline (trainer_side / inference_side) is written once for
+// host memory (Gloo) and CUDA memory (NCCL).
+//
+// Thread-safety: one instance per pipeline thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace paramcast {
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual StatusOr<void*> allocate(size_t bytes) = 0;
+  virtual void release(void* ptr) = 0;
+  // Copies and waits until the copy is complete.
+  virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
+  // xxh64 of the bytes (device bytes are hashed on the host for now).
+  virtual StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) = 0;
+  // Bytes currently allocated through this object, and the peak.
+  uint64_t allocated() const { return allocated_; }
+  uint64_t peak() const { return peak_; }
+
+ protected:
+  void track(int64_t delta) {
+    allocated_ += delta;
+    if (allocated_ > peak_) peak_ = allocated_;
+  }
+
+ private:
+  uint64_t allocated_ = 0;
+  uint64_t peak_ = 0;
+};
+
+StatusOr<std::unique_ptr<DeviceMemory>> create_device_memory(Device device);
+
+// A buffer from a DeviceMemory, released on destruction.
+class StagingBuffer {
+ public:
+  StagingBuffer() = default;
+  StagingBuffer(DeviceMemory* mem, void* ptr, size_t bytes) : mem_(mem), ptr_(ptr), bytes_(bytes) {}
+  StagingBuffer(StagingBuffer&& o) noexcept { *this = std::move(o); }
+  StagingBuffer& operator=(StagingBuffer&& o) noexcept {
+    reset();
+    mem_ = o.mem_; ptr_ = o.ptr_; bytes_ = o.bytes_;
+    o.mem_ = nullptr; o.ptr_ = nullptr; o.bytes_ = 0;
+    return *this;
+  }
+  ~StagingBuffer() { reset(); }
+  void reset() {
+    if (mem_ && ptr_) mem_->release(ptr_);
+    mem_ = nullptr; ptr_ = nullptr; bytes_ = 0;
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  DeviceMemory* mem_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace paramcast

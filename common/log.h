@@ -1,0 +1,32 @@
+// Minimal leveled logging to stderr, one line per call, safe from any thread.
+//
+// The level is process-wide state set once by main() from the config
+// (logging.level); libraries only read it. Lines carry a role prefix
+// ("publisher", "worker-3") so interleaved output of launch stays readable.
+#pragma once
+
+#include <sstream>
+#include <string>
+
+namespace paramcast {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kOff = 4 };
+
+void set_log_level(LogLevel level);
+LogLevel log_level();
+void log_line(LogLevel level, const std::string& line);
+
+}  // namespace paramcast
+
+#define PC_LOG(level, expr)                                                  \
+  do {                                                                       \
+    if (::paramcast::LogLevel::level >= ::paramcast::log_level()) {          \
+      std::ostringstream pc_log_os_;                                         \
+      pc_log_os_ << expr;                                                    \
+      ::paramcast::log_line(::paramcast::LogLevel::level, pc_log_os_.str()); \
+    }                                                                        \
+  } while (0)
+#define PC_DEBUG(expr) PC_LOG(kDebug, expr)
+#define PC_INFO(expr) PC_LOG(kInfo, expr)
+#define PC_WARN(expr) PC_LOG(kWarn, expr)
+#define PC_ERROR(expr) PC_LOG(kError, expr)

@@ -1,0 +1,205 @@
+#include "common/plan.h"
+
+#include <unordered_set>
+
+#include "common/xxhash.h"
+
+namespace paramcast {
+
+uint64_t UpdatePlan::max_packed_bucket_bytes() const {
+  uint64_t m = 0;
+  for (const auto& b : buckets)
+    if (!b.direct && b.bytes > m) m = b.bytes;
+  return m;
+}
+
+std::string UpdatePlan::bucket_tensor_names(size_t bucket) const {
+  std::string out;
+  const auto& pieces = buckets.at(bucket).pieces;
+  for (size_t i = 0; i < pieces.size() && i < 4; ++i) out += (i ? ", " : "") + tensors[pieces[i].tensor].name;
+  if (pieces.size() > 4) out += ", +" + std::to_string(pieces.size() - 4) + " more";
+  return out;
+}
+
+std::string Mismatch::to_string() const {
+  switch (kind) {
+    case Kind::kMissingName: return "'" + name + "': registered by the subscriber but missing from the update";
+    case Kind::kUnexpectedName: return "'" + name + "': in the update but not registered by the subscriber";
+    case Kind::kShape: return "'" + name + "': shape expected " + expected + ", got " + got;
+    case Kind::kDType: return "'" + name + "': dtype expected " + expected + ", got " + got;
+    case Kind::kDevice: return "'" + name + "': device expected " + expected + ", got " + got;
+    case Kind::kOther: break;
+  }
+  return "'" + name + "': expected " + expected + ", got " + got;
+}
+
+uint64_t manifest_hash(const std::vector<TensorSpec>& tensors) {
+  Xxh64 h(0x5041524d43415354ULL);
+  for (const auto& t : tensors) {
+    h.update(t.name.data(), t.name.size() + 0);
+    const char sep = 0;
+    h.update(&sep, 1);
+    const uint8_t d = static_cast<uint8_t>(t.dtype);
+    h.update(&d, 1);
+    const uint64_t rank = t.shape.size();
+    h.update(&rank, sizeof rank);
+    h.update(t.shape.data(), t.shape.size() * sizeof(int64_t));
+  }
+  return h.digest();
+}
+
+StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
+                                const DataPlaneOptions& options) {
+  UpdatePlan plan;
+  plan.version = version;
+  plan.tensors = tensors;
+  plan.checksum = options.checksum;
+  const uint64_t bucket = options.bucket_bytes;
+  std::unordered_set<std::string> names;
+  PlanBucket open;
+  auto flush = [&] {
+    if (!open.pieces.empty()) plan.buckets.push_back(std::move(open));
+    open = PlanBucket();
+  };
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (t.name.empty()) return invalid_argument("tensor #" + std::to_string(i) + " has an empty name");
+    if (!names.insert(t.name).second) return invalid_argument("tensor name '" + t.name + "' appears twice in the update");
+    auto n = t.nbytes();
+    if (!n.ok()) return n.status();
+    plan.nbytes.push_back(*n);
+    auto total = checked_add(plan.total_bytes, *n);
+    if (!total) return invalid_argument("total update size overflows 64 bits at tensor '" + t.name + "'");
+    plan.total_bytes = *total;
+    if (*n >= options.direct_min_bytes && *n > 0) {
+      for (uint64_t off = 0; off < *n; off += bucket) {
+        const uint64_t len = std::min(bucket, *n - off);
+        plan.buckets.push_back(PlanBucket{len, true, {PlanPiece{i, off, 0, len}}});
+      }
+      continue;
+    }
+    uint64_t at = (open.bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
+    if (!open.pieces.empty() && at + *n > bucket) {
+      flush();
+      at = 0;
+    }
+    open.pieces.push_back(PlanPiece{i, 0, at, *n});
+    open.bytes = at + *n;
+  }
+  flush();
+  plan.manifest_hash = manifest_hash(tensors);
+  return plan;
+}
+
+proto::MismatchKind mismatch_kind_to_proto(Mismatch::Kind k) {
+  switch (k) {
+    case Mismatch::Kind::kMissingName: return proto::MismatchKind::MISSING_NAME;
+    case Mismatch::Kind::kUnexpectedName: return proto::MismatchKind::UNEXPECTED_NAME;
+    case Mismatch::Kind::kShape: return proto::MismatchKind::SHAPE_MISMATCH;
+    case Mismatch::Kind::kDType: return proto::MismatchKind::DTYPE_MISMATCH;
+    case Mismatch::Kind::kDevice: return proto::MismatchKind::DEVICE_MISMATCH;
+    case Mismatch::Kind::kOther: break;
+  }
+  return proto::MismatchKind::OTHER;
+}
+
+Mismatch::Kind mismatch_kind_from_proto(proto::MismatchKind k) {
+  switch (k) {
+    case proto::MismatchKind::MISSING_NAME: return Mismatch::Kind::kMissingName;
+    case proto::MismatchKind::UNEXPECTED_NAME: return Mismatch::Kind::kUnexpectedName;
+    case proto::MismatchKind::SHAPE_MISMATCH: return Mismatch::Kind::kShape;
+    case proto::MismatchKind::DTYPE_MISMATCH: return Mismatch::Kind::kDType;
+    case proto::MismatchKind::DEVICE_MISMATCH: return Mismatch::Kind::kDevice;
+    default: break;
+  }
+  return Mismatch::Kind::kOther;
+}
+
+void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
+  out.setVersion(plan.version);
+  out.setManifestHash(plan.manifest_hash);
+  out.setTotalBytes(plan.total_bytes);
+  out.setChecksum(plan.checksum == Checksum::kXxh64 ? proto::ChecksumKind::XXH64 : proto::ChecksumKind::NONE);
+  auto tensors = out.initTensors(static_cast<unsigned>(plan.tensors.size()));
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const auto& t = plan.tensors[i];
+    auto e = tensors[static_cast<unsigned>(i)];
+    e.setName(t.name);
+    e.setDtype(std::string(dtype_name(t.dtype)));
+    auto shape = e.initShape(static_cast<unsigned>(t.shape.size()));
+    for (size_t d = 0; d < t.shape.size(); ++d) shape.set(static_cast<unsigned>(d), t.shape[d]);
+    e.setNbytes(plan.nbytes[i]);
+  }
+  auto buckets = out.initBuckets(static_cast<unsigned>(plan.buckets.size()));
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& src = plan.buckets[b];
+    auto dst = buckets[static_cast<unsigned>(b)];
+    dst.setBytes(src.bytes);
+    dst.setDirect(src.direct);
+    auto pieces = dst.initPieces(static_cast<unsigned>(src.pieces.size()));
+    for (size_t p = 0; p < src.pieces.size(); ++p) {
+      auto d = pieces[static_cast<unsigned>(p)];
+      d.setTensor(src.pieces[p].tensor);
+      d.setTensorOffset(src.pieces[p].tensor_offset);
+      d.setBucketOffset(src.pieces[p].bucket_offset);
+      d.setLength(src.pieces[p].length);
+    }
+  }
+}
+
+StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
+  UpdatePlan plan;
+  plan.version = in.getVersion();
+  plan.manifest_hash = in.getManifestHash();
+  plan.checksum = in.getChecksum() == proto::ChecksumKind::XXH64 ? Checksum::kXxh64 : Checksum::kNone;
+  for (auto e : in.getTensors()) {
+    TensorSpec t;
+    t.name = e.getName().cStr();
+    auto d = parse_dtype(e.getDtype().cStr());
+    if (!d) return protocol_error("plan v" + std::to_string(plan.version) + ": tensor '" + t.name +
+                                  "' has unknown dtype '" + e.getDtype().cStr() + "'");
+    t.dtype = *d;
+    for (int64_t v : e.getShape()) t.shape.push_back(v);
+    auto n = t.nbytes();
+    if (!n.ok()) return protocol_error("plan v" + std::to_string(plan.version) + ": " + n.status().message());
+    if (*n != e.getNbytes())
+      return protocol_error("plan v" + std::to_string(plan.version) + ": tensor '" + t.name + "' says " +
+                            std::to_string(e.getNbytes()) + " bytes but its shape makes " + std::to_string(*n));
+    plan.nbytes.push_back(*n);
+    plan.total_bytes += *n;
+    plan.tensors.push_back(std::move(t));
+  }
+  if (plan.total_bytes != in.getTotalBytes())
+    return protocol_error("plan v" + std::to_string(plan.version) + ": total bytes disagree with the tensors");
+  std::vector<uint64_t> covered(plan.tensors.size(), 0);
+  for (auto b : in.getBuckets()) {
+    PlanBucket bucket;
+    bucket.bytes = b.getBytes();
+    bucket.direct = b.getDirect();
+    for (auto p : b.getPieces()) {
+      PlanPiece piece{p.getTensor(), p.getTensorOffset(), p.getBucketOffset(), p.getLength()};
+      if (piece.tensor >= plan.tensors.size())
+        return protocol_error("plan v" + std::to_string(plan.version) + ": piece names tensor #" +
+                              std::to_string(piece.tensor) + " of " + std::to_string(plan.tensors.size()));
+      auto tend = checked_add(piece.tensor_offset, piece.length);
+      auto bend = checked_add(piece.bucket_offset, piece.length);
+      if (!tend || !bend || *tend > plan.nbytes[piece.tensor] || *bend > bucket.bytes)
+        return protocol_error("plan v" + std::to_string(plan.version) + ": piece of tensor '" +
+                              plan.tensors[piece.tensor].name + "' lies outside its tensor or bucket");
+      covered[piece.tensor] += piece.length;
+      bucket.pieces.push_back(piece);
+    }
+    if (bucket.direct && (bucket.pieces.size() != 1 || bucket.pieces[0].length != bucket.bytes))
+      return protocol_error("plan v" + std::to_string(plan.version) + ": direct bucket must be one whole piece");
+    plan.buckets.push_back(std::move(bucket));
+  }
+  for (size_t i = 0; i < covered.size(); ++i)
+    if (covered[i] != plan.nbytes[i])
+      return protocol_error("plan v" + std::to_string(plan.version) + ": buckets cover " + std::to_string(covered[i]) +
+                            " of the " + std::to_string(plan.nbytes[i]) + " bytes of '" + plan.tensors[i].name + "'");
+  if (manifest_hash(plan.tensors) != plan.manifest_hash)
+    return protocol_error("plan v" + std::to_string(plan.version) + ": manifest hash does not match its tensors");
+  return plan;
+}
+
+}  // namespace paramcast

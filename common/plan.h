@@ -1,0 +1,76 @@
+// UpdatePlan: what one weight update will move and how, decided by the
+// publisher before any byte moves and checked by every subscriber.
+//
+// Layout: tensors at least `direct_min_bytes` large travel alone ("direct"
+// buckets, straight from the trainer's buffer into a registered destination,
+// no staging); a tensor larger than a bucket is split into bucket-sized
+// direct chunks; smaller tensors are packed, 256-byte aligned, into buckets of
+// at most `bucket_bytes`. The order of buckets is the order of broadcasts.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "common/tensor.h"
+#include "schemas/control.capnp.h"
+
+namespace paramcast {
+
+inline constexpr uint64_t kPackAlignment = 256;
+
+struct PlanPiece {
+  uint32_t tensor = 0;
+  uint64_t tensor_offset = 0;
+  uint64_t bucket_offset = 0;
+  uint64_t length = 0;
+};
+
+struct PlanBucket {
+  uint64_t bytes = 0;
+  bool direct = false;
+  std::vector<PlanPiece> pieces;
+};
+
+struct UpdatePlan {
+  uint64_t version = 0;
+  uint64_t manifest_hash = 0;
+  std::vector<TensorSpec> tensors;
+  std::vector<uint64_t> nbytes;  // per tensor
+  std::vector<PlanBucket> buckets;
+  Checksum checksum = Checksum::kNone;
+  uint64_t total_bytes = 0;
+  uint64_t max_packed_bucket_bytes() const;
+  // Names of the tensors a bucket carries, for error messages ("a, b, c" / "+N more").
+  std::string bucket_tensor_names(size_t bucket) const;
+};
+
+// One disagreement between a plan and what a subscriber can receive.
+struct Mismatch {
+  enum class Kind { kMissingName, kUnexpectedName, kShape, kDType, kDevice, kOther };
+  Kind kind = Kind::kOther;
+  std::string name;
+  std::string expected;
+  std::string got;
+  std::string to_string() const;
+  bool operator==(const Mismatch&) const = default;
+};
+
+uint64_t manifest_hash(const std::vector<TensorSpec>& tensors);
+
+// Validates the specs (non-empty unique names, sizes without overflow) and lays out buckets.
+StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
+                                const DataPlaneOptions& options);
+
+void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out);
+// Reads and cross-checks a plan from the wire (pieces in range, sizes adding up, hash).
+StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in);
+
+proto::MismatchKind mismatch_kind_to_proto(Mismatch::Kind k);
+Mismatch::Kind mismatch_kind_from_proto(proto::MismatchKind k);
+
+}  // namespace paramcast

@@ -1,0 +1,356 @@
+# ParamCast control protocol: everything the publisher and its subscribers say
+# to each other over ZeroMQ. One Envelope per ZeroMQ frame. Tensor bytes never
+# travel here; they move on the data plane (NCCL or Gloo).
+#
+# Ordinals are never reused: retire a field by renaming it `obsoleteX`.
+# See docs/protocol.md for the sequences and the framing.
+@0xb4501aca07c4da4d;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("paramcast::proto");
+
+const protocolVersion :UInt32 = 1;
+# Bumped on any change that an older peer cannot understand.
+
+enum DeviceKind {
+  cpu @0;
+  cuda @1;
+}
+
+enum Backend {
+  gloo @0;
+  nccl @1;
+}
+
+enum WeightState {
+  empty @0;       # no update applied yet
+  consistent @1;  # holds exactly `version`
+  dirty @2;       # an update began and did not finish: buffers are mixed
+}
+
+enum RejectCode {
+  versionMismatch @0;  # protocol versions differ; both are in the message
+  duplicateId @1;      # another live subscriber already uses this worker id
+  unknownId @2;        # the deployment lists ids and this one is not among them
+  notMember @3;        # sender is not (or no longer) a member: say Hello again
+  staleEpoch @4;       # message names a group epoch that is not current
+}
+
+struct DeviceInfo {
+  kind @0 :DeviceKind;
+  # Host memory or a CUDA device.
+  index @1 :Int32;
+  # CUDA ordinal; 0 for cpu.
+  pciBusId @2 :Text;
+  # PCI bus id of the CUDA device ("" for cpu or when unknown).
+}
+
+struct Hello {
+  protocolVersion @0 :UInt32;
+  # The sender's protocolVersion constant.
+  workerId @1 :Text;
+  # Stable id of the subscriber; also its ZeroMQ routing identity.
+  engineId @2 :Text;
+  # Free-form id of the inference engine instance (for operators).
+  host @3 :Text;
+  # Host name of the subscriber process.
+  pid @4 :UInt32;
+  # Process id of the subscriber.
+  device @5 :DeviceInfo;
+  # Where the subscriber receives tensor bytes.
+  capabilities @6 :List(Text);
+  # Feature words, e.g. "callback" (accepts any tensor name), "xxh64".
+  weightVersion @7 :UInt64;
+  # Weight version the subscriber holds (0 = none).
+  state @8 :WeightState;
+  # Whether those weights are whole.
+}
+
+struct Welcome {
+  protocolVersion @0 :UInt32;
+  # The publisher's protocolVersion constant.
+  heartbeatIntervalMs @1 :UInt32;
+  # Interval at which the subscriber should send heartbeats.
+  heartbeatTimeoutMs @2 :UInt32;
+  # Silence after which either side declares the other lost.
+  publisherIncarnation @3 :UInt64;
+  # Random id of the publisher process; changes when it restarts.
+}
+
+struct Reject {
+  code @0 :RejectCode;
+  # Why the message was refused.
+  text @1 :Text;
+  # Human-readable explanation naming what is wrong.
+  publisherProtocolVersion @2 :UInt32;
+  # The publisher's protocolVersion constant.
+  peerProtocolVersion @3 :UInt32;
+  # The protocol version the refused peer announced.
+  targetIncarnation @4 :UInt64;
+  # Incarnation of the process this Reject is meant for.
+}
+
+struct JoinGroup {
+  rank @0 :UInt32;
+  # The receiver's rank in the data-plane group; the publisher is rank 0 (root).
+  worldSize @1 :UInt32;
+  # Number of ranks including the publisher.
+  backend @2 :Backend;
+  # Data-plane backend of this group.
+  bootstrap @3 :Data;
+  # Backend bootstrap: an ncclUniqueId for NCCL; the store prefix for Gloo.
+  members @4 :List(Text);
+  # Worker id of each rank (index = rank; rank 0 is "publisher").
+  initTimeoutMs @5 :UInt32;
+  # Deadline for creating the communicator.
+  opTimeoutMs @6 :UInt32;
+  # Deadline of one collective.
+}
+
+struct GroupReady {
+  rank @0 :UInt32;
+  # The rank whose communicator is ready.
+}
+
+struct GroupFailed {
+  rank @0 :UInt32;
+  # The rank that failed to create its communicator.
+  reason @1 :Text;
+  # What went wrong.
+}
+
+struct Heartbeat {
+  weightVersion @0 :UInt64;
+  # Weight version held (subscriber) or last published (publisher).
+  state @1 :WeightState;
+  # State of those weights.
+  dirtyVersion @2 :UInt64;
+  # When dirty: the version whose update did not finish.
+}
+
+struct Leave {
+  reason @0 :Text;
+  # Why the sender leaves (shutdown, fatal error).
+}
+
+struct Error {
+  code @0 :UInt32;
+  # A paramcast::Code value.
+  text @1 :Text;
+  # What went wrong, with context.
+}
+
+struct StoreSet {
+  key @0 :Text;
+  # Rendezvous key (already prefixed with the group epoch).
+  value @1 :Data;
+  # Value to store.
+}
+
+struct StoreGet {
+  requestId @0 :UInt64;
+  # Echoed in the StoreValue reply.
+  key @1 :Text;
+  # Key to read; the reply waits until the key exists.
+}
+
+struct StoreValue {
+  requestId @0 :UInt64;
+  # The StoreGet this answers.
+  key @1 :Text;
+  # The key read.
+  value @2 :Data;
+  # Its value.
+}
+
+struct TensorEntry {
+  name @0 :Text;
+  # The trainer's name of the tensor.
+  dtype @1 :Text;
+  # safetensors spelling: F32, BF16, F8_E4M3, ...
+  shape @2 :List(Int64);
+  # Dimensions, outermost first.
+  nbytes @3 :UInt64;
+  # Byte size (product of shape times element size).
+}
+
+struct Piece {
+  tensor @0 :UInt32;
+  # Index into Plan.tensors.
+  tensorOffset @1 :UInt64;
+  # Byte offset inside the tensor (non-zero for chunks of a large tensor).
+  bucketOffset @2 :UInt64;
+  # Byte offset inside the bucket.
+  length @3 :UInt64;
+  # Bytes of this piece.
+}
+
+struct Bucket {
+  bytes @0 :UInt64;
+  # Bytes moved by this bucket's broadcast.
+  direct @1 :Bool;
+  # One piece covering the bucket: moved straight between caller buffers.
+  pieces @2 :List(Piece);
+  # Where the bucket's bytes come from and go to.
+}
+
+enum ChecksumKind {
+  none @0;
+  xxh64 @1;
+}
+
+struct Plan {
+  version @0 :UInt64;
+  # Weight version this update produces.
+  manifestHash @1 :UInt64;
+  # xxh64 of the manifest (names, dtypes, shapes), for a cross-check.
+  tensors @2 :List(TensorEntry);
+  # Every tensor of the update.
+  buckets @3 :List(Bucket);
+  # Broadcast order and layout.
+  checksum @4 :ChecksumKind;
+  # Per-bucket integrity check in force.
+  totalBytes @5 :UInt64;
+  # Sum of tensor bytes.
+}
+
+enum MismatchKind {
+  missingName @0;     # the subscriber registered it, the plan lacks it
+  unexpectedName @1;  # the plan has it, the subscriber cannot take it
+  shapeMismatch @2;   # same name, different shape
+  dtypeMismatch @3;   # same name, different dtype
+  deviceMismatch @4;  # registered buffer is not on the data-plane device
+  other @5;           # anything else; see text
+}
+
+struct Mismatch {
+  kind @0 :MismatchKind;
+  # What disagrees.
+  name @1 :Text;
+  # Tensor name.
+  expected @2 :Text;
+  # What the subscriber expects (its registration).
+  got @3 :Text;
+  # What the plan says.
+}
+
+struct PlanAccept {
+  version @0 :UInt64;
+  # The accepted plan's version.
+  manifestHash @1 :UInt64;
+  # The manifest hash the subscriber computed.
+}
+
+struct PlanReject {
+  version @0 :UInt64;
+  # The rejected plan's version.
+  mismatches @1 :List(Mismatch);
+  # Every disagreement found, not only the first.
+}
+
+struct Commit {
+  version @0 :UInt64;
+  # Every subscriber accepted: start receiving the plan's buckets.
+}
+
+struct Abandon {
+  version @0 :UInt64;
+  # The update the publisher gives up.
+  reason @1 :Text;
+  # Why (a rejection, a lost member, a timeout).
+}
+
+struct BucketChecksums {
+  version @0 :UInt64;
+  # Update the checksums belong to.
+  first @1 :UInt32;
+  # Index of the first bucket covered.
+  values @2 :List(UInt64);
+  # xxh64 of buckets first, first+1, ...
+}
+
+struct Applied {
+  version @0 :UInt64;
+  # The version the subscriber now holds, or tried to.
+  ok @1 :Bool;
+  # True when every byte arrived and verified.
+  bytes @2 :UInt64;
+  # Bytes received.
+  checksum @3 :UInt64;
+  # xxh64 over the bucket checksums (0 without checksums).
+  error @4 :Text;
+  # When not ok: what failed (bucket, tensors, expected vs got).
+  errorCode @5 :UInt32;
+  # When not ok: a paramcast::Code value.
+}
+
+struct StatusRequest {
+  requestId @0 :UInt64;
+  # Echoed in the reply.
+}
+
+struct MemberStatus {
+  workerId @0 :Text;
+  # Subscriber id.
+  rank @1 :Int32;
+  # Rank in the current group (-1 when not in it).
+  weightVersion @2 :UInt64;
+  # Version it reported in its last heartbeat.
+  state @3 :WeightState;
+  # State it reported.
+  lastHeartbeatAgeMs @4 :UInt64;
+  # Time since the publisher last heard from it.
+  host @5 :Text;
+  # Its host.
+  pid @6 :UInt32;
+  # Its process id.
+  device @7 :DeviceInfo;
+  # Its device.
+  lost @8 :Bool;
+  # Declared lost (silent past the heartbeat timeout).
+}
+
+struct StatusReply {
+  requestId @0 :UInt64;
+  # The StatusRequest answered.
+  epoch @1 :UInt64;
+  # Current group epoch (0 before the first group).
+  publishedVersion @2 :UInt64;
+  # Last version fully applied by every member.
+  members @3 :List(MemberStatus);
+  # One row per known subscriber.
+  expected @4 :UInt32;
+  # Number of subscribers the deployment expects.
+  backend @5 :Backend;
+  # Data-plane backend.
+}
+
+struct Envelope {
+  epoch @0 :UInt64;
+  # Group epoch the sender believes current (0 = none yet).
+  incarnation @1 :UInt64;
+  # Random id of the sending process, fixed for its lifetime.
+  body :union {
+    hello @2 :Hello;
+    welcome @3 :Welcome;
+    reject @4 :Reject;
+    joinGroup @5 :JoinGroup;
+    groupReady @6 :GroupReady;
+    groupFailed @7 :GroupFailed;
+    heartbeat @8 :Heartbeat;
+    leave @9 :Leave;
+    error @10 :Error;
+    storeSet @11 :StoreSet;
+    storeGet @12 :StoreGet;
+    storeValue @13 :StoreValue;
+    plan @14 :Plan;
+    planAccept @15 :PlanAccept;
+    planReject @16 :PlanReject;
+    commit @17 :Commit;
+    abandon @18 :Abandon;
+    bucketChecksums @19 :BucketChecksums;
+    applied @20 :Applied;
+    statusRequest @21 :StatusRequest;
+    statusReply @22 :StatusReply;
+  }
+}
