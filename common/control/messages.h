@@ -1,0 +1,50 @@
+// Helpers shared by both ends of the control channel: building envelopes,
+// device descriptions, incarnation ids.
+#pragma once
+
+#include <capnp/message.h>
+
+#include <random>
+#include <string>
+#include <zmq.hpp>
+
+#include "common/control/codec.h"
+#include "common/tensor.h"
+
+namespace paramcast::control {
+
+// Builds one Envelope; `fill` sets the body through Envelope::Body::Builder.
+template <typename F>
+zmq::message_t make_message(uint64_t epoch, uint64_t incarnation, F&& fill) {
+  capnp::MallocMessageBuilder builder;
+  auto env = builder.initRoot<proto::Envelope>();
+  env.setEpoch(epoch);
+  env.setIncarnation(incarnation);
+  fill(env.initBody());
+  return encode(builder);
+}
+
+inline uint64_t new_incarnation() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v ? v : 1;
+}
+
+inline void set_device(proto::DeviceInfo::Builder b, Device d) {
+  b.setKind(d.is_cuda() ? proto::DeviceKind::CUDA : proto::DeviceKind::CPU);
+  b.setIndex(d.index);
+}
+inline Device get_device(proto::DeviceInfo::Reader r) {
+  return r.getKind() == proto::DeviceKind::CUDA ? Device::cuda(r.getIndex()) : Device::cpu();
+}
+
+inline const char* state_name(proto::WeightState s) {
+  switch (s) {
+    case proto::WeightState::EMPTY: return "empty";
+    case proto::WeightState::CONSISTENT: return "consistent";
+    case proto::WeightState::DIRTY: return "dirty";
+  }
+  return "?";
+}
+
+}  // namespace paramcast::control

@@ -1,0 +1,256 @@
+// paramcast: operator commands.
+//   paramcast launch FILE.yaml   run every role of a single-host deployment
+//   paramcast status ENDPOINT    ask a running publisher for its members
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "common/cli.h"
+#include "common/config.h"
+#include "common/control/messages.h"
+#include "common/units.h"
+
+using namespace paramcast;
+
+namespace {
+
+std::string self_dir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  buf[n] = 0;
+  std::string p(buf);
+  return p.substr(0, p.rfind('/'));
+}
+
+struct Child {
+  std::string role;
+  pid_t pid = -1;
+  int fd = -1;
+  std::string partial;
+  bool done = false;
+  int status = 0;
+};
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_signal(int) { g_interrupted = 1; }
+
+Child spawn(const std::string& role, const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  Child c;
+  c.role = role;
+  c.pid = fork();
+  if (c.pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "cannot exec %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  c.fd = fds[0];
+  return c;
+}
+
+void pump(Child& c, bool flush) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(c.fd, buf, sizeof buf);
+    if (n <= 0) break;
+    c.partial.append(buf, static_cast<size_t>(n));
+    if (n < static_cast<ssize_t>(sizeof buf)) break;
+  }
+  size_t pos;
+  while ((pos = c.partial.find('\n')) != std::string::npos) {
+    std::printf("[%-9s] %s\n", c.role.c_str(), c.partial.substr(0, pos).c_str());
+    c.partial.erase(0, pos + 1);
+  }
+  if (flush && !c.partial.empty()) {
+    std::printf("[%-9s] %s\n", c.role.c_str(), c.partial.c_str());
+    c.partial.clear();
+  }
+  std::fflush(stdout);
+}
+
+int launch(const Flags& flags) {
+  if (flags.positional.size() < 2) {
+    std::fprintf(stderr, "usage: paramcast launch FILE.yaml\n");
+    return 2;
+  }
+  const std::string file = flags.positional[1];
+  auto cfg = load_config_file(file);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "paramcast launch: %s\n", cfg.status().message().c_str());
+    return 2;
+  }
+  const std::string dir = self_dir();
+  char tmpl[] = "/tmp/paramcast-launch-XXXXXX";
+  const std::string tmp = mkdtemp(tmpl) ? tmpl : "/tmp";
+  const std::string endpoint_file = tmp + "/endpoint";
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Child> children;
+  children.push_back(spawn("trainer", {dir + "/paramcast-trainer", "--config", file, "--endpoint-file", endpoint_file}));
+  // Workers connect to the endpoint the trainer actually bound (it may be "*").
+  std::string endpoint;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (endpoint.empty() && std::chrono::steady_clock::now() < deadline && !g_interrupted) {
+    pump(children[0], false);
+    std::ifstream in(endpoint_file);
+    std::getline(in, endpoint);
+    int st;
+    if (waitpid(children[0].pid, &st, WNOHANG) == children[0].pid) {
+      children[0].done = true;
+      children[0].status = st;
+      break;
+    }
+    if (endpoint.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!endpoint.empty()) {
+    for (const auto& id : cfg->worker_ids())
+      children.push_back(spawn(id, {dir + "/paramcast-worker", "--config", file, "--id", id, "--endpoint", endpoint}));
+  }
+  int failed = endpoint.empty() ? 1 : 0;
+  bool stopping = endpoint.empty();
+  auto stop_all = [&](int sig) {
+    for (auto& c : children)
+      if (!c.done && c.pid > 0) kill(c.pid, sig);
+  };
+  if (stopping) stop_all(SIGTERM);
+  auto stop_deadline = std::chrono::steady_clock::now();
+  for (;;) {
+    std::vector<pollfd> pfds;
+    for (auto& c : children) pfds.push_back({c.fd, POLLIN, 0});
+    poll(pfds.data(), pfds.size(), 100);
+    bool all_done = true;
+    for (auto& c : children) {
+      pump(c, false);
+      if (!c.done) {
+        int st;
+        if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
+          c.done = true;
+          c.status = st;
+          pump(c, true);
+          const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+          if (!ok && !stopping) {
+            std::printf("[launch   ] %s failed (%s %d); stopping every role\n", c.role.c_str(),
+                        WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            failed = 1;
+            stopping = true;
+            stop_all(SIGTERM);
+            stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+          }
+        }
+      }
+      all_done = all_done && c.done;
+    }
+    if (g_interrupted && !stopping) {
+      std::printf("[launch   ] interrupted; stopping every role\n");
+      failed = 1;
+      stopping = true;
+      stop_all(SIGTERM);
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) stop_all(SIGKILL);
+    if (all_done) break;
+  }
+  for (auto& c : children) close(c.fd);
+  std::remove(endpoint_file.c_str());
+  rmdir(tmp.c_str());
+  std::printf("[launch   ] %s: %zu roles, %s\n", file.c_str(), children.size(), failed ? "FAILED" : "all succeeded");
+  return failed;
+}
+
+int status(const Flags& flags) {
+  if (flags.positional.size() < 2) {
+    std::fprintf(stderr, "usage: paramcast status tcp://HOST:PORT [--json] [--timeout 2s]\n");
+    return 2;
+  }
+  const std::string endpoint = flags.positional[1];
+  auto timeout = parse_duration(flags.get("timeout", "2s")).value_or(std::chrono::seconds(2));
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::routing_id, "status-" + std::to_string(getpid()));
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(endpoint);
+  s.send(control::make_message(0, control::new_incarnation(), [](auto b) { b.initStatusRequest().setRequestId(1); }),
+         zmq::send_flags::none);
+  zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0}};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    zmq::poll(items, 1, std::chrono::milliseconds(50));
+    if (!(items[0].revents & ZMQ_POLLIN)) continue;
+    zmq::message_t msg;
+    (void)s.recv(msg, zmq::recv_flags::none);
+    auto d = control::decode(msg.data(), msg.size(), control::DecodeLimits{});
+    if (!d.ok() || d.value()->envelope().getBody().which() != proto::Envelope::Body::STATUS_REPLY) continue;
+    auto r = d.value()->envelope().getBody().getStatusReply();
+    if (flags.has("json")) {
+      std::printf("{\"endpoint\":\"%s\",\"epoch\":%llu,\"published_version\":%llu,\"expected\":%u,\"backend\":\"%s\",\"members\":[",
+                  endpoint.c_str(), static_cast<unsigned long long>(r.getEpoch()),
+                  static_cast<unsigned long long>(r.getPublishedVersion()), r.getExpected(),
+                  r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
+      bool first = true;
+      for (auto m : r.getMembers()) {
+        std::printf("%s{\"id\":\"%s\",\"rank\":%d,\"version\":%llu,\"state\":\"%s\",\"heartbeat_age_ms\":%llu,"
+                    "\"host\":\"%s\",\"pid\":%u,\"device\":\"%s\",\"lost\":%s}",
+                    first ? "" : ",", m.getWorkerId().cStr(), m.getRank(),
+                    static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()),
+                    static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()), m.getHost().cStr(), m.getPid(),
+                    control::get_device(m.getDevice()).to_string().c_str(), m.getLost() ? "true" : "false");
+        first = false;
+      }
+      std::printf("]}\n");
+    } else {
+      std::printf("publisher %s  epoch %llu  published v%llu  %u expected  backend %s\n", endpoint.c_str(),
+                  static_cast<unsigned long long>(r.getEpoch()), static_cast<unsigned long long>(r.getPublishedVersion()),
+                  r.getExpected(), r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
+      std::printf("%-16s %5s %8s %-11s %10s  %-8s %s\n", "WORKER", "RANK", "VERSION", "STATE", "HEARTBEAT", "DEVICE",
+                  "HOST/PID");
+      for (auto m : r.getMembers()) {
+        char age[32];
+        std::snprintf(age, sizeof age, "%llums ago", static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()));
+        std::printf("%-16s %5s %8llu %-11s %10s  %-8s %s/%u\n", m.getWorkerId().cStr(),
+                    m.getLost() ? "lost" : std::to_string(m.getRank()).c_str(),
+                    static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()), age,
+                    control::get_device(m.getDevice()).to_string().c_str(), m.getHost().cStr(), m.getPid());
+      }
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "paramcast status: no answer from %s within %s\n", endpoint.c_str(),
+               format_duration(timeout).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = parse_flags(argc, argv, 1, {"json"});
+  const std::string cmd = flags.positional.empty() ? "" : flags.positional[0];
+  if (cmd == "launch") return launch(flags);
+  if (cmd == "status") return status(flags);
+  std::fprintf(stderr,
+               "usage: paramcast launch FILE.yaml       run every role of a single-host deployment\n"
+               "       paramcast status ENDPOINT [--json]  members, ranks, epoch, versions of a publisher\n");
+  return 2;
+}

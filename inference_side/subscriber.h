@@ -1,0 +1,81 @@
+// Subscriber: the inference engine's side of ParamCast.
+//
+//   auto sub = Subscriber::create(config, "worker-3");
+//   sub.value()->register_tensor(view);        // (a) written in place
+//   sub.value()->on_tensor(callback);          // (b) transform on load
+//   sub.value()->start();                      // joins, heartbeats, reconnects
+//
+// Updates arrive on the subscriber's own threads. Every plan is checked
+// against the registrations before any byte moves; a mismatch is reported to
+// the publisher with every disagreement. The subscriber's weight state is
+// `version N, consistent`, or `dirty` when an update began and did not finish.
+// When the publisher is lost, the process and its buffers stay; the subscriber
+// reconnects with backoff and joins whichever publisher comes back.
+//
+// Thread-safety: register/on_* before start() or between updates; state(),
+// next_report() from any thread. Callbacks run on the subscriber's data thread.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace paramcast {
+
+enum class WeightStateKind { kEmpty, kConsistent, kDirty };
+const char* weight_state_name(WeightStateKind k);
+
+struct WeightState {
+  WeightStateKind kind = WeightStateKind::kEmpty;
+  uint64_t version = 0;        // last version applied completely
+  uint64_t dirty_version = 0;  // when dirty: the version that did not finish
+  std::string to_string() const;  // "version 4, consistent" / "dirty (v5 incomplete, last consistent v4)"
+};
+
+// The outcome of one update as this subscriber saw it.
+struct UpdateReport {
+  uint64_t version = 0;
+  Status status;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Called for each tensor not registered as a destination. The view is valid
+// only during the call.
+using TensorCallback = std::function<Status(const TensorView& view)>;
+using UpdateBeginHook = std::function<void(uint64_t version)>;
+using UpdateEndHook = std::function<void(uint64_t version, const Status& status)>;
+
+class SubscriberImpl;
+
+class Subscriber {
+ public:
+  static StatusOr<std::unique_ptr<Subscriber>> create(const Config& config, const std::string& worker_id);
+  ~Subscriber();
+
+  // A destination buffer, written in place by every update that names it.
+  Status register_tensor(const TensorView& destination);
+  void on_tensor(TensorCallback callback);
+  void on_update_begin(UpdateBeginHook hook);
+  void on_update_end(UpdateEndHook hook);
+
+  Status start();
+  void stop();  // says Leave and stops the threads
+
+  WeightState state() const;
+  bool joined() const;  // welcomed by a publisher right now
+  // The next finished update (applied or failed), waiting up to `timeout`.
+  std::optional<UpdateReport> next_report(std::chrono::milliseconds timeout);
+
+ private:
+  explicit Subscriber(std::unique_ptr<SubscriberImpl> impl);
+  std::unique_ptr<SubscriberImpl> impl_;
+};
+
+}  // namespace paramcast

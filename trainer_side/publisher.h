@@ -1,0 +1,102 @@
+// Publisher: the trainer's side of ParamCast.
+//
+//   auto pub = Publisher::create(config);         // binds the control endpoint
+//   pub.value()->start();                          // waits for subscribers, forms the group
+//   UpdateResult r = pub.value()->weight_update(tensors);   // plan, broadcast, applied
+//
+// weight_update returns when every subscriber has applied the update, or with
+// a Status naming each subscriber that failed and why (plan mismatches, lost
+// members, checksum failures). A rejected plan moves no byte. Versions
+// increase monotonically. Lost or restarted subscribers are handled by
+// re-forming the group (a new epoch) at the next update.
+//
+// Thread-safety: all methods may be called from any thread; updates are
+// serialized. One control thread owns the ZeroMQ socket (docs/protocol.md).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/plan.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace paramcast {
+
+struct SubscriberOutcome {
+  std::string worker_id;
+  Status status;                     // OK when applied
+  std::vector<Mismatch> mismatches;  // when the plan was rejected
+  uint64_t bytes = 0;
+};
+
+struct UpdateResult {
+  Status status;  // OK when every (present) subscriber applied the update
+  uint64_t version = 0;
+  uint64_t epoch = 0;
+  uint64_t bytes = 0;
+  size_t tensors = 0;
+  size_t buckets = 0;
+  double seconds = 0;
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+  std::vector<SubscriberOutcome> subscribers;
+  std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
+  bool ok() const { return status.ok(); }
+};
+
+struct MemberEvent {
+  enum class Kind { kJoined, kRejoined, kLost, kLeft };
+  Kind kind;
+  std::string worker_id;
+  std::string detail;
+};
+const char* member_event_name(MemberEvent::Kind k);
+
+struct PublisherStats {
+  uint64_t epoch = 0;
+  uint64_t published_version = 0;
+  uint64_t dropped_frames = 0;      // malformed frames dropped
+  uint64_t staging_peak_bytes = 0;  // peak staging memory of the send pipeline
+  int live_members = 0;
+};
+
+class PublisherImpl;
+
+class Publisher {
+ public:
+  static StatusOr<std::unique_ptr<Publisher>> create(const Config& config);
+  ~Publisher();
+
+  // The bound control endpoint, with the real port when the config said "*".
+  std::string endpoint() const;
+
+  // Waits until the expected subscribers said Hello (join_timeout) and forms
+  // the data-plane group.
+  Status start();
+
+  // Broadcasts `tensors` to every subscriber. `version` must exceed the last
+  // one; by default it is last + 1.
+  UpdateResult weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version = {});
+  // Same, on a background thread; the views must stay valid until the future is ready.
+  std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors,
+                                                std::optional<uint64_t> version = {});
+
+  // Membership events (joined, lost, ...) since the last call; nullopt when none.
+  std::optional<MemberEvent> poll_event();
+  PublisherStats stats() const;
+
+  // Tells subscribers to leave and stops the control thread.
+  void shutdown();
+
+ private:
+  explicit Publisher(std::unique_ptr<PublisherImpl> impl);
+  std::unique_ptr<PublisherImpl> impl_;
+};
+
+}  // namespace paramcast
