@@ -1,1 +1,122 @@
+#include "common/config.h"
+
 #include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace paramcast {
+namespace {
+
+TEST(ConfigTest, EveryDeploymentFileLoads) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(PARAMCAST_SOURCE_DIR) + "/deploy")) {
+    if (e.path().extension() != ".yaml") continue;
+    auto c = load_config_file(e.path().string());
+    EXPECT_TRUE(c.ok()) << e.path() << ": " << c.status().to_string();
+    ++n;
+  }
+  EXPECT_GE(n, 3) << "deploy/ should hold the local, 8-GPU and multi-node deployments";
+}
+
+TEST(ConfigTest, DefaultsAndValues) {
+  auto c = load_config_string(R"(
+control:
+  endpoint: tcp://127.0.0.1:*
+  heartbeat_interval: 100ms
+  heartbeat_timeout: 2s
+data_plane:
+  bucket_size: 1GiB
+  checksum: none
+publisher:
+  subscribers: [a, b, c]
+  on_member_loss: continue
+subscriber:
+  devices: [cpu, cpu, cpu]
+)");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->control.heartbeat_interval, std::chrono::milliseconds(100));
+  EXPECT_EQ(c->control.heartbeat_timeout, std::chrono::milliseconds(2000));
+  EXPECT_EQ(c->control.join_timeout, std::chrono::milliseconds(60000));  // default
+  EXPECT_EQ(c->data_plane.bucket_bytes, 1ull << 30);
+  EXPECT_EQ(c->data_plane.checksum, Checksum::kNone);
+  EXPECT_EQ(c->publisher.subscriber_ids, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(c->expected_count(), 3);
+  EXPECT_EQ(c->publisher.on_member_loss, MemberLossPolicy::kContinue);
+  EXPECT_EQ(c->worker_ids(), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST(ConfigTest, CountGivesGeneratedIds) {
+  auto c = load_config_string("publisher:\n  subscribers: 3\n");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->worker_ids(), (std::vector<std::string>{"worker-1", "worker-2", "worker-3"}));
+}
+
+TEST(ConfigTest, EmptyFileIsAllDefaults) {
+  auto c = load_config_string("");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->data_plane.bucket_bytes, 256ull << 20);
+}
+
+TEST(ConfigTest, MissingFileNamesIt) {
+  auto c = load_config_file("/nonexistent/paramcast.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("/nonexistent/paramcast.yaml"), std::string::npos);
+}
+
+struct BadCase {
+  const char* name;
+  const char* yaml;
+  const char* expected;  // substring of the error, including file:line:col
+};
+
+class BadConfigTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadConfigTest, GivesOneClearError) {
+  auto c = load_config_string(GetParam().yaml, "bad.yaml");
+  ASSERT_FALSE(c.ok()) << "accepted: " << GetParam().yaml;
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(GetParam().expected), std::string::npos)
+      << "message: " << c.status().message() << "\nwanted: " << GetParam().expected;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadConfigTest,
+    ::testing::Values(
+        BadCase{"unknown_top_key", "contrl:\n  endpoint: tcp://a:1\n", "bad.yaml:1:1: key 'contrl': unknown key"},
+        BadCase{"unknown_nested_key", "control:\n  heartbeat_intervl: 1s\n",
+                "bad.yaml:2:3: key 'control.heartbeat_intervl': unknown key"},
+        BadCase{"bad_duration", "control:\n  heartbeat_interval: 5 parsecs\n",
+                "bad.yaml:2:23: key 'control.heartbeat_interval': bad value '5 parsecs': expected a duration"},
+        BadCase{"duration_without_unit", "control:\n  join_timeout: 30\n",
+                "key 'control.join_timeout': bad value '30': expected a duration"},
+        BadCase{"zero_duration", "control:\n  heartbeat_timeout: 0s\n", "expected a positive duration"},
+        BadCase{"timeout_not_above_interval", "control:\n  heartbeat_interval: 2s\n  heartbeat_timeout: 1s\n",
+                "key 'control.heartbeat_timeout': must be longer than heartbeat_interval"},
+        BadCase{"bad_size", "data_plane:\n  bucket_size: 12 parsecs\n",
+                "bad.yaml:2:16: key 'data_plane.bucket_size': bad value '12 parsecs': expected a size"},
+        BadCase{"size_too_small", "data_plane:\n  bucket_size: 16\n", "must be at least 4096 bytes"},
+        BadCase{"bad_backend", "data_plane:\n  backend: mpi\n",
+                "key 'data_plane.backend': bad value 'mpi': expected one of gloo, nccl"},
+        BadCase{"bad_checksum", "data_plane:\n  checksum: md5\n", "expected one of none, xxh64"},
+        BadCase{"bad_endpoint", "control:\n  endpoint: http://x\n", "expected tcp://HOST:PORT"},
+        BadCase{"negative_count", "publisher:\n  subscribers: -3\n", "expected an integer in [1, 4096]"},
+        BadCase{"duplicate_id", "publisher:\n  subscribers: [a, b, a]\n",
+                "bad.yaml:2:23: key 'publisher.subscribers[2]': duplicate worker id 'a'"},
+        BadCase{"bad_id_chars", "publisher:\n  subscribers: [\"a b\"]\n", "bad worker id 'a b'"},
+        BadCase{"bad_device", "publisher:\n  device: tpu:0\n",
+                "key 'publisher.device': bad value 'tpu:0': expected cpu, cuda or cuda:N"},
+        BadCase{"bad_policy", "publisher:\n  on_member_loss: ignore\n", "expected one of fail, continue"},
+        BadCase{"device_count_mismatch", "publisher:\n  subscribers: 3\nsubscriber:\n  devices: [cpu, cpu]\n",
+                "lists 2 devices for 3 subscribers"},
+        BadCase{"gloo_with_cuda", "publisher:\n  device: cuda:0\n", "backend gloo moves host memory"},
+        BadCase{"nccl_without_cuda", "data_plane:\n  backend: nccl\n", "backend nccl needs cuda devices"},
+        BadCase{"bad_dtype", "trainer:\n  dtype: F12\n", "bad value 'F12': expected a safetensors dtype"},
+        BadCase{"bad_log_level", "logging:\n  level: loud\n", "expected one of debug, info, warn, error, off"},
+        BadCase{"section_not_map", "control: 5\n", "key 'control': expected a mapping, got a scalar"},
+        BadCase{"list_for_scalar", "control:\n  endpoint: [a, b]\n", "expected an endpoint like tcp://host:port, got a list"},
+        BadCase{"yaml_syntax", "control:\n  endpoint: [unclosed\n", "bad.yaml:3:1: YAML syntax error"},
+        BadCase{"bad_bool_updates", "trainer:\n  updates: many\n", "bad value 'many': expected an integer"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace paramcast
