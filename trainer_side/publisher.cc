@@ -812,7 +812,7 @@ class PublisherImpl {
     MemberEvent::Kind kind = MemberEvent::Kind::kJoined;
     if (it != members_.end()) {
       Member& m = it->second;
-      if (m.incarnation == inc) {  // a repeated Hello: answer it again
+      if (m.incarnation == inc && !m.lost) {  // a repeated Hello: answer it again
         m.last_seen = now;
         welcome(peer, inc);
         return;
@@ -820,7 +820,7 @@ class PublisherImpl {
       // Another process claims a live member's id. A restarted process
       // usually appears after the old one went silent; a live duplicate
       // keeps heartbeating, so it is rejected while the first stays.
-      if (!m.lost && now - m.last_seen < 2 * cfg_.control.heartbeat_interval) {
+      if (m.incarnation != inc && !m.lost && now - m.last_seen < 2 * cfg_.control.heartbeat_interval) {
         PC_WARN("publisher: rejected duplicate worker id '" << id << "' from " << h.getHost().cStr() << " pid "
                                                             << h.getPid() << " (held by pid " << m.pid << ")");
         reject(peer, inc, proto::RejectCode::DUPLICATE_ID,

@@ -1,0 +1,92 @@
+// Conformance suite of the data-plane interface, run against every backend
+// this machine can run: 8 ranks as separate processes (root + 7 receivers).
+#include "common/data/communicator.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "tests/support/process.h"
+
+namespace paramcast {
+namespace {
+
+using test::Process;
+
+std::string hex(const std::string& s) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(d[c >> 4]);
+    out.push_back(d[c & 15]);
+  }
+  return out;
+}
+
+class CommunicatorTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    const std::string why = backend_unavailable_reason(GetParam());
+    if (!why.empty()) GTEST_SKIP() << backend_name(GetParam()) << " backend cannot run here: " << why;
+    dir_ = test::make_temp_dir("paramcast-dp");
+  }
+  void TearDown() override {
+    if (!dir_.empty()) test::remove_tree(dir_);
+  }
+
+  std::vector<std::unique_ptr<Process>> spawn(int world, const std::string& sizes, int repeat, int timeout_ms) {
+    auto bootstrap = mint_bootstrap(GetParam(), 1);
+    EXPECT_TRUE(bootstrap.ok());
+    std::vector<std::unique_ptr<Process>> ranks;
+    for (int r = 0; r < world; ++r) {
+      // Several ranks may share one GPU: each then reports its own host to NCCL.
+      std::vector<std::string> env = {"NCCL_HOSTID=paramcast-test-rank-" + std::to_string(r)};
+      const int gpus = std::max(1, test::cuda_devices());
+      const std::string device = GetParam() == Backend::kNccl ? "cuda:" + std::to_string(r % gpus) : "cpu";
+      ranks.push_back(Process::start(test::binary("dataplane_rank"),
+                                     {"--backend", backend_name(GetParam()), "--rank", std::to_string(r), "--world",
+                                      std::to_string(world), "--store", dir_, "--bootstrap", hex(*bootstrap),
+                                      "--device", device, "--sizes", sizes, "--repeat", std::to_string(repeat),
+                                      "--timeout-ms", std::to_string(timeout_ms)},
+                                     env));
+    }
+    return ranks;
+  }
+
+  std::string dir_;
+};
+
+TEST_P(CommunicatorTest, EightRanksBroadcastBitExact) {
+  auto ranks = spawn(8, "0,1,4097,67108864", 3, 60000);
+  for (auto& p : ranks) {
+    auto code = p->wait_for(std::chrono::seconds(240));
+    ASSERT_TRUE(code.has_value()) << "rank hung; output:\n" << p->output();
+    EXPECT_EQ(*code, 0) << p->output();
+    EXPECT_NE(p->output().find("all broadcasts verified"), std::string::npos) << p->output();
+  }
+}
+
+TEST_P(CommunicatorTest, KilledPeerFailsOthersWithinDeadline) {
+  const int timeout_ms = 4000;
+  auto ranks = spawn(8, "16777216", 100000, timeout_ms);
+  for (auto& p : ranks) ASSERT_TRUE(p->wait_for_output("ready", std::chrono::seconds(60))) << p->output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-stream
+  ranks[5]->kill(SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  for (int r = 0; r < 8; ++r) {
+    if (r == 5) continue;
+    auto code = ranks[r]->wait_for(std::chrono::milliseconds(timeout_ms + 2000) + std::chrono::seconds(1));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " still running " << secs << " s after the kill:\n"
+                                  << ranks[r]->output();
+    EXPECT_EQ(*code, 3) << "rank " << r << " must fail and then refuse work:\n" << ranks[r]->output();
+    EXPECT_LE(secs, (timeout_ms + 2000) / 1000.0) << "rank " << r;
+    EXPECT_NE(ranks[r]->output().find("ABORTED"), std::string::npos) << ranks[r]->output();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CommunicatorTest, ::testing::Values(Backend::kGloo, Backend::kNccl),
+                         [](const auto& info) { return std::string(backend_name(info.param)); });
+
+}  // namespace
+}  // namespace paramcast

@@ -1,0 +1,116 @@
+// dataplane_rank: one rank of the data-plane conformance suite, run as its own
+// process. Forms a communicator (rendezvous through files in --store), runs
+// broadcasts of the given sizes from rank 0, verifies every byte.
+// Exit: 0 ok, 1 wrong bytes, 2 usage, 3 broadcast failed (and the
+// communicator then refused further work as it must), 4 it did not.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "common/cli.h"
+#include "common/data/communicator.h"
+#include "common/data/device_memory.h"
+
+using namespace paramcast;
+
+namespace {
+// Rendezvous through a directory: a key is a file, written atomically.
+class DirStore : public Store {
+ public:
+  explicit DirStore(std::string dir) : dir_(std::move(dir)) {}
+  Status set(const std::string& key, const std::string& value) override {
+    const std::string path = dir_ + "/" + escape(key);
+    std::ofstream(path + ".tmp", std::ios::binary) << value;
+    std::rename((path + ".tmp").c_str(), path.c_str());
+    return Status();
+  }
+  StatusOr<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    const std::string path = dir_ + "/" + escape(key);
+    while (Clock::now() < deadline) {
+      std::ifstream in(path, std::ios::binary);
+      if (in) {
+        std::stringstream ss;
+        ss << in.rdbuf();
+        return ss.str();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return timeout_error("key '" + key + "' not set");
+  }
+
+ private:
+  static std::string escape(std::string k) {
+    for (auto& c : k)
+      if (c == '/') c = '_';
+    return k;
+  }
+  std::string dir_;
+};
+
+std::string unhex(const std::string& h) {
+  std::string out;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+uint8_t pattern(uint64_t size, int rep, uint64_t i) { return static_cast<uint8_t>((i * 131 + size * 7 + rep * 29) >> 3); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f = parse_flags(argc, argv, 1);
+  GroupOptions g;
+  g.backend = f.get("backend") == "nccl" ? Backend::kNccl : Backend::kGloo;
+  g.rank = std::atoi(f.get("rank").c_str());
+  g.world_size = std::atoi(f.get("world").c_str());
+  g.epoch = 1;
+  g.bootstrap = unhex(f.get("bootstrap"));
+  g.device = parse_device(f.get("device", "cpu")).value();
+  g.op_timeout = std::chrono::milliseconds(std::atoi(f.get("timeout-ms", "30000").c_str()));
+  g.init_timeout = std::chrono::seconds(60);
+  const int repeat = std::atoi(f.get("repeat", "1").c_str());
+  std::vector<uint64_t> sizes;
+  std::stringstream ss(f.get("sizes"));
+  for (std::string s; std::getline(ss, s, ',');) sizes.push_back(std::stoull(s));
+  DirStore store(f.get("store"));
+  auto comm = create_communicator(g, store);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", g.rank, comm.status().to_string().c_str());
+    return 3;
+  }
+  auto mem = create_device_memory(g.device).value();
+  std::printf("rank %d: ready\n", g.rank);
+  std::fflush(stdout);
+  for (uint64_t size : sizes) {
+    std::vector<uint8_t> host(size);
+    void* buf = size ? mem->allocate(size).value() : nullptr;
+    for (int rep = 0; rep < repeat; ++rep) {
+      for (uint64_t i = 0; i < size; ++i) host[i] = g.rank == 0 ? pattern(size, rep, i) : 0xAB;
+      (void)mem->copy(buf, host.data(), size);
+      Status s = comm.value()->broadcast(buf, size, 0)->wait(Clock::now() + g.op_timeout + std::chrono::seconds(1));
+      if (!s.ok()) {
+        std::printf("rank %d: broadcast of %llu bytes failed: %s\n", g.rank, static_cast<unsigned long long>(size),
+                    s.to_string().c_str());
+        Status again = comm.value()->broadcast(buf, size ? size : 1, 0)->wait(Clock::now() + std::chrono::seconds(1));
+        std::printf("rank %d: next broadcast: %s\n", g.rank, again.to_string().c_str());
+        std::fflush(stdout);
+        return again.code() == Code::kAborted ? 3 : 4;
+      }
+      (void)mem->copy(host.data(), buf, size);
+      for (uint64_t i = 0; i < size; ++i)
+        if (host[i] != pattern(size, rep, i)) {
+          std::printf("rank %d: size %llu rep %d: byte %llu is %u, expected %u\n", g.rank,
+                      static_cast<unsigned long long>(size), rep, static_cast<unsigned long long>(i), host[i],
+                      pattern(size, rep, i));
+          return 1;
+        }
+    }
+    if (buf) mem->release(buf);
+  }
+  std::printf("rank %d: all broadcasts verified\n", g.rank);
+  return 0;
+}

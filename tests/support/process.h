@@ -1,0 +1,46 @@
+// Test support: real child processes with captured output, temp dirs and
+// YAML configs on ephemeral ports. Used by the multi-process tiers.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace paramcast::test {
+
+class Process {
+ public:
+  // Starts `path` with `args`; `env` entries ("K=V") are added to this environment.
+  static std::unique_ptr<Process> start(const std::string& path, const std::vector<std::string>& args,
+                                        const std::vector<std::string>& env = {});
+  ~Process();
+
+  // Exit code (128 + signal when killed), or nullopt if still running after `timeout`.
+  std::optional<int> wait_for(std::chrono::milliseconds timeout);
+  bool wait_for_output(const std::string& needle, std::chrono::milliseconds timeout);
+  void kill(int sig);
+  bool running();
+  int pid() const { return pid_; }
+  std::string output();
+
+ private:
+  Process() = default;
+  int pid_ = -1;
+  int fd_ = -1;
+  std::optional<int> code_;
+  std::mutex mu_;
+  std::string out_;
+  std::thread reader_;
+};
+
+std::string binary(const std::string& name);  // path of a built tool
+std::string make_temp_dir(const std::string& prefix);
+void remove_tree(const std::string& dir);
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
+int cuda_devices();
+
+}  // namespace paramcast::test
