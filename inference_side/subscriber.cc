@@ -76,10 +76,7 @@ class SubscriberImpl {
 
   void stop() {
     if (stopping_.exchange(true)) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (comm_) comm_->abort("subscriber stopping");
-    }
+    abort_comm("subscriber stopping");
     jobs_cv_.notify_all();
     cv_.notify_all();
     wake_.notify();
@@ -227,11 +224,25 @@ class SubscriberImpl {
   }
 
   void lose_membership(const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    member_ = false;
-    if (comm_) comm_->abort(why);
-    store_failed_ = true;
-    cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      member_ = false;
+      store_failed_ = true;
+      cv_.notify_all();
+    }
+    abort_comm(why);
+  }
+
+  // Aborts the current communicator without holding mu_ (Gloo's close may wait
+  // for its I/O thread, and the control thread must keep heartbeating).
+  void abort_comm(const std::string& why, uint64_t only_version = 0) {
+    std::shared_ptr<Communicator> c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (only_version && receiving_version_ != only_version) return;
+      c = comm_;
+    }
+    if (c) c->abort(why);
   }
 
   void handle(const zmq::message_t& msg) {
@@ -304,10 +315,10 @@ class SubscriberImpl {
         job.group.op_timeout = std::chrono::milliseconds(j.getOpTimeoutMs());
         job.group.gloo_hostname = cfg_.data_plane.gloo_hostname;
         job.group.gloo_interface = cfg_.data_plane.gloo_interface;
+        abort_comm("superseded by epoch " + std::to_string(env.getEpoch()));
         {
           std::lock_guard<std::mutex> lock(mu_);
           epoch_ = env.getEpoch();
-          if (comm_) comm_->abort("superseded by epoch " + std::to_string(epoch_));
           checksums_.clear();
         }
         push_job(std::move(job));
@@ -365,10 +376,8 @@ class SubscriberImpl {
       }
       case B::ABANDON: {
         auto a = body.getAbandon();
-        std::lock_guard<std::mutex> lock(mu_);
         if (pending_plan_ && pending_plan_->version == a.getVersion()) pending_plan_.reset();
-        if (receiving_version_ == a.getVersion() && comm_)
-          comm_->abort(std::string("publisher abandoned the update: ") + a.getReason().cStr());
+        abort_comm(std::string("publisher abandoned the update: ") + a.getReason().cStr(), a.getVersion());
         return;
       }
       case B::STORE_VALUE: {
@@ -471,15 +480,20 @@ class SubscriberImpl {
       if (job.kind == Job::Kind::kJoin) join(job);
       else receive(job);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    comm_.reset();
+    std::shared_ptr<Communicator> last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last.swap(comm_);
+    }
   }
 
   void join(const Job& job) {
+    std::shared_ptr<Communicator> old;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      comm_.reset();
+      old.swap(comm_);
     }
+    old.reset();  // joins its I/O thread outside mu_
     RemoteStore store(this);
     auto comm = create_communicator(job.group, store);
     std::lock_guard<std::mutex> lock(mu_);
@@ -506,16 +520,16 @@ class SubscriberImpl {
   void receive(const Job& job) {
     const UpdatePlan& plan = *job.plan;
     const auto t0 = Clock::now();
-    Communicator* comm;
+    std::shared_ptr<Communicator> comm;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      comm = comm_.get();
+      comm = comm_;
       receiving_version_ = plan.version;
       state_.kind = WeightStateKind::kDirty;
       state_.dirty_version = plan.version;
     }
     if (begin_hook_) begin_hook_(plan.version);
-    Status s = comm ? receive_buckets(plan, comm) : aborted("no communicator for epoch " + std::to_string(job.epoch));
+    Status s = comm ? receive_buckets(plan, comm.get()) : aborted("no communicator for epoch " + std::to_string(job.epoch));
     uint64_t combined = 0;
     if (s.ok()) {
       Xxh64 h;
@@ -537,8 +551,6 @@ class SubscriberImpl {
         state_.kind = WeightStateKind::kConsistent;
         state_.version = plan.version;
         state_.dirty_version = 0;
-      } else if (comm_) {
-        comm_->abort("update v" + std::to_string(plan.version) + " failed");
       }
       outbox_.push_back(control::make_message(job.epoch, incarnation_, [&](auto b) {
         auto a = b.initApplied();
@@ -555,6 +567,8 @@ class SubscriberImpl {
       cv_.notify_all();
     }
     wake_.notify();
+    // A failed update leaves the collective half-done: this communicator is finished.
+    if (!s.ok() && comm) comm->abort("update v" + std::to_string(plan.version) + " failed");
     if (s.ok()) PC_DEBUG(id_ << ": applied v" << plan.version << " (" << plan.total_bytes << " bytes)");
     else PC_WARN(id_ << ": update v" << plan.version << " failed, state " << state().to_string() << ": " << s.message());
     if (end_hook_) end_hook_(plan.version, s);
@@ -611,7 +625,8 @@ class SubscriberImpl {
       PC_RETURN_IF_ERROR(works[k]->wait(Clock::now() + cfg_.data_plane.timeout)
                              .with_context("bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
       if (fault_corrupt_bucket_ == static_cast<int64_t>(k) && b.bytes > 0) {
-        // Test hook (PARAMCAST_FAULT_CORRUPT_BUCKET): flip one received bit.
+        // Test hook (PARAMCAST_FAULT_CORRUPT_BUCKET): flip one received bit, once.
+        fault_corrupt_bucket_ = -1;
         uint8_t byte;
         PC_RETURN_IF_ERROR(mem_->copy(&byte, where[k], 1));
         byte ^= 0x01;
@@ -697,7 +712,7 @@ class SubscriberImpl {
   uint64_t next_request_ = 0;
   bool store_failed_ = false;
   uint64_t receiving_version_ = 0;
-  std::unique_ptr<Communicator> comm_;
+  std::shared_ptr<Communicator> comm_;  // abort() is called outside mu_: it may block briefly
   std::shared_ptr<UpdatePlan> pending_plan_;  // control thread only
 
   std::mutex jobs_mu_;

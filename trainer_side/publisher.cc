@@ -395,7 +395,7 @@ class PublisherImpl {
       }
       for (const auto& id : group)
         send_locked(id, control::make_message(epoch, incarnation_, [&](auto b) { b.initCommit().setVersion(r.version); }));
-      active_comm_ = comm_.get();
+      active_comm_ = comm_;
     }
     wake_.notify();
 
@@ -403,7 +403,7 @@ class PublisherImpl {
     Status data = send_buckets(*plan, epoch);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      active_comm_ = nullptr;
+      active_comm_.reset();
     }
     if (!data.ok()) comm_->abort(data.message());
 
@@ -621,6 +621,9 @@ class PublisherImpl {
   }
 
   void check_liveness(Clock::time_point now) {
+    std::shared_ptr<Communicator> to_abort;
+    std::string why;
+    {
     std::lock_guard<std::mutex> lock(mu_);
     bool changed = false;
     for (auto& [id, m] : members_) {
@@ -634,7 +637,8 @@ class PublisherImpl {
         events_.push_back({MemberEvent::Kind::kLost, id, "silent for " + std::to_string(ms) + "ms"});
         if (m.rank > 0) {
           needs_reform_ = true;
-          if (active_comm_) active_comm_->abort("subscriber '" + id + "' lost");
+          to_abort = active_comm_;
+          why = "subscriber '" + id + "' lost";
         }
         continue;
       }
@@ -645,6 +649,8 @@ class PublisherImpl {
       }));
     }
     if (changed) cv_.notify_all();
+    }
+    if (to_abort) to_abort->abort(why);
   }
 
   void reject(const std::string& peer, uint64_t target, proto::RejectCode code, const std::string& text,
@@ -673,6 +679,12 @@ class PublisherImpl {
       note_dropped(peer, std::string("malformed message: ") + e.getDescription().cStr());
     }
     cv_.notify_all();
+    std::shared_ptr<Communicator> c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c.swap(abort_after_dispatch_);
+    }
+    if (c) c->abort("subscriber '" + peer + "' left");
   }
 
   void dispatch(const std::string& peer, proto::Envelope::Reader env) {
@@ -759,7 +771,7 @@ class PublisherImpl {
         PC_INFO("publisher: subscriber '" << peer << "' left: " << body.getLeave().getReason().cStr());
         if (m.rank > 0) {
           needs_reform_ = true;
-          if (active_comm_) active_comm_->abort("subscriber '" + peer + "' left");
+          abort_after_dispatch_ = active_comm_;
         }
         break;
       default:
@@ -922,11 +934,12 @@ class PublisherImpl {
   uint64_t update_version_ = 0;
   uint64_t published_version_ = 0;
   uint64_t dropped_frames_ = 0;
-  Communicator* active_comm_ = nullptr;
+  std::shared_ptr<Communicator> active_comm_;  // the communicator of the update in flight
+  std::shared_ptr<Communicator> abort_after_dispatch_;
 
   // Owned by the updating thread (update_mu_).
   std::mutex update_mu_;
-  std::unique_ptr<Communicator> comm_;
+  std::shared_ptr<Communicator> comm_;
   std::unique_ptr<DeviceMemory> mem_;
   StagingBuffer staging_[2];
   uint64_t last_version_ = 0;

@@ -1,0 +1,67 @@
+#include "tests/support/cluster.h"
+
+#include "common/synthetic_model.h"
+
+namespace paramcast::test {
+
+Config test_config(int subscribers) {
+  Config c;
+  c.control.endpoint = "tcp://127.0.0.1:*";
+  c.control.heartbeat_interval = std::chrono::milliseconds(100);
+  c.control.heartbeat_timeout = std::chrono::milliseconds(1500);
+  c.control.join_timeout = std::chrono::seconds(30);
+  c.control.reconnect_backoff_max = std::chrono::milliseconds(500);
+  c.data_plane.bucket_bytes = 1 << 20;
+  c.data_plane.direct_min_bytes = 64 << 10;
+  c.data_plane.timeout = std::chrono::seconds(20);
+  c.data_plane.init_timeout = std::chrono::seconds(30);
+  c.publisher.subscriber_count = subscribers;
+  c.publisher.update_timeout = std::chrono::seconds(60);
+  c.trainer.model_bytes = 4 << 20;
+  c.log_level = LogLevel::kWarn;
+  return c;
+}
+
+std::string test_config_yaml(int subscribers, const std::string& extra_publisher, const std::string& extra_data_plane) {
+  return "control:\n"
+         "  endpoint: tcp://127.0.0.1:*\n"
+         "  heartbeat_interval: 100ms\n"
+         "  heartbeat_timeout: 1500ms\n"
+         "  join_timeout: 30s\n"
+         "  reconnect_backoff_max: 500ms\n"
+         "data_plane:\n"
+         "  backend: gloo\n"
+         "  bucket_size: 1MiB\n"
+         "  direct_min_size: 64KiB\n"
+         "  timeout: 20s\n"
+         "  init_timeout: 30s\n" +
+         extra_data_plane +
+         "publisher:\n"
+         "  subscribers: " +
+         std::to_string(subscribers) + "\n" + extra_publisher +
+         "trainer:\n"
+         "  model_size: 4MiB\n"
+         "  layers: 32\n"
+         "  updates: 3\n"
+         "logging:\n"
+         "  level: info\n";
+}
+
+HostTensors make_tensors(const std::vector<TensorSpec>& specs) {
+  HostTensors t;
+  t.specs = specs;
+  for (const auto& s : specs) t.bytes.emplace_back(s.nbytes().value());
+  return t;
+}
+
+std::vector<TensorView> HostTensors::views() {
+  std::vector<TensorView> v;
+  for (size_t i = 0; i < specs.size(); ++i) v.push_back(TensorView{specs[i], bytes[i].data(), Device::cpu()});
+  return v;
+}
+
+void HostTensors::fill(uint64_t version, uint64_t seed) {
+  for (size_t i = 0; i < specs.size(); ++i) fill_synthetic(specs[i], seed, version, bytes[i].data(), bytes[i].size());
+}
+
+}  // namespace paramcast::test

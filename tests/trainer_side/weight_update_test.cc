@@ -1,0 +1,290 @@
+// weight_update end to end, tier 1: one Publisher and several Subscribers in
+// this process, on real ZeroMQ sockets and real Gloo TCP pairs.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "common/synthetic_model.h"
+#include "tests/support/cluster.h"
+
+namespace paramcast {
+namespace {
+
+using test::HostTensors;
+
+// A subscriber with either registered destinations or a copying callback.
+struct Worker {
+  std::unique_ptr<Subscriber> sub;
+  bool callback = false;
+  std::vector<TensorSpec> specs;
+  std::map<std::string, std::vector<uint8_t>> dest;      // registered
+  std::mutex mu;
+  std::map<std::string, std::vector<uint8_t>> received;  // via callback
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> seen_meta;
+  std::vector<uint64_t> begun, ended;
+
+  const std::vector<uint8_t>& bytes(const std::string& name) { return callback ? received[name] : dest[name]; }
+};
+
+class WeightUpdateTest : public ::testing::Test {
+ protected:
+  // Starts a publisher and `n` subscribers; subscriber i uses the callback when callback(i).
+  void start(Config cfg, int n, const std::vector<TensorSpec>& registered, std::function<bool(int)> callback = {}) {
+    cfg.publisher.subscriber_count = n;
+    auto pub = Publisher::create(cfg);
+    ASSERT_TRUE(pub.ok()) << pub.status().to_string();
+    pub_ = std::move(pub.value());
+    cfg.control.endpoint = pub_->endpoint();
+    for (int i = 0; i < n; ++i) {
+      auto w = std::make_unique<Worker>();
+      auto s = Subscriber::create(cfg, "worker-" + std::to_string(i + 1));
+      ASSERT_TRUE(s.ok());
+      w->sub = std::move(s.value());
+      w->callback = callback && callback(i);
+      w->specs = registered;
+      Worker* raw = w.get();
+      if (w->callback) {
+        w->sub->on_tensor([raw](const TensorView& v) {
+          std::lock_guard<std::mutex> lock(raw->mu);
+          const uint64_t n = v.spec.nbytes().value();
+          raw->received[v.spec.name].assign(static_cast<const uint8_t*>(v.data), static_cast<const uint8_t*>(v.data) + n);
+          raw->seen_meta[v.spec.name] = {v.spec.dtype, v.spec.shape};
+          return Status();
+        });
+      } else {
+        for (const auto& spec : registered) {
+          auto& buf = w->dest[spec.name];
+          buf.assign(spec.nbytes().value(), 0xEE);
+          ASSERT_TRUE(w->sub->register_tensor(TensorView{spec, buf.data(), Device::cpu()}).ok());
+        }
+      }
+      w->sub->on_update_begin([raw](uint64_t v) { raw->begun.push_back(v); });
+      w->sub->on_update_end([raw](uint64_t v, const Status&) { raw->ended.push_back(v); });
+      ASSERT_TRUE(w->sub->start().ok());
+      workers_.push_back(std::move(w));
+    }
+    Status s = pub_->start();
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+
+  // Every worker holds exactly `t`'s bytes.
+  void expect_holds(HostTensors& t, uint64_t version) {
+    for (auto& w : workers_) {
+      EXPECT_EQ(w->sub->state().kind, WeightStateKind::kConsistent);
+      EXPECT_EQ(w->sub->state().version, version);
+      for (size_t i = 0; i < t.specs.size(); ++i)
+        ASSERT_TRUE(w->bytes(t.specs[i].name) == t.bytes[i])
+            << "tensor '" << t.specs[i].name << "' (" << t.bytes[i].size() << " B) differs in a "
+            << (w->callback ? "callback" : "registered") << " worker at v" << version;
+    }
+  }
+
+  void TearDown() override {
+    for (auto& w : workers_) w->sub->stop();
+    if (pub_) pub_->shutdown();
+  }
+
+  std::unique_ptr<Publisher> pub_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+TEST_F(WeightUpdateTest, SeveralVersionsBitExactInBothModes) {
+  auto specs = synthetic_llm_layout(4 << 20, 32, DType::kBF16);
+  ASSERT_EQ(specs.size(), 291u);
+  start(test::test_config(7), 7, specs, [](int i) { return i % 2 == 1; });
+  HostTensors t = test::make_tensors(specs);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    t.fill(v);
+    UpdateResult r = pub_->weight_update(t.views());
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    EXPECT_EQ(r.version, v);
+    EXPECT_EQ(r.tensors, 291u);
+    EXPECT_EQ(r.subscribers.size(), 7u);
+    for (auto& o : r.subscribers) EXPECT_TRUE(o.status.ok()) << o.worker_id << ": " << o.status.to_string();
+    expect_holds(t, v);
+  }
+  for (auto& w : workers_) {
+    EXPECT_EQ(w->begun, (std::vector<uint64_t>{1, 2, 3}));
+    EXPECT_EQ(w->ended, (std::vector<uint64_t>{1, 2, 3}));
+  }
+  EXPECT_EQ(pub_->stats().published_version, 3u);
+  // Staging stays within two buckets on the publisher.
+  EXPECT_LE(pub_->stats().staging_peak_bytes, 2 * test::test_config(7).data_plane.bucket_bytes);
+}
+
+class TensorCountTest : public WeightUpdateTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(TensorCountTest, ManySmallTensors) {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < GetParam(); ++i)
+    specs.push_back({"t." + std::to_string(i), DType::kF32, {static_cast<int64_t>(1 + (i * 37) % 200)}});
+  start(test::test_config(3), 3, specs, [](int i) { return i == 2; });
+  HostTensors t = test::make_tensors(specs);
+  for (uint64_t v = 1; v <= 2; ++v) {
+    t.fill(v);
+    UpdateResult r = pub_->weight_update(t.views());
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    expect_holds(t, v);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Counts, TensorCountTest, ::testing::Values(1, 291, 10000));
+
+TEST_F(WeightUpdateTest, EdgeSizesAndEveryDType) {
+  std::vector<TensorSpec> specs;
+  int i = 0;
+  for (DType d : all_dtypes()) {
+    const std::string n = std::string(dtype_name(d)) + ".";
+    specs.push_back({n + "empty", d, {0, 5}});
+    specs.push_back({n + "scalar", d, {}});
+    specs.push_back({n + "odd", d, {3, 5, 7 + i++}});
+  }
+  specs.push_back({"one_byte", DType::kU8, {1}});
+  specs.push_back({"odd_large", DType::kU8, {4097 * 33}});          // direct, odd length
+  specs.push_back({"larger_than_bucket", DType::kBF16, {1300000}});  // 2.5 MiB > 1 MiB bucket
+  start(test::test_config(3), 3, specs, [](int i) { return i == 1; });
+  HostTensors t = test::make_tensors(specs);
+  for (uint64_t v = 1; v <= 2; ++v) {
+    t.fill(v);
+    UpdateResult r = pub_->weight_update(t.views());
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    expect_holds(t, v);
+  }
+  // The callback saw each tensor's name, dtype and shape as published.
+  Worker& cb = *workers_[1];
+  for (const auto& s : specs) {
+    ASSERT_TRUE(cb.seen_meta.count(s.name)) << s.name;
+    EXPECT_EQ(cb.seen_meta[s.name].first, s.dtype) << s.name;
+    EXPECT_EQ(cb.seen_meta[s.name].second, s.shape) << s.name;
+  }
+}
+
+TEST_F(WeightUpdateTest, RejectedPlanReportsEveryMismatchAndMovesNoByte) {
+  std::vector<TensorSpec> specs = {{"a", DType::kF32, {4, 4}},
+                                   {"b", DType::kBF16, {8}},
+                                   {"c", DType::kF32, {300000}},
+                                   {"d", DType::kI32, {2}}};
+  start(test::test_config(3), 3, specs);
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  ASSERT_TRUE(pub_->weight_update(t.views()).ok());
+
+  // The trainer now publishes a different layout than the engines registered.
+  std::vector<TensorSpec> wrong = {{"a", DType::kF32, {4, 5}},   // shape
+                                   {"b", DType::kF16, {8}},      // dtype
+                                   {"c", DType::kF32, {300000}},
+                                   {"e", DType::kI32, {2}}};     // unexpected; "d" missing
+  HostTensors w = test::make_tensors(wrong);
+  w.fill(2);
+  UpdateResult r = pub_->weight_update(w.views());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kRejected);
+  EXPECT_NE(r.status.message().find("abandoned before any byte moved"), std::string::npos) << r.status.message();
+  ASSERT_EQ(r.subscribers.size(), 3u);
+  const std::vector<Mismatch> expected = {
+      {Mismatch::Kind::kShape, "a", "[4, 4]", "[4, 5]"},
+      {Mismatch::Kind::kDType, "b", "BF16", "F16"},
+      {Mismatch::Kind::kUnexpectedName, "e", "no such tensor", "a tensor of shape [2]"},
+      {Mismatch::Kind::kMissingName, "d", "a tensor of shape [2]", "absent"},
+  };
+  for (auto& o : r.subscribers) {
+    EXPECT_EQ(o.status.code(), Code::kRejected) << o.worker_id;
+    EXPECT_EQ(o.mismatches, expected) << o.worker_id;
+  }
+  EXPECT_NE(r.status.message().find("'a': shape expected [4, 4], got [4, 5]"), std::string::npos);
+  // No byte moved: every destination still holds version 1, and says so.
+  expect_holds(t, 1);
+
+  // The group is intact: a matching update goes through.
+  t.fill(3);
+  UpdateResult ok = pub_->weight_update(t.views());
+  ASSERT_TRUE(ok.ok()) << ok.status.to_string();
+  EXPECT_EQ(ok.version, 3u);  // version 2 was consumed by the rejected attempt
+  expect_holds(t, 3);
+}
+
+TEST_F(WeightUpdateTest, CorruptedBucketFailsNamingBucketAndTensors) {
+  std::vector<TensorSpec> specs = {{"small.a", DType::kF32, {100}}, {"small.b", DType::kF32, {100}},
+                                   {"big", DType::kU8, {200000}}};
+  // worker-2 flips one received bit of bucket 1 (the packed one) once: fault injection on the
+  // real transport, switched on by the environment when it is created.
+  Config cfg = test::test_config(3);
+  auto p = Publisher::create(cfg);
+  ASSERT_TRUE(p.ok());
+  pub_ = std::move(p.value());
+  cfg.control.endpoint = pub_->endpoint();
+  for (int i = 0; i < 3; ++i) {
+    if (i == 1) setenv("PARAMCAST_FAULT_CORRUPT_BUCKET", "1", 1);
+    auto w = std::make_unique<Worker>();
+    w->sub = std::move(Subscriber::create(cfg, "worker-" + std::to_string(i + 1)).value());
+    unsetenv("PARAMCAST_FAULT_CORRUPT_BUCKET");
+    for (const auto& s : specs) {
+      auto& buf = w->dest[s.name];
+      buf.assign(s.nbytes().value(), 0);
+      ASSERT_TRUE(w->sub->register_tensor(TensorView{s, buf.data(), Device::cpu()}).ok());
+    }
+    ASSERT_TRUE(w->sub->start().ok());
+    workers_.push_back(std::move(w));
+  }
+  ASSERT_TRUE(pub_->start().ok());
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  UpdateResult r = pub_->weight_update(t.views());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kDataCorrupt) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("worker-2"), std::string::npos) << r.status.message();
+  EXPECT_NE(r.status.message().find("checksum mismatch in bucket 1 of v1 (tensors small.a, small.b)"),
+            std::string::npos)
+      << r.status.message();
+  EXPECT_NE(r.status.message().find("nothing was unpacked"), std::string::npos);
+  EXPECT_EQ(workers_[1]->sub->state().kind, WeightStateKind::kDirty);
+  EXPECT_EQ(workers_[1]->sub->state().dirty_version, 1u);
+  // The corrupted packed bucket never reached worker-2's destinations.
+  EXPECT_EQ(workers_[1]->dest["small.a"], std::vector<uint8_t>(400, 0));
+
+  // The fault was one-shot: the next update re-forms the group and succeeds.
+  t.fill(2);
+  UpdateResult again = pub_->weight_update(t.views());
+  ASSERT_TRUE(again.ok()) << again.status.to_string();
+  EXPECT_GT(again.epoch, r.epoch);
+  expect_holds(t, 2);
+}
+
+TEST_F(WeightUpdateTest, VersionsIncreaseAndAsyncUpdates) {
+  std::vector<TensorSpec> specs = {{"w", DType::kF32, {1000}}};
+  start(test::test_config(2), 2, specs);
+  HostTensors t = test::make_tensors(specs);
+  t.fill(10);
+  auto r = pub_->weight_update(t.views(), 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.version, 10u);
+  auto stale = pub_->weight_update(t.views(), 10);
+  EXPECT_EQ(stale.status.code(), Code::kInvalidArgument);
+  EXPECT_NE(stale.status.message().find("does not exceed the last version 10"), std::string::npos);
+  t.fill(11);
+  auto fut = pub_->weight_update_async(t.views());  // assigned the next version
+  UpdateResult a = fut.get();
+  ASSERT_TRUE(a.ok()) << a.status.to_string();
+  EXPECT_EQ(a.version, 11u);  // the refused call consumed no version
+  expect_holds(t, 11);
+}
+
+TEST_F(WeightUpdateTest, BadTensorViewsAreRefusedBeforeAnythingIsSent) {
+  std::vector<TensorSpec> specs = {{"w", DType::kF32, {4}}};
+  start(test::test_config(1), 1, specs);
+  std::vector<float> data(4);
+  auto r = pub_->weight_update({TensorView{{"w", DType::kF32, {4}}, nullptr, Device::cpu()}});
+  EXPECT_EQ(r.status.code(), Code::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("'w' has no data pointer"), std::string::npos);
+  auto dup = pub_->weight_update({TensorView{specs[0], data.data(), Device::cpu()},
+                                  TensorView{specs[0], data.data(), Device::cpu()}});
+  EXPECT_NE(dup.status.message().find("'w' appears twice"), std::string::npos);
+  auto dev = pub_->weight_update({TensorView{specs[0], data.data(), Device::cuda(0)}});
+  EXPECT_NE(dev.status.message().find("is on cuda:0 but publisher.device is cpu"), std::string::npos);
+  EXPECT_EQ(workers_[0]->sub->state().kind, WeightStateKind::kEmpty);
+}
+
+}  // namespace
+}  // namespace paramcast
