@@ -112,27 +112,34 @@ class SubscriberImpl {
 
  private:
   // ------------------------------------------------------- control thread
-  void new_socket() {
-    dealer_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-    dealer_->set(zmq::sockopt::routing_id, id_);
-    dealer_->set(zmq::sockopt::linger, 0);
-    dealer_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cfg_.control.max_message_bytes + 1024));
-    dealer_->set(zmq::sockopt::reconnect_ivl, 100);
-    dealer_->set(zmq::sockopt::reconnect_ivl_max, static_cast<int>(cfg_.control.reconnect_backoff_max.count()));
-    dealer_->connect(cfg_.control.endpoint);
+  // Joining takes two Hellos: one from a throw-away probe identity, which the
+  // publisher can always answer (duplicate id, unknown id, version mismatch),
+  // then one from the worker-id connection that carries the membership.
+  enum class Phase { kProbing, kJoining, kMember };
+
+  std::unique_ptr<zmq::socket_t> make_socket(const std::string& identity) {
+    auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+    s->set(zmq::sockopt::routing_id, identity);
+    s->set(zmq::sockopt::linger, 0);
+    s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cfg_.control.max_message_bytes + 1024));
+    s->set(zmq::sockopt::reconnect_ivl, 100);
+    s->set(zmq::sockopt::reconnect_ivl_max, static_cast<int>(cfg_.control.reconnect_backoff_max.count()));
+    s->connect(cfg_.control.endpoint);
+    return s;
   }
 
-  void send(zmq::message_t frame) {
+  void send_on(zmq::socket_t& socket, zmq::message_t frame) {
     try {
-      if (!dealer_->send(frame, zmq::send_flags::dontwait)) PC_DEBUG(id_ << ": control send queue full");
+      if (!socket.send(frame, zmq::send_flags::dontwait)) PC_DEBUG(id_ << ": control send queue full");
     } catch (const zmq::error_t& e) {
       PC_DEBUG(id_ << ": control send failed: " << e.what());
     }
   }
+  void send(zmq::message_t frame) { send_on(*dealer_, std::move(frame)); }
 
-  void send_hello() {
+  zmq::message_t hello_message() {
     WeightState st = state();
-    send(control::make_message(0, incarnation_, [&](auto b) {
+    return control::make_message(0, incarnation_, [&](auto b) {
       auto h = b.initHello();
       h.setProtocolVersion(protocol_version_override_ ? protocol_version_override_ : proto::PROTOCOL_VERSION);
       h.setWorkerId(id_);
@@ -149,19 +156,27 @@ class SubscriberImpl {
       h.setState(st.kind == WeightStateKind::kDirty        ? proto::WeightState::DIRTY
                  : st.kind == WeightStateKind::kConsistent ? proto::WeightState::CONSISTENT
                                                            : proto::WeightState::EMPTY);
-    }));
+    });
   }
 
   void control_loop() {
-    new_socket();
+    char nonce[24];
+    std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(incarnation_));
+    const std::string probe_identity = "probe/" + id_ + "/" + nonce;
+    dealer_ = make_socket(id_);
+    probe_ = make_socket(probe_identity);
+    phase_ = Phase::kProbing;
     auto backoff = std::chrono::milliseconds(100);
     auto next_hello = Clock::now();
     auto next_beat = Clock::now();
     auto last_heard = Clock::now();
     while (!stopping_) {
-      zmq::pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_.fd(), ZMQ_POLLIN, 0}};
+      zmq::pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
+                                 {nullptr, wake_.fd(), ZMQ_POLLIN, 0},
+                                 {probe_ ? probe_->handle() : nullptr, -1, ZMQ_POLLIN, 0}};
       try {
-        zmq::poll(items, 2, std::chrono::milliseconds(std::max<int64_t>(1, cfg_.control.heartbeat_interval.count() / 4)));
+        zmq::poll(items, probe_ ? 3 : 2,
+                  std::chrono::milliseconds(std::max<int64_t>(1, cfg_.control.heartbeat_interval.count() / 4)));
       } catch (const zmq::error_t&) {
       }
       if (items[1].revents & ZMQ_POLLIN) wake_.drain();
@@ -171,30 +186,32 @@ class SubscriberImpl {
         out.swap(outbox_);
       }
       for (auto& f : out) send(std::move(f));
-      for (int i = 0; i < 1000; ++i) {
-        zmq::message_t msg;
-        if (!dealer_->recv(msg, zmq::recv_flags::dontwait)) break;
-        last_heard = Clock::now();
-        handle(msg);
+      for (zmq::socket_t* socket : {probe_.get(), dealer_.get()}) {
+        for (int i = 0; socket && i < 1000; ++i) {
+          zmq::message_t msg;
+          if (!socket->recv(msg, zmq::recv_flags::dontwait)) break;
+          last_heard = Clock::now();
+          handle(msg);
+          if (socket == probe_.get() && phase_ != Phase::kProbing) break;  // probe answered
+        }
+        if (probe_ && phase_ != Phase::kProbing) {
+          probe_.reset();
+          next_hello = Clock::now();
+          break;
+        }
       }
       const auto now = Clock::now();
-      bool member;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        member = member_;
-        if (!fatal_.ok()) member = true;  // stop saying Hello; the process reports the failure
+      if (!fatal().ok()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;  // rejected for good: the process reports it and decides
       }
-      if (!member && fatal().ok() && now >= next_hello) {
-        send_hello();
+      if (phase_ != Phase::kMember && now >= next_hello) {
+        if (phase_ == Phase::kProbing && !probe_) probe_ = make_socket(probe_identity);
+        send_on(phase_ == Phase::kProbing ? *probe_ : *dealer_, hello_message());
         next_hello = now + backoff;
         backoff = std::min(backoff * 2, cfg_.control.reconnect_backoff_max);
       }
-      bool is_member;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        is_member = member_;
-      }
-      if (is_member && now >= next_beat) {
+      if (phase_ == Phase::kMember && now >= next_beat) {
         next_beat = now + cfg_.control.heartbeat_interval;
         WeightState st = state();
         send(control::make_message(epoch_, incarnation_, [&](auto b) {
@@ -205,25 +222,29 @@ class SubscriberImpl {
           h.setDirtyVersion(st.dirty_version);
         }));
       }
-      if (is_member && now - last_heard > cfg_.control.heartbeat_timeout) {
+      if (phase_ == Phase::kMember && now - last_heard > cfg_.control.heartbeat_timeout) {
         PC_WARN(id_ << ": publisher lost (silent for "
                     << std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard).count()
                     << "ms); keeping weights (" << state().to_string() << ") and reconnecting");
         lose_membership("publisher lost");
-        new_socket();
+      }
+      if (phase_ == Phase::kProbing && rejoin_requested_) {
+        rejoin_requested_ = false;
+        dealer_ = make_socket(id_);  // drop whatever was queued for the old publisher
+        probe_ = make_socket(probe_identity);
         backoff = std::chrono::milliseconds(100);
         next_hello = now;
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (member_)
-        send(control::make_message(epoch_, incarnation_, [](auto b) { b.initLeave().setReason("subscriber stopping"); }));
-    }
+    if (phase_ == Phase::kMember)
+      send(control::make_message(epoch_, incarnation_, [](auto b) { b.initLeave().setReason("subscriber stopping"); }));
+    probe_.reset();
     dealer_.reset();
   }
 
   void lose_membership(const std::string& why) {
+    phase_ = Phase::kProbing;
+    rejoin_requested_ = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
       member_ = false;
@@ -265,6 +286,11 @@ class SubscriberImpl {
     auto body = env.getBody();
     switch (body.which()) {
       case B::WELCOME: {
+        if (body.getWelcome().getProbe()) {
+          if (phase_ == Phase::kProbing) phase_ = Phase::kJoining;
+          return;
+        }
+        phase_ = Phase::kMember;
         std::lock_guard<std::mutex> lock(mu_);
         if (!member_) PC_INFO(id_ << ": joined publisher at " << cfg_.control.endpoint << " holding " << state_.to_string());
         member_ = true;
@@ -690,7 +716,10 @@ class SubscriberImpl {
   const Device device_;
   const uint64_t incarnation_;
   zmq::context_t ctx_;
-  std::unique_ptr<zmq::socket_t> dealer_;
+  std::unique_ptr<zmq::socket_t> dealer_;  // identity = worker id; carries the membership
+  std::unique_ptr<zmq::socket_t> probe_;   // identity = probe/<id>/<nonce>; only while joining
+  Phase phase_ = Phase::kProbing;         // control thread only
+  bool rejoin_requested_ = false;
   control::Wakeup wake_;
   std::thread control_thread_, data_thread_;
   std::atomic<bool> stopping_{false};

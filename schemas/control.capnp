@@ -46,6 +46,9 @@ struct DeviceInfo {
 }
 
 struct Hello {
+  # Sent twice on every join: first from a throw-away "probe/<id>/<nonce>"
+  # identity, which the publisher can always answer (it rejects a worker id
+  # that a live connection still holds), then from the worker-id identity.
   protocolVersion @0 :UInt32;
   # The sender's protocolVersion constant.
   workerId @1 :Text;
@@ -75,6 +78,9 @@ struct Welcome {
   # Silence after which either side declares the other lost.
   publisherIncarnation @3 :UInt64;
   # Random id of the publisher process; changes when it restarts.
+  probe @4 :Bool;
+  # Answer to a probe Hello (sent from a "probe/..." identity): the worker id
+  # is free to use; repeat the Hello on the connection named by the worker id.
 }
 
 struct Reject {

@@ -74,7 +74,10 @@ class PublisherImpl {
 
   Status init() {
     try {
-      router_.set(zmq::sockopt::router_handover, 1);
+      // A live connection keeps its worker id (no handover); ZMTP heartbeats
+      // drop connections of processes that stopped answering.
+      router_.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(cfg_.control.heartbeat_interval.count()));
+      router_.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(cfg_.control.heartbeat_timeout.count()));
       router_.set(zmq::sockopt::router_mandatory, 1);
       router_.set(zmq::sockopt::linger, 0);
       router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(cfg_.control.max_message_bytes + 1024));
@@ -771,7 +774,10 @@ class PublisherImpl {
         PC_INFO("publisher: subscriber '" << peer << "' left: " << body.getLeave().getReason().cStr());
         if (m.rank > 0) {
           needs_reform_ = true;
-          abort_after_dispatch_ = active_comm_;
+          // A member that already applied the update in flight forwarded every
+          // byte it had to; only an unfinished one breaks the collective.
+          const auto a = applied_.find(peer);
+          if (a == applied_.end() || !a->second.ok) abort_after_dispatch_ = active_comm_;
         }
         break;
       default:
@@ -807,7 +813,8 @@ class PublisherImpl {
              h.getProtocolVersion());
       return;
     }
-    if (id != peer) {
+    const bool probe = peer != id;
+    if (probe && peer.rfind("probe/" + id + "/", 0) != 0) {
       reject(peer, inc, proto::RejectCode::UNKNOWN_ID,
              "worker id '" + id + "' differs from the connection's routing identity '" + peer + "'");
       return;
@@ -821,6 +828,27 @@ class PublisherImpl {
     }
     const auto now = Clock::now();
     auto it = members_.find(id);
+    if (probe) {
+      // Another process holds this id while a live connection still carries
+      // it: that is a duplicate, and the first keeps its place. A restarted
+      // process finds the old connection gone (the router cannot route to it).
+      if (it != members_.end() && !it->second.lost && it->second.incarnation != inc && connection_alive(id)) {
+        const Member& m = it->second;
+        PC_WARN("publisher: rejected duplicate worker id '" << id << "' from " << h.getHost().cStr() << " pid "
+                                                            << h.getPid() << " (held by pid " << m.pid << ")");
+        reject(peer, inc, proto::RejectCode::DUPLICATE_ID,
+               "worker id '" + id + "' is already used by a live subscriber (" + m.host + " pid " +
+                   std::to_string(m.pid) + ")");
+        return;
+      }
+      if (it == members_.end() && ids.empty() && !has_free_slot_locked()) {
+        reject(peer, inc, proto::RejectCode::UNKNOWN_ID,
+               "the deployment expects " + std::to_string(cfg_.expected_count()) + " subscribers and all are present");
+        return;
+      }
+      welcome(peer, inc, /*probe=*/true);
+      return;
+    }
     MemberEvent::Kind kind = MemberEvent::Kind::kJoined;
     if (it != members_.end()) {
       Member& m = it->second;
@@ -829,22 +857,9 @@ class PublisherImpl {
         welcome(peer, inc);
         return;
       }
-      // Another process claims a live member's id. A restarted process
-      // usually appears after the old one went silent; a live duplicate
-      // keeps heartbeating, so it is rejected while the first stays.
-      if (m.incarnation != inc && !m.lost && now - m.last_seen < 2 * cfg_.control.heartbeat_interval) {
-        PC_WARN("publisher: rejected duplicate worker id '" << id << "' from " << h.getHost().cStr() << " pid "
-                                                            << h.getPid() << " (held by pid " << m.pid << ")");
-        reject(peer, inc, proto::RejectCode::DUPLICATE_ID,
-               "worker id '" + id + "' is already used by a live subscriber (" + m.host + " pid " +
-                   std::to_string(m.pid) + ")");
-        return;
-      }
       kind = MemberEvent::Kind::kRejoined;
     } else if (ids.empty()) {
-      int live = 0;
-      for (auto& [mid, mm] : members_) live += !mm.lost;
-      if (live >= cfg_.expected_count()) {
+      if (!has_free_slot_locked()) {
         reject(peer, inc, proto::RejectCode::UNKNOWN_ID,
                "the deployment expects " + std::to_string(cfg_.expected_count()) + " subscribers and all are present");
         return;
@@ -869,9 +884,31 @@ class PublisherImpl {
     welcome(peer, inc);
   }
 
-  void welcome(const std::string& peer, uint64_t inc) {
+  bool has_free_slot_locked() const {
+    int live = 0;
+    for (auto& [mid, mm] : members_) live += !mm.lost;
+    return live < cfg_.expected_count();
+  }
+
+  // Whether a connection currently carries routing identity `id`: with
+  // ZMQ_ROUTER_MANDATORY a send to an identity without one fails at once.
+  bool connection_alive(const std::string& id) {
+    try {
+      if (!router_.send(zmq::buffer(id), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return true;
+      auto beat = control::make_message(epoch_, incarnation_, [&](auto b) {
+        b.initHeartbeat().setWeightVersion(published_version_);
+      });
+      (void)router_.send(beat, zmq::send_flags::dontwait);
+      return true;
+    } catch (const zmq::error_t& e) {
+      return e.num() != EHOSTUNREACH;
+    }
+  }
+
+  void welcome(const std::string& peer, uint64_t inc, bool probe = false) {
     send_locked(peer, control::make_message(epoch_, incarnation_, [&](auto b) {
       auto w = b.initWelcome();
+      w.setProbe(probe);
       w.setProtocolVersion(proto::PROTOCOL_VERSION);
       w.setHeartbeatIntervalMs(static_cast<uint32_t>(cfg_.control.heartbeat_interval.count()));
       w.setHeartbeatTimeoutMs(static_cast<uint32_t>(cfg_.control.heartbeat_timeout.count()));
