@@ -230,7 +230,8 @@ class SubscriberImpl {
       }
       if (phase_ == Phase::kProbing && rejoin_requested_) {
         rejoin_requested_ = false;
-        dealer_ = make_socket(id_);  // drop whatever was queued for the old publisher
+        // The worker-id connection stays: a new socket under the same identity
+        // would be ignored by the router until it noticed the old one closed.
         probe_ = make_socket(probe_identity);
         backoff = std::chrono::milliseconds(100);
         next_hello = now;
@@ -303,6 +304,7 @@ class SubscriberImpl {
         auto r = body.getReject();
         if (r.getTargetIncarnation() != 0 && r.getTargetIncarnation() != incarnation_) return;
         if (r.getCode() == proto::RejectCode::NOT_MEMBER || r.getCode() == proto::RejectCode::STALE_EPOCH) {
+          if (phase_ != Phase::kMember) return;  // already joining again
           PC_WARN(id_ << ": publisher says: " << r.getText().cStr() << "; rejoining");
           lose_membership("expelled by the publisher");
           return;

@@ -52,6 +52,13 @@ struct AppliedAnswer {
   uint64_t bytes = 0;
   Status status;
 };
+struct PendingProbe {
+  std::string peer;
+  std::string id;
+  uint64_t incarnation;
+  Clock::time_point arrived;
+  std::string who;
+};
 struct ParkedGet {
   std::string peer;
   uint64_t request_id;
@@ -609,6 +616,7 @@ class PublisherImpl {
         handle(id.to_string(), payload);
       }
       const auto now = Clock::now();
+      settle_probes(now);
       if (now >= next_beat) {
         next_beat = now + cfg_.control.heartbeat_interval;
         check_liveness(now);
@@ -832,13 +840,9 @@ class PublisherImpl {
       // Another process holds this id while a live connection still carries
       // it: that is a duplicate, and the first keeps its place. A restarted
       // process finds the old connection gone (the router cannot route to it).
-      if (it != members_.end() && !it->second.lost && it->second.incarnation != inc && connection_alive(id)) {
-        const Member& m = it->second;
-        PC_WARN("publisher: rejected duplicate worker id '" << id << "' from " << h.getHost().cStr() << " pid "
-                                                            << h.getPid() << " (held by pid " << m.pid << ")");
-        reject(peer, inc, proto::RejectCode::DUPLICATE_ID,
-               "worker id '" + id + "' is already used by a live subscriber (" + m.host + " pid " +
-                   std::to_string(m.pid) + ")");
+      if (it != members_.end() && !it->second.lost && it->second.incarnation != inc) {
+        // Decide once the member had two heartbeat intervals to show it lives.
+        probes_.push_back({peer, id, inc, now, std::string(h.getHost().cStr()) + " pid " + std::to_string(h.getPid())});
         return;
       }
       if (it == members_.end() && ids.empty() && !has_free_slot_locked()) {
@@ -890,18 +894,30 @@ class PublisherImpl {
     return live < cfg_.expected_count();
   }
 
-  // Whether a connection currently carries routing identity `id`: with
-  // ZMQ_ROUTER_MANDATORY a send to an identity without one fails at once.
-  bool connection_alive(const std::string& id) {
-    try {
-      if (!router_.send(zmq::buffer(id), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return true;
-      auto beat = control::make_message(epoch_, incarnation_, [&](auto b) {
-        b.initHeartbeat().setWeightVersion(published_version_);
-      });
-      (void)router_.send(beat, zmq::send_flags::dontwait);
-      return true;
-    } catch (const zmq::error_t& e) {
-      return e.num() != EHOSTUNREACH;
+  // Probes for an id held by a member: a live member is heard from within two
+  // heartbeat intervals, and then the newcomer is a duplicate; a dead one is
+  // not, and the newcomer (a restart) may proceed.
+  void settle_probes(Clock::time_point now) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto p = probes_.begin(); p != probes_.end();) {
+      auto it = members_.find(p->id);
+      const bool gone = it == members_.end() || it->second.lost || it->second.incarnation == p->incarnation;
+      const bool alive = !gone && it->second.last_seen > p->arrived;
+      if (!gone && !alive && now - p->arrived < 2 * cfg_.control.heartbeat_interval) {
+        ++p;
+        continue;
+      }
+      if (alive) {
+        const Member& m = it->second;
+        PC_WARN("publisher: rejected duplicate worker id '" << p->id << "' from " << p->who << " (held by " << m.host
+                                                            << " pid " << m.pid << ")");
+        reject(p->peer, p->incarnation, proto::RejectCode::DUPLICATE_ID,
+               "worker id '" + p->id + "' is already used by a live subscriber (" + m.host + " pid " +
+                   std::to_string(m.pid) + ")");
+      } else {
+        welcome(p->peer, p->incarnation, /*probe=*/true);
+      }
+      p = probes_.erase(p);
     }
   }
 
@@ -960,6 +976,7 @@ class PublisherImpl {
   std::deque<MemberEvent> events_;
   std::map<std::string, std::string> store_;
   std::vector<ParkedGet> parked_;
+  std::vector<PendingProbe> probes_;
   uint64_t epoch_ = 0;
   std::vector<std::string> group_;
   bool needs_reform_ = true;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/synthetic_model.h"
 #include "inference_side/subscriber.h"
 #include "trainer_side/publisher.h"
 
