@@ -106,6 +106,16 @@ class SubscriberImpl {
     return r;
   }
 
+  void inject(const void* data, size_t size) {
+    zmq::message_t frame(data, size);
+    handle(frame);
+    std::lock_guard<std::mutex> lock(mu_);
+    outbox_.clear();
+    reports_.clear();
+    std::lock_guard<std::mutex> jlock(jobs_mu_);
+    jobs_.clear();
+  }
+
   TensorCallback callback_;
   UpdateBeginHook begin_hook_;
   UpdateEndHook end_hook_;
@@ -778,5 +788,6 @@ void Subscriber::stop() { impl_->stop(); }
 WeightState Subscriber::state() const { return impl_->state(); }
 bool Subscriber::joined() const { return impl_->joined(); }
 std::optional<UpdateReport> Subscriber::next_report(std::chrono::milliseconds t) { return impl_->next_report(t); }
+void Subscriber::inject_control_frame(const void* data, size_t size) { impl_->inject(data, size); }
 
 }  // namespace paramcast

@@ -73,6 +73,10 @@ class Subscriber {
   // The next finished update (applied or failed), waiting up to `timeout`.
   std::optional<UpdateReport> next_report(std::chrono::milliseconds timeout);
 
+  // For the fuzzer and tests, before start(): runs one control frame from the
+  // publisher through the decoder and dispatcher on the calling thread.
+  void inject_control_frame(const void* data, size_t size);
+
  private:
   explicit Subscriber(std::unique_ptr<SubscriberImpl> impl);
   std::unique_ptr<SubscriberImpl> impl_;

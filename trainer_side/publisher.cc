@@ -625,6 +625,14 @@ class PublisherImpl {
     }
   }
 
+  void inject(const std::string& peer, const void* data, size_t size) {
+    zmq::message_t frame(data, size);
+    handle(peer, frame);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (outbox_.size() > 1024) outbox_.clear();
+    if (events_.size() > 1024) events_.clear();
+  }
+
   void note_dropped(const std::string& peer, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     ++dropped_frames_;
@@ -1029,5 +1037,8 @@ std::future<UpdateResult> Publisher::weight_update_async(std::vector<TensorView>
 std::optional<MemberEvent> Publisher::poll_event() { return impl_->poll_event(); }
 PublisherStats Publisher::stats() const { return impl_->stats(); }
 void Publisher::shutdown() { impl_->shutdown(); }
+void Publisher::inject_control_frame(const std::string& peer, const void* data, size_t size) {
+  impl_->inject(peer, data, size);
+}
 
 }  // namespace paramcast

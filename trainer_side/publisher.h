@@ -94,6 +94,10 @@ class Publisher {
   // Tells subscribers to leave and stops the control thread.
   void shutdown();
 
+  // For the fuzzer and tests: runs one inbound control frame from `peer`
+  // through the decoder and dispatcher on the calling thread.
+  void inject_control_frame(const std::string& peer, const void* data, size_t size);
+
  private:
   explicit Publisher(std::unique_ptr<PublisherImpl> impl);
   std::unique_ptr<PublisherImpl> impl_;

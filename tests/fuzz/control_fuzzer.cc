@@ -1,0 +1,38 @@
+// libFuzzer target: arbitrary bytes as one inbound control frame, fed to the
+// decoder and dispatcher of both the publisher (as if from a subscriber) and
+// the subscriber (as if from the publisher). Any crash, sanitizer report or
+// hang is a bug; each one found becomes a test in tests/fuzz/regressions/.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/log.h"
+#include "inference_side/subscriber.h"
+#include "trainer_side/publisher.h"
+
+using namespace paramcast;
+
+namespace {
+struct Targets {
+  std::unique_ptr<Publisher> publisher;
+  std::unique_ptr<Subscriber> subscriber;
+  Targets() {
+    set_log_level(LogLevel::kOff);
+    Config cfg;
+    cfg.control.endpoint = "tcp://127.0.0.1:*";
+    cfg.publisher.subscriber_ids = {"worker-1", "worker-2"};
+    cfg.publisher.subscriber_count = 2;
+    publisher = std::move(Publisher::create(cfg).value());
+    subscriber = std::move(Subscriber::create(cfg, "worker-1").value());
+  }
+};
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Targets* t = new Targets();
+  // The first byte picks the peer, so that member and stranger paths both run.
+  const char* peer = size > 0 && (data[0] & 1) ? "worker-1" : "probe/worker-2/0000000000000001";
+  t->publisher->inject_control_frame(peer, data, size);
+  t->subscriber->inject_control_frame(data, size);
+  return 0;
+}

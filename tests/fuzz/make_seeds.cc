@@ -1,0 +1,93 @@
+// Writes one valid control frame of each kind into a directory: the fuzzer's
+// seed corpus (checked in under tests/fuzz/corpus/).
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "common/control/messages.h"
+#include "common/plan.h"
+
+using namespace paramcast;
+
+namespace {
+void write(const std::string& dir, const std::string& name, const zmq::message_t& m) {
+  std::ofstream(dir + "/" + name, std::ios::binary).write(static_cast<const char*>(m.data()), m.size());
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds DIR\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  using control::make_message;
+  write(dir, "hello", make_message(0, 7, [](auto b) {
+    auto h = b.initHello();
+    h.setProtocolVersion(proto::PROTOCOL_VERSION);
+    h.setWorkerId("worker-1");
+    h.setHost("host");
+    h.setPid(42);
+    h.initCapabilities(1).set(0, "xxh64");
+  }));
+  write(dir, "welcome", make_message(0, 9, [](auto b) { b.initWelcome().setProtocolVersion(proto::PROTOCOL_VERSION); }));
+  write(dir, "welcome_probe", make_message(0, 9, [](auto b) { b.initWelcome().setProbe(true); }));
+  write(dir, "reject", make_message(0, 9, [](auto b) {
+    auto r = b.initReject();
+    r.setCode(proto::RejectCode::NOT_MEMBER);
+    r.setText("not a member");
+  }));
+  write(dir, "join_group", make_message(1, 9, [](auto b) {
+    auto j = b.initJoinGroup();
+    j.setRank(1);
+    j.setWorldSize(3);
+    j.setBootstrap(kj::arrayPtr(reinterpret_cast<const kj::byte*>("paramcast/epoch-1"), 17));
+    auto m = j.initMembers(3);
+    m.set(0, "publisher");
+    m.set(1, "worker-1");
+    m.set(2, "worker-2");
+    j.setInitTimeoutMs(1);
+    j.setOpTimeoutMs(1);
+  }));
+  write(dir, "group_ready", make_message(1, 7, [](auto b) { b.initGroupReady().setRank(1); }));
+  write(dir, "group_failed", make_message(1, 7, [](auto b) { b.initGroupFailed().setReason("x"); }));
+  write(dir, "heartbeat", make_message(1, 7, [](auto b) { b.initHeartbeat().setWeightVersion(3); }));
+  write(dir, "leave", make_message(1, 7, [](auto b) { b.initLeave().setReason("bye"); }));
+  write(dir, "store_set", make_message(1, 7, [](auto b) {
+    auto s = b.initStoreSet();
+    s.setKey("k");
+    s.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>("v"), 1));
+  }));
+  write(dir, "store_get", make_message(1, 7, [](auto b) { b.initStoreGet().setKey("k"); }));
+  write(dir, "store_value", make_message(1, 9, [](auto b) { b.initStoreValue().setKey("k"); }));
+  std::vector<TensorSpec> specs = {{"a", DType::kF32, {4, 4}}, {"b", DType::kBF16, {3}}, {"c", DType::kU8, {5000}}};
+  DataPlaneOptions o;
+  o.bucket_bytes = 4096;
+  o.direct_min_bytes = 1024;
+  auto plan = build_plan(1, specs, o).value();
+  write(dir, "plan", make_message(0, 9, [&](auto b) { plan_to_proto(plan, b.initPlan()); }));
+  write(dir, "plan_accept", make_message(1, 7, [](auto b) { b.initPlanAccept().setVersion(1); }));
+  write(dir, "plan_reject", make_message(1, 7, [](auto b) {
+    auto r = b.initPlanReject();
+    r.setVersion(1);
+    auto m = r.initMismatches(1)[0];
+    m.setName("a");
+    m.setExpected("[4]");
+    m.setGot("[5]");
+  }));
+  write(dir, "commit", make_message(0, 9, [](auto b) { b.initCommit().setVersion(1); }));
+  write(dir, "abandon", make_message(0, 9, [](auto b) { b.initAbandon().setVersion(1); }));
+  write(dir, "bucket_checksums", make_message(0, 9, [](auto b) {
+    auto c = b.initBucketChecksums();
+    c.setVersion(1);
+    c.initValues(2).set(1, 99);
+  }));
+  write(dir, "applied", make_message(1, 7, [](auto b) {
+    auto a = b.initApplied();
+    a.setVersion(1);
+    a.setOk(true);
+  }));
+  write(dir, "status_request", make_message(0, 7, [](auto b) { b.initStatusRequest().setRequestId(1); }));
+  write(dir, "status_reply", make_message(0, 9, [](auto b) { b.initStatusReply().initMembers(1)[0].setWorkerId("w"); }));
+  return 0;
+}

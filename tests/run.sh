@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds everything and runs the whole test suite:
+#   1. the regular build (-Wall -Wextra -Werror) and every ctest test,
+#   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
+#   3. the control-message fuzzer for a bounded time (FUZZ_SECONDS, default 60).
+# `--quick` runs step 1 only. NCCL tests skip, saying why, where no GPU exists.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+run_ctest() {
+  # -j1: several tests start 8 processes each and assert time bounds.
+  ctest --test-dir "$1" --output-on-failure --timeout 600 -j1
+}
+
+echo "== build and test: $root/build"
+bash deploy/build.sh "$root/build"
+run_ctest "$root/build"
+[ $quick -eq 1 ] && exit 0
+
+echo "== build and test under ASan + UBSan: $root/build-asan"
+bash deploy/build.sh "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  run_ctest "$root/build-asan"
+
+if command -v clang++ >/dev/null; then
+  echo "== fuzz the control-message decoders for ${FUZZ_SECONDS:-60} s"
+  bash deploy/build.sh "$root/build-fuzz" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+    -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -- control_fuzzer
+  bash tests/fuzz/run.sh "$root/build-fuzz" "${FUZZ_SECONDS:-60}"
+fi
