@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -719,6 +720,13 @@ class SubscriberImpl {
     for (size_t k = 0; k < n; ++k) {
       if (k + 1 < n) PC_RETURN_IF_ERROR(issue(k + 1));
       PC_RETURN_IF_ERROR(finish(k));
+      if (fault_stall_after_bucket_ == static_cast<int64_t>(k) &&
+          (fault_stall_version_ == 0 || fault_stall_version_ == plan.version)) {
+        // Test hook (PARAMCAST_FAULT_STALL_AFTER_BUCKET): a wedged engine.
+        PC_WARN(id_ << ": fault injection: stalling after bucket " << k << " of v" << plan.version);
+        while (!stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return aborted("subscriber stopped mid-update (fault injection)");
+      }
     }
     return Status();
   }
@@ -765,6 +773,8 @@ class SubscriberImpl {
 
  public:
   int64_t fault_corrupt_bucket_ = -1;
+  int64_t fault_stall_after_bucket_ = -1;
+  uint64_t fault_stall_version_ = 0;  // 0: any version
   uint32_t protocol_version_override_ = 0;
 };
 
@@ -775,6 +785,12 @@ StatusOr<std::unique_ptr<Subscriber>> Subscriber::create(const Config& config, c
   if (worker_id.empty()) return invalid_argument("worker id is empty");
   auto impl = std::make_unique<SubscriberImpl>(config, worker_id);
   if (const char* f = std::getenv("PARAMCAST_FAULT_CORRUPT_BUCKET")) impl->fault_corrupt_bucket_ = std::atoll(f);
+  if (const char* f = std::getenv("PARAMCAST_FAULT_STALL_AFTER_BUCKET")) {
+    // "K" (bucket K of every update) or "V:K" (bucket K of version V).
+    const char* colon = std::strchr(f, ':');
+    impl->fault_stall_version_ = colon ? std::strtoull(f, nullptr, 10) : 0;
+    impl->fault_stall_after_bucket_ = std::atoll(colon ? colon + 1 : f);
+  }
   if (const char* v = std::getenv("PARAMCAST_TEST_PROTOCOL_VERSION")) impl->protocol_version_override_ = std::atoi(v);
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
 }

@@ -13,6 +13,12 @@ quick=0
 run_ctest() {
   # -j1: several tests start 8 processes each and assert time bounds.
   ctest --test-dir "$1" --output-on-failure --timeout 600 -j1
+  # Say why tests were skipped (e.g. the NCCL suite on a machine without a GPU).
+  local log="$1/Testing/Temporary/LastTest.log"
+  if grep -q ": Skipped$" "$log" 2>/dev/null; then
+    echo "Skipped tests, and why:"
+    grep -h -A1 ": Skipped$" "$log" | grep -v -e "^--$" -e ": Skipped$" | sort | uniq -c
+  fi
 }
 
 echo "== build and test: $root/build"

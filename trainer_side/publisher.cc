@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -188,11 +189,15 @@ class PublisherImpl {
         if (it == members_.end() || it->second.lost) missing.push_back(id);
       }
     } else {
+      // Any ids may join: name the lost members first, then count the rest.
       int live = 0;
       for (auto& [id, m] : members_) live += !m.lost;
-      for (int i = live; i < cfg_.expected_count(); ++i) missing.push_back("<any id #" + std::to_string(i + 1) + ">");
+      const int absent = cfg_.expected_count() - live;
       for (auto& [id, m] : members_)
-        if (m.lost && static_cast<int>(missing.size()) > 0) missing[0] = id + " (lost)";
+        if (m.lost && static_cast<int>(missing.size()) < absent) missing.push_back(id);
+      for (int i = static_cast<int>(missing.size()); i < absent; ++i)
+        missing.push_back("<unnamed subscriber " + std::to_string(live + i + 1) + " of " +
+                          std::to_string(cfg_.expected_count()) + ">");
     }
     return missing;
   }
@@ -536,6 +541,14 @@ class PublisherImpl {
         wake_.notify();
       }
       works[k] = comm_->broadcast(ptr, b.bytes, 0);
+      if (fault_stall_after_bucket_ == static_cast<int64_t>(k) &&
+          (fault_stall_version_ == 0 || fault_stall_version_ == plan.version)) {
+        // Test hook (PARAMCAST_FAULT_STALL_AFTER_BUCKET): hang mid-update, as a
+        // wedged trainer would, until the process is killed or shut down.
+        PC_WARN("publisher: fault injection: stalling after bucket " << k << " of v" << plan.version);
+        while (!stopped_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return aborted("publisher stopped mid-update (fault injection)");
+      }
     }
     for (size_t k = n >= 2 ? n - 2 : 0; k < n; ++k)
       PC_RETURN_IF_ERROR(works[k]->wait(Clock::now() + cfg_.data_plane.timeout));
@@ -1007,6 +1020,10 @@ class PublisherImpl {
   uint64_t last_version_ = 0;
   std::vector<TensorView> tensors_;  // the update in progress
 
+ public:
+  int64_t fault_stall_after_bucket_ = -1;
+  uint64_t fault_stall_version_ = 0;  // 0: any version
+
   friend class Publisher;
 };
 
@@ -1018,6 +1035,12 @@ StatusOr<std::unique_ptr<Publisher>> Publisher::create(const Config& config) {
     return unavailable(std::string("data_plane.backend ") + backend_name(config.data_plane.backend) +
                        " cannot run here: " + why);
   auto impl = std::make_unique<PublisherImpl>(config);
+  if (const char* f = std::getenv("PARAMCAST_FAULT_STALL_AFTER_BUCKET")) {
+    // "K" (bucket K of every update) or "V:K" (bucket K of version V).
+    const char* colon = std::strchr(f, ':');
+    impl->fault_stall_version_ = colon ? std::strtoull(f, nullptr, 10) : 0;
+    impl->fault_stall_after_bucket_ = std::atoll(colon ? colon + 1 : f);
+  }
   PC_RETURN_IF_ERROR(impl->init());
   return std::unique_ptr<Publisher>(new Publisher(std::move(impl)));
 }

@@ -1,0 +1,134 @@
+// Fault tolerance, tier 3: real processes, real sockets, faults injected by
+// killing or stalling a process (SIGKILL, SIGSTOP, a wedged pipeline stage).
+// Every wait has its own bound, so a hang fails the test instead of CI.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+
+#include "tests/support/worker_cluster.h"
+
+namespace paramcast {
+namespace {
+
+using Ms = std::chrono::milliseconds;
+using test::Process;
+using test::WorkerClusterTest;
+
+class FaultToleranceTest : public WorkerClusterTest {
+ protected:
+  // Four workers (world 5): in Gloo's binomial tree rank 1 forwards to rank 3,
+  // so losing worker-1 mid-update leaves worker-3 short of bytes.
+  void start_four(const std::string& policy) {
+    make_publisher(test::test_config_yaml(4, "  on_member_loss: " + policy + "\n"));
+    spawn_worker("worker-1", {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=1"});
+    for (int i = 2; i <= 4; ++i) spawn_worker("worker-" + std::to_string(i));
+    Status s = pub_->start();
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+
+  // Starts v1, kills worker-1 while it is wedged mid-update, returns the result
+  // and checks how fast the loss was named.
+  UpdateResult kill_worker_mid_update() {
+    model_ = test::make_tensors(synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers,
+                                                     config_.trainer.dtype));
+    model_.fill(1, config_.trainer.seed);
+    auto fut = pub_->weight_update_async(model_.views(), 1);
+    EXPECT_TRUE(workers_["worker-1"]->wait_for_output("stalling after bucket 1", std::chrono::seconds(20)))
+        << workers_["worker-1"]->output();
+    workers_["worker-1"]->kill(SIGKILL);
+    const auto killed = std::chrono::steady_clock::now();
+    const auto bound = config_.control.heartbeat_timeout + std::chrono::seconds(2);
+    EXPECT_EQ(fut.wait_for(bound + std::chrono::seconds(5)), std::future_status::ready) << "weight_update hung";
+    UpdateResult r = fut.get();
+    const auto took = std::chrono::steady_clock::now() - killed;
+    EXPECT_LE(took, bound) << std::chrono::duration_cast<Ms>(took).count() << " ms to name the lost worker";
+    return r;
+  }
+};
+
+TEST_F(FaultToleranceTest, SubscriberKilledMidUpdateIsNamedAndFailPolicyWaitsForIt) {
+  start_four("fail");
+  UpdateResult r = kill_worker_mid_update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kPeerLost) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("subscriber 'worker-1' was lost during update v1"), std::string::npos)
+      << r.status.message();
+  // worker-3 depended on worker-1 for its bytes: it says which version is incomplete.
+  EXPECT_TRUE(workers_["worker-3"]->wait_for_output("state dirty (v1 incomplete, last consistent v0)",
+                                                     std::chrono::seconds(10)))
+      << workers_["worker-3"]->output();
+  for (const char* id : {"worker-2", "worker-3", "worker-4"}) EXPECT_TRUE(workers_[id]->running()) << id;
+
+  // on_member_loss: fail — the next update re-forms, waits one heartbeat
+  // timeout for worker-1, and fails naming it.
+  UpdateResult r2 = publish(2);
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status.message().find("subscribers missing (on_member_loss: fail): worker-1"), std::string::npos)
+      << r2.status.message();
+
+  // worker-1 restarts on its own (same id); the next update reaches everyone.
+  spawn_worker("worker-1");
+  ASSERT_TRUE(wait_event(MemberEvent::Kind::kRejoined, "worker-1", std::chrono::seconds(10)));
+  UpdateResult r3 = publish(3);
+  ASSERT_TRUE(r3.ok()) << r3.status.to_string();
+  EXPECT_GT(r3.epoch, 1u);
+  for (auto& [id, p] : workers_)
+    EXPECT_TRUE(p->wait_for_output("v3 verified", std::chrono::seconds(10))) << id << ":\n" << p->output();
+}
+
+TEST_F(FaultToleranceTest, ContinuePolicyProceedsWithSurvivorsAndReportsTheMissing) {
+  start_four("continue");
+  UpdateResult r = kill_worker_mid_update();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status.message().find("'worker-1'"), std::string::npos) << r.status.message();
+  UpdateResult r2 = publish(2);
+  ASSERT_TRUE(r2.ok()) << r2.status.to_string();
+  EXPECT_EQ(r2.missing, (std::vector<std::string>{"worker-1"}));
+  EXPECT_EQ(r2.subscribers.size(), 3u);
+  for (const char* id : {"worker-2", "worker-3", "worker-4"})
+    EXPECT_TRUE(workers_[id]->wait_for_output("v2 verified", std::chrono::seconds(10))) << workers_[id]->output();
+}
+
+TEST_F(FaultToleranceTest, PublisherKilledMidUpdateSubscribersStayAndRejoinANewOne) {
+  const std::string yaml_path = test::write_file(dir_, "deploy.yaml", test::test_config_yaml(3));
+  yaml_path_ = yaml_path;
+  config_ = load_config_file(yaml_path).value();
+  const std::string endpoint_file = dir_ + "/endpoint";
+  auto trainer = Process::start(test::binary("paramcast-trainer"),
+                                {"--config", yaml_path, "--endpoint-file", endpoint_file, "--updates", "5"},
+                                {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=2:1"});
+  ASSERT_TRUE(trainer->wait_for_output("control endpoint", std::chrono::seconds(10))) << trainer->output();
+  std::string endpoint;
+  std::ifstream(endpoint_file) >> endpoint;
+  ASSERT_FALSE(endpoint.empty());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int i = 1; i <= 3; ++i)
+    workers.push_back(Process::start(test::binary("paramcast-worker"),
+                                     {"--config", yaml_path, "--id", "worker-" + std::to_string(i), "--endpoint",
+                                      endpoint, "--updates", "0"}));
+  for (auto& w : workers) ASSERT_TRUE(w->wait_for_output("v1 verified", std::chrono::seconds(20))) << w->output();
+  ASSERT_TRUE(trainer->wait_for_output("stalling after bucket 1 of v2", std::chrono::seconds(20)))
+      << trainer->output();
+  trainer->kill(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  const auto bound = config_.control.heartbeat_timeout + std::chrono::seconds(2);
+  for (auto& w : workers) {
+    ASSERT_TRUE(w->wait_for_output("publisher lost", bound + std::chrono::seconds(1))) << w->output();
+    EXPECT_LE(std::chrono::steady_clock::now() - killed, bound);
+    EXPECT_NE(w->output().find("dirty (v2 incomplete, last consistent v1)"), std::string::npos) << w->output();
+    EXPECT_TRUE(w->running());  // the engine and its weights stay
+  }
+  // A new publisher on the same endpoint: its first update makes everyone consistent.
+  auto second = Process::start(test::binary("paramcast-trainer"),
+                               {"--config", yaml_path, "--endpoint", endpoint, "--updates", "1"});
+  ASSERT_EQ(second->wait_for(std::chrono::seconds(60)), 0) << second->output();
+  for (auto& w : workers) {
+    const auto out = w->output();
+    const auto lost_at = out.find("publisher lost");
+    EXPECT_NE(out.find("v1 verified", lost_at), std::string::npos) << out;
+  }
+}
+
+}  // namespace
+}  // namespace paramcast
