@@ -93,6 +93,7 @@ class SubscriberImpl {
     std::lock_guard<std::mutex> lock(mu_);
     return member_;
   }
+  uint64_t staging_peak() const { return mem_ ? mem_->peak() : 0; }
   Status fatal() const {
     std::lock_guard<std::mutex> lock(mu_);
     return fatal_;
@@ -148,6 +149,15 @@ class SubscriberImpl {
   }
   void send(zmq::message_t frame) { send_on(*dealer_, std::move(frame)); }
 
+  void flush_outbox() {
+    std::deque<zmq::message_t> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out.swap(outbox_);
+    }
+    for (auto& f : out) send(std::move(f));
+  }
+
   zmq::message_t hello_message() {
     WeightState st = state();
     return control::make_message(0, incarnation_, [&](auto b) {
@@ -191,12 +201,7 @@ class SubscriberImpl {
       } catch (const zmq::error_t&) {
       }
       if (items[1].revents & ZMQ_POLLIN) wake_.drain();
-      std::deque<zmq::message_t> out;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        out.swap(outbox_);
-      }
-      for (auto& f : out) send(std::move(f));
+      flush_outbox();
       for (zmq::socket_t* socket : {probe_.get(), dealer_.get()}) {
         for (int i = 0; socket && i < 1000; ++i) {
           zmq::message_t msg;
@@ -211,6 +216,7 @@ class SubscriberImpl {
           break;
         }
       }
+      flush_outbox();  // answers (PlanAccept, StoreSet, ...) leave now, not after the next poll
       const auto now = Clock::now();
       if (!fatal().ok()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -693,15 +699,16 @@ class SubscriberImpl {
                                                                           : "; nothing was unpacked"));
         }
       }
+      std::vector<DeviceMemory::CopyOp> unpack;
+      for (const auto& p : b.pieces) {
+        auto d = dest.find(p.tensor);
+        if (d != dest.end() && !b.direct)
+          unpack.push_back({static_cast<uint8_t*>(d->second.data) + p.tensor_offset, where[k] + p.bucket_offset, p.length});
+      }
+      PC_RETURN_IF_ERROR(mem_->copy_many(unpack));
       for (const auto& p : b.pieces) {
         const auto& spec = plan.tensors[p.tensor];
-        auto d = dest.find(p.tensor);
-        if (d != dest.end()) {
-          if (!b.direct)
-            PC_RETURN_IF_ERROR(mem_->copy(static_cast<uint8_t*>(d->second.data) + p.tensor_offset,
-                                          where[k] + p.bucket_offset, p.length));
-          continue;
-        }
+        if (dest.count(p.tensor)) continue;
         if (p.tensor_offset + p.length != plan.nbytes[p.tensor]) continue;  // tensor not complete yet
         TensorView view;
         view.spec = spec;
@@ -802,6 +809,7 @@ void Subscriber::on_update_end(UpdateEndHook h) { impl_->end_hook_ = std::move(h
 Status Subscriber::start() { return impl_->start(); }
 void Subscriber::stop() { impl_->stop(); }
 WeightState Subscriber::state() const { return impl_->state(); }
+uint64_t Subscriber::staging_peak_bytes() const { return impl_->staging_peak(); }
 bool Subscriber::joined() const { return impl_->joined(); }
 std::optional<UpdateReport> Subscriber::next_report(std::chrono::milliseconds t) { return impl_->next_report(t); }
 void Subscriber::inject_control_frame(const void* data, size_t size) { impl_->inject(data, size); }

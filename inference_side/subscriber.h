@@ -69,6 +69,8 @@ class Subscriber {
   void stop();  // says Leave and stops the threads
 
   WeightState state() const;
+  // Peak bytes of staging memory the receive pipeline has held.
+  uint64_t staging_peak_bytes() const;
   bool joined() const;  // welcomed by a publisher right now
   // The next finished update (applied or failed), waiting up to `timeout`.
   std::optional<UpdateReport> next_report(std::chrono::milliseconds timeout);

@@ -523,9 +523,12 @@ class PublisherImpl {
         ptr = static_cast<uint8_t*>(tensors_[p.tensor].data) + p.tensor_offset;
       } else {
         ptr = staging_[k % 2].data();
+        std::vector<DeviceMemory::CopyOp> ops;
+        ops.reserve(b.pieces.size());
         for (const auto& p : b.pieces)
-          PC_RETURN_IF_ERROR(mem_->copy(ptr + p.bucket_offset,
-                                        static_cast<const uint8_t*>(tensors_[p.tensor].data) + p.tensor_offset, p.length));
+          ops.push_back({ptr + p.bucket_offset, static_cast<const uint8_t*>(tensors_[p.tensor].data) + p.tensor_offset,
+                         p.length});
+        PC_RETURN_IF_ERROR(mem_->copy_many(ops));
       }
       if (plan.checksum == Checksum::kXxh64) {
         auto sum = mem_->checksum(ptr, b.bytes);

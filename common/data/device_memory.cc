@@ -38,6 +38,11 @@ class HostMemory : public DeviceMemory {
     if (bytes) std::memcpy(dst, src, bytes);
     return Status();
   }
+  Status copy_many(const std::vector<CopyOp>& ops) override {
+    for (const auto& op : ops)
+      if (op.bytes) std::memcpy(op.dst, op.src, op.bytes);
+    return Status();
+  }
   StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) override { return xxh64(ptr, bytes); }
 
  private:

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/status.h"
 #include "common/tensor.h"
@@ -20,6 +21,13 @@ class DeviceMemory {
   virtual void release(void* ptr) = 0;
   // Copies and waits until the copy is complete.
   virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
+  // Many copies, waited on once (one stream sync on CUDA): bucket packing.
+  struct CopyOp {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual Status copy_many(const std::vector<CopyOp>& ops) = 0;
   // xxh64 of the bytes (device bytes are hashed on the host for now).
   virtual StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) = 0;
   // Bytes currently allocated through this object, and the peak.

@@ -44,6 +44,13 @@ class CudaMemory : public DeviceMemory {
     PC_CUDA_RETURN(cudaStreamSynchronize(stream_));
     return Status();
   }
+  Status copy_many(const std::vector<CopyOp>& ops) override {
+    cudaSetDevice(index_);
+    for (const auto& op : ops)
+      if (op.bytes) PC_CUDA_RETURN(cudaMemcpyAsync(op.dst, op.src, op.bytes, cudaMemcpyDefault, stream_));
+    PC_CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return Status();
+  }
   StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) override {
     cudaSetDevice(index_);
     constexpr size_t kChunk = 64ull << 20;

@@ -1,57 +1,22 @@
 // dataplane_rank: one rank of the data-plane conformance suite, run as its own
-// process. Forms a communicator (rendezvous through files in --store), runs
+// process. Forms a communicator (FileStore rendezvous in --store), runs
 // broadcasts of the given sizes from rank 0, verifies every byte.
 // Exit: 0 ok, 1 wrong bytes, 2 usage, 3 broadcast failed (and the
 // communicator then refused further work as it must), 4 it did not.
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "common/cli.h"
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
+#include "common/data/file_store.h"
 
 using namespace paramcast;
 
 namespace {
-// Rendezvous through a directory: a key is a file, written atomically.
-class DirStore : public Store {
- public:
-  explicit DirStore(std::string dir) : dir_(std::move(dir)) {}
-  Status set(const std::string& key, const std::string& value) override {
-    const std::string path = dir_ + "/" + escape(key);
-    std::ofstream(path + ".tmp", std::ios::binary) << value;
-    std::rename((path + ".tmp").c_str(), path.c_str());
-    return Status();
-  }
-  StatusOr<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    const std::string path = dir_ + "/" + escape(key);
-    while (Clock::now() < deadline) {
-      std::ifstream in(path, std::ios::binary);
-      if (in) {
-        std::stringstream ss;
-        ss << in.rdbuf();
-        return ss.str();
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return timeout_error("key '" + key + "' not set");
-  }
-
- private:
-  static std::string escape(std::string k) {
-    for (auto& c : k)
-      if (c == '/') c = '_';
-    return k;
-  }
-  std::string dir_;
-};
-
 std::string unhex(const std::string& h) {
   std::string out;
   for (size_t i = 0; i + 1 < h.size(); i += 2) out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
@@ -76,7 +41,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes;
   std::stringstream ss(f.get("sizes"));
   for (std::string s; std::getline(ss, s, ',');) sizes.push_back(std::stoull(s));
-  DirStore store(f.get("store"));
+  FileStore store(f.get("store"));
   auto comm = create_communicator(g, store);
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", g.rank, comm.status().to_string().c_str());

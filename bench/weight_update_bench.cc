@@ -1,0 +1,416 @@
+// paramcast-bench: weight_update against the raw backend broadcast of the
+// same bytes, in one run, on one machine.
+//
+//   (a) raw:     one flat buffer of S bytes broadcast from rank 0 (Communicator
+//                directly: no plan, no control plane, no staging);
+//   (b) update:  Publisher::weight_update of S bytes split into T tensors;
+//   (c) latency: a 4-byte update, round trip, p50/p99;
+//   (d) memory:  peak staging per side, and host RSS growth of the receivers;
+//   (e) copies:  pack throughput (10,000 pieces) vs one memcpy of S bytes.
+// The root is this process; the other ranks are this program re-executed with
+// --role receiver. Phases are sequenced through a FileStore in a temp dir.
+// Output: a human summary, and JSON with --json FILE.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/cli.h"
+#include "common/data/communicator.h"
+#include "common/data/device_memory.h"
+#include "common/data/file_store.h"
+#include "common/synthetic_model.h"
+#include "common/units.h"
+#include "inference_side/subscriber.h"
+#include "tests/support/process.h"
+#include "trainer_side/publisher.h"
+
+using namespace paramcast;
+
+namespace {
+
+struct Options {
+  Backend backend = Backend::kGloo;
+  int world = 8;
+  uint64_t size = 1ull << 30;
+  std::vector<int> counts = {1, 291, 10000};
+  int repeats = 3;
+  int latency_updates = 200;
+  uint64_t bucket = 256ull << 20;
+  Checksum checksum = Checksum::kNone;
+  std::string dir;
+  std::string json;
+  int gpus = 1;
+};
+
+Device device_for(const Options& o, int rank) {
+  if (o.backend != Backend::kNccl) return Device::cpu();
+  return Device::cuda(rank % std::max(1, o.gpus));
+}
+
+std::vector<TensorSpec> layout(int count, uint64_t size) {
+  if (count == 291) return synthetic_llm_layout(size, 32, DType::kBF16);
+  std::vector<TensorSpec> out;
+  const uint64_t each = size / static_cast<uint64_t>(count);
+  for (int i = 0; i < count; ++i) {
+    const uint64_t n = i + 1 == count ? size - each * (count - 1) : each;
+    out.push_back({"t." + std::to_string(i), DType::kU8, {static_cast<int64_t>(n)}});
+  }
+  return out;
+}
+
+uint64_t rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+Config pc_config(const Options& o, const std::string& endpoint) {
+  Config c;
+  c.control.endpoint = endpoint;
+  c.control.join_timeout = std::chrono::seconds(120);
+  c.data_plane.backend = o.backend;
+  c.data_plane.bucket_bytes = o.bucket;
+  c.data_plane.checksum = o.checksum;
+  c.data_plane.timeout = std::chrono::seconds(300);
+  c.data_plane.init_timeout = std::chrono::seconds(120);
+  c.publisher.subscriber_count = o.world - 1;
+  c.publisher.device = device_for(o, 0);
+  c.publisher.update_timeout = std::chrono::seconds(600);
+  c.log_level = LogLevel::kWarn;
+  if (o.backend == Backend::kNccl) {
+    c.subscriber.devices.clear();
+    for (int r = 1; r < o.world; ++r) c.subscriber.devices.push_back(device_for(o, r));
+  }
+  return c;
+}
+
+// Owns device buffers for one layout.
+struct Buffers {
+  std::unique_ptr<DeviceMemory> mem;
+  std::vector<StagingBuffer> bufs;
+  std::vector<TensorView> views;
+  Buffers(Device d, const std::vector<TensorSpec>& specs, uint8_t seed) {
+    mem = create_device_memory(d).value();
+    std::vector<uint8_t> host;
+    for (const auto& s : specs) {
+      const uint64_t n = s.nbytes().value();
+      void* p = mem->allocate(n).value();
+      host.assign(n, 0);
+      for (uint64_t i = 0; i < n; i += 4096) host[i] = static_cast<uint8_t>(i + seed);  // touch every page
+      (void)mem->copy(p, host.data(), n);
+      bufs.emplace_back(mem.get(), p, n);
+      views.push_back(TensorView{s, p, d});
+    }
+  }
+};
+
+struct Stats {
+  double min = 0, median = 0, max = 0;
+};
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return {};
+  return {v.front(), v[v.size() / 2], v.back()};
+}
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+// ------------------------------------------------------------------ receiver
+int run_receiver(const Options& o, int rank) {
+  FileStore store(o.dir);
+  const auto wait = std::chrono::seconds(600);
+  const Device dev = device_for(o, rank);
+  {  // (a) raw
+    GroupOptions g;
+    g.epoch = 1;
+    g.rank = rank;
+    g.world_size = o.world;
+    g.backend = o.backend;
+    g.bootstrap = store.get("raw.bootstrap", wait).value();
+    g.device = dev;
+    g.op_timeout = std::chrono::seconds(300);
+    auto comm = create_communicator(g, store);
+    if (!comm.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().to_string().c_str());
+      return 1;
+    }
+    Buffers b(dev, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 0);
+    for (int rep = 0; rep <= o.repeats; ++rep) {
+      Status s = comm.value()->broadcast(b.views[0].data, o.size, 0)->wait(Clock::now() + std::chrono::seconds(300));
+      if (!s.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, s.to_string().c_str());
+        return 1;
+      }
+      (void)store.set("raw.done." + std::to_string(rep) + "." + std::to_string(rank), "1");
+    }
+  }
+  auto run_phase = [&](const std::string& phase, const std::vector<TensorSpec>& specs, int updates) -> int {
+    const std::string endpoint = store.get(phase + ".endpoint", wait).value();
+    Config cfg = pc_config(o, endpoint);
+    Buffers b(dev, specs, 1);
+    const uint64_t rss0 = rss_bytes();
+    auto sub = Subscriber::create(cfg, "bench-" + std::to_string(rank)).value();
+    for (const auto& v : b.views)
+      if (!sub->register_tensor(v).ok()) return 1;
+    if (!sub->start().ok()) return 1;
+    for (int u = 0; u < updates;) {
+      auto r = sub->next_report(std::chrono::seconds(600));
+      if (!r) return 1;
+      if (!r->status.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, r->status.to_string().c_str());
+        return 1;
+      }
+      ++u;
+    }
+    const uint64_t growth = rss_bytes() > rss0 ? rss_bytes() - rss0 : 0;
+    (void)store.set(phase + ".stats." + std::to_string(rank),
+                    std::to_string(sub->staging_peak_bytes()) + " " + std::to_string(growth));
+    (void)store.get(phase + ".over", wait);  // leave only after the publisher is done
+    sub->stop();
+    return 0;
+  };
+  for (int count : o.counts)
+    if (int rc = run_phase("t" + std::to_string(count), layout(count, o.size), o.repeats + 1)) return rc;
+  return run_phase("latency", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10);
+}
+
+// ---------------------------------------------------------------------- root
+struct PhaseResult {
+  int count = 0;
+  uint64_t bytes = 0;
+  size_t buckets = 0;
+  Stats gbps;
+  uint64_t root_staging = 0;
+  uint64_t recv_staging = 0;
+  uint64_t recv_rss_growth = 0;
+};
+
+int run_root(Options o, const std::string& self) {
+  char tmpl[] = "/tmp/paramcast-bench-XXXXXX";
+  o.dir = mkdtemp(tmpl);
+  FileStore store(o.dir);
+  std::vector<std::unique_ptr<test::Process>> receivers;
+  std::string counts;
+  for (int c : o.counts) counts += (counts.empty() ? "" : ",") + std::to_string(c);
+  for (int r = 1; r < o.world; ++r)
+    receivers.push_back(test::Process::start(
+        self,
+        {"--role", "receiver", "--rank", std::to_string(r), "--dir", o.dir, "--backend", backend_name(o.backend),
+         "--world", std::to_string(o.world), "--size", std::to_string(o.size), "--counts", counts, "--repeats",
+         std::to_string(o.repeats), "--latency-updates", std::to_string(o.latency_updates), "--bucket",
+         std::to_string(o.bucket), "--checksum", o.checksum == Checksum::kXxh64 ? "xxh64" : "none", "--gpus",
+         std::to_string(o.gpus)},
+        {"NCCL_HOSTID=paramcast-bench-" + std::to_string(r)}));
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "paramcast-bench: %s\n", what.c_str());
+    for (auto& p : receivers) std::fprintf(stderr, "%s", p->output().c_str());
+    return 1;
+  };
+  const Device dev = device_for(o, 0);
+  const auto wait = std::chrono::seconds(600);
+
+  // (a) raw broadcast
+  std::vector<double> raw;
+  {
+    auto boot = mint_bootstrap(o.backend, 1);
+    if (!boot.ok()) return fail(boot.status().to_string());
+    (void)store.set("raw.bootstrap", *boot);
+    GroupOptions g;
+    g.epoch = 1;
+    g.rank = 0;
+    g.world_size = o.world;
+    g.backend = o.backend;
+    g.bootstrap = *boot;
+    g.device = dev;
+    g.op_timeout = std::chrono::seconds(300);
+    auto comm = create_communicator(g, store);
+    if (!comm.ok()) return fail(comm.status().to_string());
+    Buffers b(dev, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 7);
+    for (int rep = 0; rep <= o.repeats; ++rep) {
+      const auto t0 = Clock::now();
+      Status s = comm.value()->broadcast(b.views[0].data, o.size, 0)->wait(Clock::now() + std::chrono::seconds(300));
+      if (!s.ok()) return fail(s.to_string());
+      for (int r = 1; r < o.world; ++r)  // done when every receiver has the bytes
+        if (!store.get("raw.done." + std::to_string(rep) + "." + std::to_string(r), wait).ok())
+          return fail("receiver " + std::to_string(r) + " never finished the raw broadcast");
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rep > 0) raw.push_back(static_cast<double>(o.size) / secs / 1e9);  // rep 0 warms up
+    }
+  }
+  // (e) pack throughput vs one memcpy, on the root's device
+  double memcpy_gbps = 0, pack_gbps = 0;
+  {
+    auto mem = create_device_memory(dev).value();
+    const uint64_t n = std::min<uint64_t>(o.size, 256ull << 20);
+    StagingBuffer a(mem.get(), mem->allocate(n).value(), n), b(mem.get(), mem->allocate(n).value(), n);
+    (void)mem->copy(b.data(), a.data(), n);
+    std::vector<DeviceMemory::CopyOp> ops;
+    const uint64_t piece = n / 10000;
+    for (uint64_t off = 0; off + piece <= n; off += piece) ops.push_back({b.data() + off, a.data() + off, piece});
+    std::vector<double> m, p;
+    for (int rep = 0; rep < 5; ++rep) {
+      auto t0 = Clock::now();
+      (void)mem->copy(b.data(), a.data(), n);
+      m.push_back(static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+      t0 = Clock::now();
+      (void)mem->copy_many(ops);
+      p.push_back(static_cast<double>(piece * ops.size()) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+    }
+    memcpy_gbps = stats(m).median;
+    pack_gbps = stats(p).median;
+  }
+  // (b) weight_update for each tensor count
+  std::vector<PhaseResult> phases;
+  auto run_phase = [&](const std::string& phase, const std::vector<TensorSpec>& specs, int updates,
+                       std::vector<double>* seconds) -> Status {
+    Config cfg = pc_config(o, "tcp://127.0.0.1:*");
+    auto pub = Publisher::create(cfg);
+    if (!pub.ok()) return pub.status();
+    PC_RETURN_IF_ERROR(store.set(phase + ".endpoint", pub.value()->endpoint()));
+    PC_RETURN_IF_ERROR(pub.value()->start());
+    Buffers b(dev, specs, 3);
+    PhaseResult pr;
+    std::vector<double> rates;
+    for (int u = 0; u < updates; ++u) {
+      UpdateResult r = pub.value()->weight_update(b.views);
+      if (!r.ok()) return r.status;
+      pr.bytes = r.bytes;
+      pr.buckets = r.buckets;
+      if (u > 0) {  // the first update warms up
+        rates.push_back(r.gbps());
+        if (seconds) seconds->push_back(r.seconds);
+      }
+    }
+    pr.count = static_cast<int>(specs.size());
+    pr.gbps = stats(rates);
+    pr.root_staging = pub.value()->stats().staging_peak_bytes;
+    for (int r = 1; r < o.world; ++r) {
+      auto v = store.get(phase + ".stats." + std::to_string(r), wait);
+      if (!v.ok()) return v.status();
+      std::istringstream in(*v);
+      uint64_t staging = 0, growth = 0;
+      in >> staging >> growth;
+      pr.recv_staging = std::max(pr.recv_staging, staging);
+      pr.recv_rss_growth = std::max(pr.recv_rss_growth, growth);
+    }
+    PC_RETURN_IF_ERROR(store.set(phase + ".over", "1"));
+    pub.value()->shutdown();
+    if (!seconds) phases.push_back(pr);
+    return Status();
+  };
+  for (int count : o.counts) {
+    Status s = run_phase("t" + std::to_string(count), layout(count, o.size), o.repeats + 1, nullptr);
+    if (!s.ok()) return fail("T=" + std::to_string(count) + ": " + s.to_string());
+  }
+  // (c) latency of a 4-byte update
+  std::vector<double> lat;
+  {
+    Status s = run_phase("latency", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10, &lat);
+    if (!s.ok()) return fail("latency: " + s.to_string());
+    lat.erase(lat.begin(), lat.begin() + std::min<size_t>(lat.size(), 9));  // 10 warm-up updates
+  }
+  for (auto& p : receivers)
+    if (p->wait_for(std::chrono::seconds(60)) != 0) return fail("a receiver failed");
+
+  // Report.
+  const Stats rs = stats(raw);
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  utsname u;
+  uname(&u);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  std::printf("paramcast-bench  %s  %s, %ld cores  backend %s  world %d  S=%s  bucket %s  checksum %s\n", date,
+              u.machine, cores, backend_name(o.backend), o.world, format_bytes(o.size).c_str(),
+              format_bytes(o.bucket).c_str(), o.checksum == Checksum::kXxh64 ? "xxh64" : "none");
+  std::printf("  raw broadcast            %7.3f GB/s (min %.3f, max %.3f)\n", rs.median, rs.min, rs.max);
+  for (const auto& p : phases)
+    std::printf("  weight_update T=%-6d   %7.3f GB/s (min %.3f, max %.3f)  ratio %.3f  %zu buckets  staging root %s, "
+                "receiver %s (RSS +%s)\n",
+                p.count, p.gbps.median, p.gbps.min, p.gbps.max, rs.median > 0 ? p.gbps.median / rs.median : 0,
+                p.buckets, format_bytes(p.root_staging).c_str(), format_bytes(p.recv_staging).c_str(),
+                format_bytes(p.recv_rss_growth).c_str());
+  const double p50 = percentile(lat, 0.5) * 1e3, p99 = percentile(lat, 0.99) * 1e3;
+  std::printf("  4-byte update latency    p50 %.3f ms  p99 %.3f ms  (%zu updates)\n", p50, p99, lat.size());
+  std::printf("  pack (10,000 pieces)     %7.3f GB/s vs one memcpy %.3f GB/s: %.2f\n", pack_gbps, memcpy_gbps,
+              memcpy_gbps > 0 ? pack_gbps / memcpy_gbps : 0);
+  double r291 = 0, r1 = 0, r10k = 0;
+  for (const auto& p : phases) {
+    if (p.count == 291) r291 = p.gbps.median / rs.median;
+    if (p.count == 1) r1 = p.gbps.median;
+    if (p.count == 10000) r10k = p.gbps.median;
+  }
+  std::printf("SUMMARY %s world=%d S=%s: ratio(T=291)=%.3f  rate(T=10000)/rate(T=1)=%.3f  p50=%.3fms p99=%.3fms\n",
+              backend_name(o.backend), o.world, format_bytes(o.size).c_str(), r291, r1 > 0 ? r10k / r1 : 0, p50, p99);
+  if (!o.json.empty()) {
+    std::ofstream j(o.json);
+    j << "{\"date\":\"" << date << "\",\"host\":\"" << host << "\",\"machine\":\"" << u.machine << " " << cores
+      << " cores\",\"backend\":\"" << backend_name(o.backend) << "\",\"world\":" << o.world << ",\"bytes\":" << o.size
+      << ",\"bucket_bytes\":" << o.bucket << ",\"checksum\":\"" << (o.checksum == Checksum::kXxh64 ? "xxh64" : "none")
+      << "\",\"raw_gbps\":{\"min\":" << rs.min << ",\"median\":" << rs.median << ",\"max\":" << rs.max
+      << "},\"updates\":[";
+    for (size_t i = 0; i < phases.size(); ++i) {
+      const auto& p = phases[i];
+      j << (i ? "," : "") << "{\"tensors\":" << p.count << ",\"bytes\":" << p.bytes << ",\"buckets\":" << p.buckets
+        << ",\"gbps\":{\"min\":" << p.gbps.min << ",\"median\":" << p.gbps.median << ",\"max\":" << p.gbps.max
+        << "},\"ratio_vs_raw\":" << (rs.median > 0 ? p.gbps.median / rs.median : 0)
+        << ",\"staging_root_bytes\":" << p.root_staging << ",\"staging_receiver_bytes\":" << p.recv_staging
+        << ",\"receiver_rss_growth_bytes\":" << p.recv_rss_growth << "}";
+    }
+    j << "],\"latency_ms\":{\"p50\":" << p50 << ",\"p99\":" << p99 << ",\"updates\":" << lat.size()
+      << "},\"pack_gbps\":" << pack_gbps << ",\"memcpy_gbps\":" << memcpy_gbps << "}\n";
+  }
+  test::remove_tree(o.dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f = parse_flags(argc, argv, 1);
+  Options o;
+  if (f.get("backend", "gloo") == "nccl") o.backend = Backend::kNccl;
+  o.world = std::atoi(f.get("world", "8").c_str());
+  o.size = parse_size(f.get("size", "1GiB")).value_or(0);
+  o.repeats = std::atoi(f.get("repeats", "3").c_str());
+  o.latency_updates = std::atoi(f.get("latency-updates", "200").c_str());
+  o.bucket = parse_size(f.get("bucket", "256MiB")).value_or(256ull << 20);
+  o.checksum = f.get("checksum", "none") == "xxh64" ? Checksum::kXxh64 : Checksum::kNone;
+  o.json = f.get("json");
+  o.gpus = std::atoi(f.get("gpus", "1").c_str());
+  if (f.has("counts")) {
+    o.counts.clear();
+    std::stringstream ss(f.get("counts"));
+    for (std::string c; std::getline(ss, c, ',');) o.counts.push_back(std::atoi(c.c_str()));
+  }
+  if (!f.error.empty() || o.world < 2 || o.size == 0 || o.repeats < 1) {
+    std::fprintf(stderr,
+                 "usage: paramcast-bench [--backend gloo|nccl] [--world 8] [--size 1GiB] [--counts 1,291,10000]\n"
+                 "                       [--repeats 3] [--latency-updates 200] [--bucket 256MiB]\n"
+                 "                       [--checksum none|xxh64] [--gpus N] [--json FILE]\n");
+    return 2;
+  }
+  set_log_level(LogLevel::kWarn);
+  if (f.get("role") == "receiver") {
+    o.dir = f.get("dir");
+    return run_receiver(o, std::atoi(f.get("rank").c_str()));
+  }
+  if (o.backend == Backend::kNccl && o.gpus < 1) o.gpus = 1;
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  self[n > 0 ? n : 0] = 0;
+  return run_root(o, self);
+}
