@@ -25,6 +25,7 @@
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
 #include "common/data/file_store.h"
+#include "common/plan.h"
 #include "common/synthetic_model.h"
 #include "common/units.h"
 #include "inference_side/subscriber.h"
@@ -47,6 +48,7 @@ struct Options {
   std::string dir;
   std::string json;
   int gpus = 1;
+  bool arena = false;
 };
 
 Device device_for(const Options& o, int rank) {
@@ -93,22 +95,35 @@ Config pc_config(const Options& o, const std::string& endpoint) {
   return c;
 }
 
-// Owns device buffers for one layout.
+// Owns device buffers for one layout: one allocation per tensor, or (arena)
+// one flat buffer with every tensor at a 256-byte aligned offset, in order, as
+// trainers keep flat parameter buffers and engines keep weight arenas.
 struct Buffers {
   std::unique_ptr<DeviceMemory> mem;
   std::vector<StagingBuffer> bufs;
   std::vector<TensorView> views;
-  Buffers(Device d, const std::vector<TensorSpec>& specs, uint8_t seed) {
+  Buffers(Device d, const std::vector<TensorSpec>& specs, uint8_t seed, bool arena) {
     mem = create_device_memory(d).value();
-    std::vector<uint8_t> host;
+    std::vector<uint64_t> offsets;
+    uint64_t total = 0;
     for (const auto& s : specs) {
-      const uint64_t n = s.nbytes().value();
-      void* p = mem->allocate(n).value();
+      offsets.push_back(total);
+      total = (total + s.nbytes().value() + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
+    }
+    uint8_t* flat = nullptr;
+    if (arena) {
+      flat = static_cast<uint8_t*>(mem->allocate(total).value());
+      bufs.emplace_back(mem.get(), flat, total);
+    }
+    std::vector<uint8_t> host;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const uint64_t n = specs[i].nbytes().value();
+      void* p = arena ? flat + offsets[i] : mem->allocate(n).value();
       host.assign(n, 0);
-      for (uint64_t i = 0; i < n; i += 4096) host[i] = static_cast<uint8_t>(i + seed);  // touch every page
+      for (uint64_t j = 0; j < n; j += 4096) host[j] = static_cast<uint8_t>(j + seed);  // touch every page
       (void)mem->copy(p, host.data(), n);
-      bufs.emplace_back(mem.get(), p, n);
-      views.push_back(TensorView{s, p, d});
+      if (!arena) bufs.emplace_back(mem.get(), p, n);
+      views.push_back(TensorView{specs[i], p, d});
     }
   }
 };
@@ -145,7 +160,7 @@ int run_receiver(const Options& o, int rank) {
       std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().to_string().c_str());
       return 1;
     }
-    Buffers b(dev, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 0);
+    Buffers b(dev, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 0, false);
     for (int rep = 0; rep <= o.repeats; ++rep) {
       Status s = comm.value()->broadcast(b.views[0].data, o.size, 0)->wait(Clock::now() + std::chrono::seconds(300));
       if (!s.ok()) {
@@ -158,7 +173,7 @@ int run_receiver(const Options& o, int rank) {
   auto run_phase = [&](const std::string& phase, const std::vector<TensorSpec>& specs, int updates) -> int {
     const std::string endpoint = store.get(phase + ".endpoint", wait).value();
     Config cfg = pc_config(o, endpoint);
-    Buffers b(dev, specs, 1);
+    Buffers b(dev, specs, 1, o.arena);
     const uint64_t rss0 = rss_bytes();
     auto sub = Subscriber::create(cfg, "bench-" + std::to_string(rank)).value();
     for (const auto& v : b.views)
@@ -210,7 +225,7 @@ int run_root(Options o, const std::string& self) {
          "--world", std::to_string(o.world), "--size", std::to_string(o.size), "--counts", counts, "--repeats",
          std::to_string(o.repeats), "--latency-updates", std::to_string(o.latency_updates), "--bucket",
          std::to_string(o.bucket), "--checksum", o.checksum == Checksum::kXxh64 ? "xxh64" : "none", "--gpus",
-         std::to_string(o.gpus)},
+         std::to_string(o.gpus), "--layout", o.arena ? "arena" : "separate"},
         {"NCCL_HOSTID=paramcast-bench-" + std::to_string(r)}));
   auto fail = [&](const std::string& what) {
     std::fprintf(stderr, "paramcast-bench: %s\n", what.c_str());
@@ -236,7 +251,7 @@ int run_root(Options o, const std::string& self) {
     g.op_timeout = std::chrono::seconds(300);
     auto comm = create_communicator(g, store);
     if (!comm.ok()) return fail(comm.status().to_string());
-    Buffers b(dev, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 7);
+    Buffers b(dev, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 7, false);
     for (int rep = 0; rep <= o.repeats; ++rep) {
       const auto t0 = Clock::now();
       Status s = comm.value()->broadcast(b.views[0].data, o.size, 0)->wait(Clock::now() + std::chrono::seconds(300));
@@ -279,7 +294,7 @@ int run_root(Options o, const std::string& self) {
     if (!pub.ok()) return pub.status();
     PC_RETURN_IF_ERROR(store.set(phase + ".endpoint", pub.value()->endpoint()));
     PC_RETURN_IF_ERROR(pub.value()->start());
-    Buffers b(dev, specs, 3);
+    Buffers b(dev, specs, 3, o.arena);
     PhaseResult pr;
     std::vector<double> rates;
     for (int u = 0; u < updates; ++u) {
@@ -333,9 +348,10 @@ int run_root(Options o, const std::string& self) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  std::printf("paramcast-bench  %s  %s, %ld cores  backend %s  world %d  S=%s  bucket %s  checksum %s\n", date,
-              u.machine, cores, backend_name(o.backend), o.world, format_bytes(o.size).c_str(),
-              format_bytes(o.bucket).c_str(), o.checksum == Checksum::kXxh64 ? "xxh64" : "none");
+  std::printf("paramcast-bench  %s  %s, %ld cores  backend %s  world %d  S=%s  bucket %s  checksum %s  layout %s\n",
+              date, u.machine, cores, backend_name(o.backend), o.world, format_bytes(o.size).c_str(),
+              format_bytes(o.bucket).c_str(), o.checksum == Checksum::kXxh64 ? "xxh64" : "none",
+              o.arena ? "arena" : "separate");
   std::printf("  raw broadcast            %7.3f GB/s (min %.3f, max %.3f)\n", rs.median, rs.min, rs.max);
   for (const auto& p : phases)
     std::printf("  weight_update T=%-6d   %7.3f GB/s (min %.3f, max %.3f)  ratio %.3f  %zu buckets  staging root %s, "
@@ -360,7 +376,7 @@ int run_root(Options o, const std::string& self) {
     j << "{\"date\":\"" << date << "\",\"host\":\"" << host << "\",\"machine\":\"" << u.machine << " " << cores
       << " cores\",\"backend\":\"" << backend_name(o.backend) << "\",\"world\":" << o.world << ",\"bytes\":" << o.size
       << ",\"bucket_bytes\":" << o.bucket << ",\"checksum\":\"" << (o.checksum == Checksum::kXxh64 ? "xxh64" : "none")
-      << "\",\"raw_gbps\":{\"min\":" << rs.min << ",\"median\":" << rs.median << ",\"max\":" << rs.max
+      << "\",\"layout\":\"" << (o.arena ? "arena" : "separate") << "\",\"raw_gbps\":{\"min\":" << rs.min << ",\"median\":" << rs.median << ",\"max\":" << rs.max
       << "},\"updates\":[";
     for (size_t i = 0; i < phases.size(); ++i) {
       const auto& p = phases[i];
@@ -391,6 +407,7 @@ int main(int argc, char** argv) {
   o.checksum = f.get("checksum", "none") == "xxh64" ? Checksum::kXxh64 : Checksum::kNone;
   o.json = f.get("json");
   o.gpus = std::atoi(f.get("gpus", "1").c_str());
+  o.arena = f.get("layout", "separate") == "arena";
   if (f.has("counts")) {
     o.counts.clear();
     std::stringstream ss(f.get("counts"));
@@ -400,7 +417,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: paramcast-bench [--backend gloo|nccl] [--world 8] [--size 1GiB] [--counts 1,291,10000]\n"
                  "                       [--repeats 3] [--latency-updates 200] [--bucket 256MiB]\n"
-                 "                       [--checksum none|xxh64] [--gpus N] [--json FILE]\n");
+                 "                       [--checksum none|xxh64] [--layout separate|arena] [--gpus N]\n"
+                 "                       [--json FILE]\n");
     return 2;
   }
   set_log_level(LogLevel::kWarn);

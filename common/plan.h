@@ -47,6 +47,23 @@ struct UpdatePlan {
   uint64_t max_packed_bucket_bytes() const;
   // Names of the tensors a bucket carries, for error messages ("a, b, c" / "+N more").
   std::string bucket_tensor_names(size_t bucket) const;
+  // If the buffers of every non-empty piece of packed bucket `bucket` lie at
+  // base + bucket_offset for one base (tensors laid out in an arena in plan
+  // order, 256-byte aligned), returns that base: the bucket can then move in
+  // place, without staging. `buffer(tensor)` gives a tensor's buffer or null.
+  template <typename F>
+  uint8_t* in_place_base(size_t bucket, F&& buffer) const {
+    uint8_t* base = nullptr;
+    for (const auto& p : buckets[bucket].pieces) {
+      if (p.length == 0) continue;
+      uint8_t* at = static_cast<uint8_t*>(buffer(p.tensor));
+      if (!at) return nullptr;
+      uint8_t* b = at + p.tensor_offset - p.bucket_offset;
+      if (base && b != base) return nullptr;
+      base = b;
+    }
+    return base;
+  }
 };
 
 // One disagreement between a plan and what a subscriber can receive.

@@ -629,10 +629,19 @@ class SubscriberImpl {
         if (it != registry_.end()) dest[i] = it->second;
       }
     }
+    auto registered = [&](uint32_t t) -> void* {
+      auto d = dest.find(t);
+      return d == dest.end() ? nullptr : d->second.data;
+    };
+    std::vector<uint8_t*> in_place_at(n, nullptr);
     uint64_t staging_bytes = 0;
-    for (const auto& b : plan.buckets)
-      if (!b.direct || (!dest.count(b.pieces[0].tensor) && b.bytes == plan.nbytes[b.pieces[0].tensor]))
-        staging_bytes = std::max(staging_bytes, b.bytes);
+    for (size_t k = 0; k < n; ++k) {
+      const auto& b = plan.buckets[k];
+      if (!b.direct) in_place_at[k] = plan.in_place_base(k, registered);
+      const bool staged = b.direct ? !dest.count(b.pieces[0].tensor) && b.bytes == plan.nbytes[b.pieces[0].tensor]
+                                   : in_place_at[k] == nullptr;
+      if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
+    }
     for (auto& s : staging_) {
       if (s.size() < staging_bytes || s.size() > 2 * staging_bytes + (1 << 20)) {
         s.reset();
@@ -646,6 +655,7 @@ class SubscriberImpl {
     std::map<uint32_t, StagingBuffer> assembly;  // large callback tensors, by tensor index
     std::vector<std::shared_ptr<Work>> works(n);
     std::vector<uint8_t*> where(n);
+    std::vector<bool> in_place(n, false);
     auto issue = [&](size_t k) -> Status {
       const auto& b = plan.buckets[k];
       const auto& p0 = b.pieces[0];
@@ -659,6 +669,9 @@ class SubscriberImpl {
           buf = StagingBuffer(mem_.get(), *p, plan.nbytes[p0.tensor]);
         }
         where[k] = buf.data() + p0.tensor_offset;
+      } else if (uint8_t* base = in_place_at[k]) {
+        where[k] = base;  // the engine's destinations lie in bucket layout: no staging, no unpack
+        in_place[k] = true;
       } else {
         where[k] = staging_[k % 2].data();
       }
@@ -695,14 +708,15 @@ class SubscriberImpl {
                         static_cast<unsigned long long>(*got));
           return data_corrupt("checksum mismatch in bucket " + std::to_string(k) + " of v" +
                               std::to_string(plan.version) + " (tensors " + plan.bucket_tensor_names(k) + "): " + buf +
-                              (b.direct && dest.count(b.pieces[0].tensor) ? "; the destination holds the bad bytes"
-                                                                          : "; nothing was unpacked"));
+                              (in_place[k] || (b.direct && dest.count(b.pieces[0].tensor))
+                                   ? "; the destinations hold the bad bytes"
+                                   : "; nothing was unpacked"));
         }
       }
       std::vector<DeviceMemory::CopyOp> unpack;
       for (const auto& p : b.pieces) {
         auto d = dest.find(p.tensor);
-        if (d != dest.end() && !b.direct)
+        if (d != dest.end() && !b.direct && !in_place[k])
           unpack.push_back({static_cast<uint8_t*>(d->second.data) + p.tensor_offset, where[k] + p.bucket_offset, p.length});
       }
       PC_RETURN_IF_ERROR(mem_->copy_many(unpack));

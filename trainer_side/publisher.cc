@@ -502,7 +502,14 @@ class PublisherImpl {
   // Packs bucket k+1 while bucket k is on the wire; at most two in flight.
   Status send_buckets(const UpdatePlan& plan, uint64_t epoch) {
     const size_t n = plan.buckets.size();
-    const uint64_t staging_bytes = plan.max_packed_bucket_bytes();
+    auto source = [&](uint32_t t) { return tensors_[t].data; };
+    std::vector<uint8_t*> in_place_at(n, nullptr);
+    uint64_t staging_bytes = 0;
+    for (size_t k = 0; k < n; ++k) {
+      if (plan.buckets[k].direct) continue;
+      in_place_at[k] = plan.in_place_base(k, source);
+      if (!in_place_at[k]) staging_bytes = std::max(staging_bytes, plan.buckets[k].bytes);
+    }
     for (auto& s : staging_) {
       if (s.size() < staging_bytes || s.size() > 2 * staging_bytes + (1 << 20)) {
         s.reset();
@@ -521,6 +528,8 @@ class PublisherImpl {
       if (b.direct) {
         const auto& p = b.pieces[0];
         ptr = static_cast<uint8_t*>(tensors_[p.tensor].data) + p.tensor_offset;
+      } else if (uint8_t* base = in_place_at[k]) {
+        ptr = base;  // the trainer's tensors already lie in bucket layout (a flat parameter buffer)
       } else {
         ptr = staging_[k % 2].data();
         std::vector<DeviceMemory::CopyOp> ops;

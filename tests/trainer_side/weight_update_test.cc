@@ -286,5 +286,51 @@ TEST_F(WeightUpdateTest, BadTensorViewsAreRefusedBeforeAnythingIsSent) {
   EXPECT_EQ(workers_[0]->sub->state().kind, WeightStateKind::kEmpty);
 }
 
+// Trainer tensors in one flat buffer and engine weights in one arena, both in
+// plan order at 256-byte aligned offsets: packed buckets move in place, with
+// no staging and no pack or unpack copy on either side.
+TEST_F(WeightUpdateTest, ArenaLayoutsMoveInPlaceWithoutStaging) {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 500; ++i) specs.push_back({"p." + std::to_string(i), DType::kBF16, {3 + i % 50, 7}});
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  for (const auto& s : specs) {
+    offsets.push_back(total);
+    total = (total + s.nbytes().value() + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
+  }
+  Config cfg = test::test_config(2);
+  cfg.data_plane.bucket_bytes = 64 << 10;  // several packed buckets
+  auto pub = Publisher::create(cfg);
+  ASSERT_TRUE(pub.ok());
+  pub_ = std::move(pub.value());
+  cfg.control.endpoint = pub_->endpoint();
+  std::vector<std::vector<uint8_t>> arenas(2, std::vector<uint8_t>(total, 0));
+  for (int w = 0; w < 2; ++w) {
+    auto worker = std::make_unique<Worker>();
+    worker->sub = std::move(Subscriber::create(cfg, "worker-" + std::to_string(w + 1)).value());
+    for (size_t i = 0; i < specs.size(); ++i)
+      ASSERT_TRUE(worker->sub->register_tensor(TensorView{specs[i], arenas[w].data() + offsets[i], Device::cpu()}).ok());
+    ASSERT_TRUE(worker->sub->start().ok());
+    workers_.push_back(std::move(worker));
+  }
+  ASSERT_TRUE(pub_->start().ok());
+  std::vector<uint8_t> flat(total, 0);
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < specs.size(); ++i) views.push_back(TensorView{specs[i], flat.data() + offsets[i], Device::cpu()});
+  for (uint64_t v = 1; v <= 2; ++v) {
+    for (size_t i = 0; i < specs.size(); ++i)
+      fill_synthetic(specs[i], 1, v, flat.data() + offsets[i], specs[i].nbytes().value());
+    UpdateResult r = pub_->weight_update(views);
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    EXPECT_GT(r.buckets, 2u);
+    for (int w = 0; w < 2; ++w)
+      for (size_t i = 0; i < specs.size(); ++i)
+        ASSERT_EQ(verify_synthetic(specs[i], 1, v, arenas[w].data() + offsets[i], specs[i].nbytes().value()), -1)
+            << specs[i].name << " in worker-" << w + 1 << " at v" << v;
+  }
+  EXPECT_EQ(pub_->stats().staging_peak_bytes, 0u);
+  for (auto& w : workers_) EXPECT_EQ(w->sub->staging_peak_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace paramcast
