@@ -59,7 +59,8 @@ Device device_for(const Options& o, int rank) {
 std::vector<TensorSpec> layout(int count, uint64_t size) {
   if (count == 291) return synthetic_llm_layout(size, 32, DType::kBF16);
   std::vector<TensorSpec> out;
-  const uint64_t each = size / static_cast<uint64_t>(count);
+  // Whole multiples of 256 bytes, as weight shapes make them; the rest goes last.
+  const uint64_t each = size / static_cast<uint64_t>(count) / 256 * 256;
   for (int i = 0; i < count; ++i) {
     const uint64_t n = i + 1 == count ? size - each * (count - 1) : each;
     out.push_back({"t." + std::to_string(i), DType::kU8, {static_cast<int64_t>(n)}});
@@ -96,8 +97,8 @@ Config pc_config(const Options& o, const std::string& endpoint) {
 }
 
 // Owns device buffers for one layout: one allocation per tensor, or (arena)
-// one flat buffer with every tensor at a 256-byte aligned offset, in order, as
-// trainers keep flat parameter buffers and engines keep weight arenas.
+// one flat buffer with the tensors back to back (256-byte aligned) in order,
+// as trainers keep flat parameter buffers and engines keep weight arenas.
 struct Buffers {
   std::unique_ptr<DeviceMemory> mem;
   std::vector<StagingBuffer> bufs;

@@ -56,8 +56,10 @@ struct DataPlaneOptions {
   // Tensors at least this large skip staging and move straight between the
   // caller's buffers. Default: 1MiB
   uint64_t direct_min_bytes = 1ull << 20;
-  // Per-bucket integrity check. Default: xxh64
-  Checksum checksum = Checksum::kXxh64;
+  // Per-bucket integrity check (xxh64 of every bucket, verified before unpack).
+  // Off by default: it costs a pass over the bytes on every rank, and on CUDA
+  // it is computed on the host for now. Default: none
+  Checksum checksum = Checksum::kNone;
   // Deadline of one collective (one bucket's broadcast). Default: 60s
   Millis timeout{60000};
   // Deadline of communicator creation (group formation). Default: 60s

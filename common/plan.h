@@ -47,20 +47,26 @@ struct UpdatePlan {
   uint64_t max_packed_bucket_bytes() const;
   // Names of the tensors a bucket carries, for error messages ("a, b, c" / "+N more").
   std::string bucket_tensor_names(size_t bucket) const;
-  // If the buffers of every non-empty piece of packed bucket `bucket` lie at
-  // base + bucket_offset for one base (tensors laid out in an arena in plan
-  // order, 256-byte aligned), returns that base: the bucket can then move in
-  // place, without staging. `buffer(tensor)` gives a tensor's buffer or null.
+  // If the non-empty pieces of packed bucket `bucket` tile it without gaps
+  // and their buffers lie back to back in memory in the same order (tensors
+  // kept in one flat buffer or arena), returns the address of the first: the
+  // bucket then moves in place, without staging. Every byte of the region
+  // belongs to one of the tensors, so nothing else is read or written.
+  // `buffer(tensor)` gives a tensor's buffer, or null when it has none.
   template <typename F>
   uint8_t* in_place_base(size_t bucket, F&& buffer) const {
     uint8_t* base = nullptr;
+    uint64_t next_offset = 0;
+    uint8_t* next_address = nullptr;
     for (const auto& p : buckets[bucket].pieces) {
       if (p.length == 0) continue;
       uint8_t* at = static_cast<uint8_t*>(buffer(p.tensor));
-      if (!at) return nullptr;
-      uint8_t* b = at + p.tensor_offset - p.bucket_offset;
-      if (base && b != base) return nullptr;
-      base = b;
+      if (!at || p.bucket_offset != next_offset) return nullptr;
+      at += p.tensor_offset;
+      if (base && at != next_address) return nullptr;
+      if (!base) base = at;
+      next_offset = p.bucket_offset + p.length;
+      next_address = at + p.length;
     }
     return base;
   }

@@ -13,6 +13,7 @@ Config test_config(int subscribers) {
   c.control.reconnect_backoff_max = std::chrono::milliseconds(500);
   c.data_plane.bucket_bytes = 1 << 20;
   c.data_plane.direct_min_bytes = 64 << 10;
+  c.data_plane.checksum = Checksum::kXxh64;  // tests exercise the integrity check
   c.data_plane.timeout = std::chrono::seconds(20);
   c.data_plane.init_timeout = std::chrono::seconds(30);
   c.publisher.subscriber_count = subscribers;
@@ -33,6 +34,7 @@ std::string test_config_yaml(int subscribers, const std::string& extra_publisher
          "  backend: gloo\n"
          "  bucket_size: 1MiB\n"
          "  direct_min_size: 64KiB\n"
+         "  checksum: xxh64\n"
          "  timeout: 20s\n"
          "  init_timeout: 30s\n" +
          extra_data_plane +

@@ -286,12 +286,13 @@ TEST_F(WeightUpdateTest, BadTensorViewsAreRefusedBeforeAnythingIsSent) {
   EXPECT_EQ(workers_[0]->sub->state().kind, WeightStateKind::kEmpty);
 }
 
-// Trainer tensors in one flat buffer and engine weights in one arena, both in
-// plan order at 256-byte aligned offsets: packed buckets move in place, with
-// no staging and no pack or unpack copy on either side.
+// Trainer tensors in one flat buffer and engine weights in one arena, back to
+// back in plan order (sizes are multiples of 256 bytes, as weight shapes
+// usually make them): packed buckets move in place, with no staging and no
+// pack or unpack copy on either side.
 TEST_F(WeightUpdateTest, ArenaLayoutsMoveInPlaceWithoutStaging) {
   std::vector<TensorSpec> specs;
-  for (int i = 0; i < 500; ++i) specs.push_back({"p." + std::to_string(i), DType::kBF16, {3 + i % 50, 7}});
+  for (int i = 0; i < 500; ++i) specs.push_back({"p." + std::to_string(i), DType::kBF16, {1 + i % 50, 128}});
   std::vector<uint64_t> offsets;
   uint64_t total = 0;
   for (const auto& s : specs) {
@@ -330,6 +331,22 @@ TEST_F(WeightUpdateTest, ArenaLayoutsMoveInPlaceWithoutStaging) {
   }
   EXPECT_EQ(pub_->stats().staging_peak_bytes, 0u);
   for (auto& w : workers_) EXPECT_EQ(w->sub->staging_peak_bytes(), 0u);
+}
+
+// The same tensors in separate allocations never move in place, even when an
+// allocator happens to put them close together: the bytes between them are
+// not the tensors' own.
+TEST_F(WeightUpdateTest, SeparateAllocationsAreStaged) {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 200; ++i) specs.push_back({"p." + std::to_string(i), DType::kU8, {100 + i}});
+  start(test::test_config(2), 2, specs);
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  UpdateResult r = pub_->weight_update(t.views());
+  ASSERT_TRUE(r.ok()) << r.status.to_string();
+  expect_holds(t, 1);
+  EXPECT_GT(pub_->stats().staging_peak_bytes, 0u);
+  for (auto& w : workers_) EXPECT_GT(w->sub->staging_peak_bytes(), 0u);
 }
 
 }  // namespace
