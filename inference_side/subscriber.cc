@@ -78,7 +78,11 @@ class SubscriberImpl {
   void stop() {
     if (stopping_.exchange(true)) return;
     abort_comm("subscriber stopping");
+    // Take each lock once so that a thread between its predicate check and
+    // its wait cannot miss the notification.
+    { std::lock_guard<std::mutex> lock(jobs_mu_); }
     jobs_cv_.notify_all();
+    { std::lock_guard<std::mutex> lock(mu_); }
     cv_.notify_all();
     wake_.notify();
     if (control_thread_.joinable()) control_thread_.join();
@@ -147,7 +151,9 @@ class SubscriberImpl {
       PC_DEBUG(id_ << ": control send failed: " << e.what());
     }
   }
-  void send(zmq::message_t frame) { send_on(*dealer_, std::move(frame)); }
+  void send(zmq::message_t frame) {
+    if (dealer_) send_on(*dealer_, std::move(frame));  // before the first probe answer there is nothing to say
+  }
 
   void flush_outbox() {
     std::deque<zmq::message_t> out;
@@ -184,7 +190,8 @@ class SubscriberImpl {
     char nonce[24];
     std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(incarnation_));
     const std::string probe_identity = "probe/" + id_ + "/" + nonce;
-    dealer_ = make_socket(id_);
+    // The worker-id connection opens only once a probe was answered, so a
+    // duplicate never connects under an id that a live member holds.
     probe_ = make_socket(probe_identity);
     phase_ = Phase::kProbing;
     auto backoff = std::chrono::milliseconds(100);
@@ -192,15 +199,15 @@ class SubscriberImpl {
     auto next_beat = Clock::now();
     auto last_heard = Clock::now();
     while (!stopping_) {
-      zmq::pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
-                                 {nullptr, wake_.fd(), ZMQ_POLLIN, 0},
-                                 {probe_ ? probe_->handle() : nullptr, -1, ZMQ_POLLIN, 0}};
+      std::vector<zmq::pollitem_t> items = {{nullptr, wake_.fd(), ZMQ_POLLIN, 0}};
+      if (dealer_) items.push_back({dealer_->handle(), 0, ZMQ_POLLIN, 0});
+      if (probe_) items.push_back({probe_->handle(), 0, ZMQ_POLLIN, 0});
       try {
-        zmq::poll(items, probe_ ? 3 : 2,
+        zmq::poll(items.data(), items.size(),
                   std::chrono::milliseconds(std::max<int64_t>(1, cfg_.control.heartbeat_interval.count() / 4)));
       } catch (const zmq::error_t&) {
       }
-      if (items[1].revents & ZMQ_POLLIN) wake_.drain();
+      if (items[0].revents & ZMQ_POLLIN) wake_.drain();
       flush_outbox();
       for (zmq::socket_t* socket : {probe_.get(), dealer_.get()}) {
         for (int i = 0; socket && i < 1000; ++i) {
@@ -212,6 +219,7 @@ class SubscriberImpl {
         }
         if (probe_ && phase_ != Phase::kProbing) {
           probe_.reset();
+          if (!dealer_) dealer_ = make_socket(id_);
           next_hello = Clock::now();
           break;
         }
@@ -247,8 +255,7 @@ class SubscriberImpl {
       }
       if (phase_ == Phase::kProbing && rejoin_requested_) {
         rejoin_requested_ = false;
-        // The worker-id connection stays: a new socket under the same identity
-        // would be ignored by the router until it noticed the old one closed.
+        // The worker-id connection stays; ZeroMQ reconnects it on its own.
         probe_ = make_socket(probe_identity);
         backoff = std::chrono::milliseconds(100);
         next_hello = now;

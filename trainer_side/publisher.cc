@@ -82,8 +82,11 @@ class PublisherImpl {
 
   Status init() {
     try {
-      // A live connection keeps its worker id (no handover); ZMTP heartbeats
-      // drop connections of processes that stopped answering.
+      // A new connection under a worker id takes it over: subscribers connect
+      // under their id only after a probe showed the id is free (or theirs),
+      // so this serves restarts and reconnects, never duplicates. ZMTP
+      // heartbeats drop connections of processes that stopped answering.
+      router_.set(zmq::sockopt::router_handover, 1);
       router_.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(cfg_.control.heartbeat_interval.count()));
       router_.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(cfg_.control.heartbeat_timeout.count()));
       router_.set(zmq::sockopt::router_mandatory, 1);
@@ -107,6 +110,7 @@ class PublisherImpl {
 
   void shutdown() {
     if (stopped_.exchange(true)) return;
+    cv_.notify_all();
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& [id, m] : members_)
@@ -115,6 +119,7 @@ class PublisherImpl {
                                  }));
       flush_on_stop_ = true;
     }
+    cv_.notify_all();
     wake_.notify();
     if (thread_.joinable()) thread_.join();
     std::lock_guard<std::mutex> ulock(update_mu_);
@@ -128,7 +133,7 @@ class PublisherImpl {
     std::vector<std::string> missing;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, deadline, [&] { return missing_locked().empty(); });
+      cv_.wait_until(lock, deadline, [&] { return missing_locked().empty() || stopped_; });
       missing = missing_locked();
     }
     if (!missing.empty()) {
@@ -257,7 +262,7 @@ class PublisherImpl {
     const auto deadline = Clock::now() + cfg_.data_plane.init_timeout;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_until(lock, deadline, [&] {
-      if (!group_failed_.empty()) return true;
+      if (!group_failed_.empty() || stopped_) return true;
       for (const auto& id : group)
         if (members_[id].lost || !ready_.count(id)) return members_[id].lost;
       return true;
@@ -368,7 +373,7 @@ class PublisherImpl {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_until(lock, deadline, [&] {
         for (const auto& id : group)
-          if (!plan_answers_.count(id) && !members_[id].lost) return false;
+          if (!plan_answers_.count(id) && !members_[id].lost && !stopped_) return false;
         return true;
       });
       bool rejected_any = false;
@@ -431,7 +436,7 @@ class PublisherImpl {
                                                             cfg_.control.heartbeat_interval);
       cv_.wait_until(lock, until, [&] {
         for (const auto& id : group)
-          if (!applied_.count(id) && !members_[id].lost) return false;
+          if (!applied_.count(id) && !members_[id].lost && !stopped_) return false;
         return true;
       });
       bool all_ok = data.ok();
@@ -492,7 +497,8 @@ class PublisherImpl {
   // Before re-forming, give lost members up to one heartbeat timeout to come back.
   Status wait_for_members_to_return(UpdateResult& r) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout, [&] { return missing_locked().empty(); });
+    cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout,
+                   [&] { return missing_locked().empty() || stopped_; });
     auto missing = missing_locked();
     if (!missing.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail)
       return peer_lost("subscribers missing (on_member_loss: fail): " + join_ids(missing));
@@ -575,6 +581,7 @@ class PublisherImpl {
       {
         std::lock_guard<std::mutex> lock(p_->mu_);
         p_->store_[key] = value;
+        p_->answer_parked_gets();  // subscribers may already be waiting for this key
       }
       p_->cv_.notify_all();
       p_->wake_.notify();
@@ -1000,7 +1007,7 @@ class PublisherImpl {
   const uint64_t incarnation_;
   std::thread thread_;
   std::atomic<bool> stopped_{false};
-  bool flush_on_stop_ = false;
+  std::atomic<bool> flush_on_stop_{false};
 
   mutable std::mutex mu_;  // guards everything below, shared with the control thread
   std::condition_variable cv_;

@@ -46,6 +46,13 @@ class WorkerClusterTest : public ::testing::Test {
     return ref;
   }
 
+  // Every worker's output, for failure messages.
+  std::string outputs() {
+    std::string all;
+    for (auto& [id, p] : workers_) all += "--- " + id + ":\n" + p->output();
+    return all;
+  }
+
   // The synthetic model paramcast-worker expects, at `version`.
   UpdateResult publish(uint64_t version) {
     if (model_.specs.empty())

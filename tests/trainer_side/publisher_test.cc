@@ -114,7 +114,8 @@ TEST_F(PublisherTest, DuplicateIdIsRejectedAndTheFirstStays) {
   make_publisher(test::test_config_yaml(2));
   spawn_worker("worker-1");
   spawn_worker("worker-2");
-  ASSERT_TRUE(pub_->start().ok());
+  Status started = pub_->start();
+  ASSERT_TRUE(started.ok()) << started.to_string() << "\n" << outputs();
   auto dup = test::Process::start(test::binary("paramcast-worker"),
                                   {"--config", yaml_path_, "--id", "worker-1", "--endpoint", pub_->endpoint()});
   ASSERT_EQ(dup->wait_for(std::chrono::seconds(10)), 1) << dup->output();
