@@ -39,6 +39,7 @@ struct Child {
   pid_t pid = -1;
   int fd = -1;
   std::string partial;
+  std::string summary;  // the trainer's closing line: updates, bytes, GB/s
   bool done = false;
   int status = 0;
 };
@@ -79,7 +80,10 @@ void pump(Child& c, bool flush) {
   }
   size_t pos;
   while ((pos = c.partial.find('\n')) != std::string::npos) {
-    std::printf("[%-9s] %s\n", c.role.c_str(), c.partial.substr(0, pos).c_str());
+    const std::string line = c.partial.substr(0, pos);
+    if (line.rfind("paramcast-trainer: ", 0) == 0 && line.find(" updates, ") != std::string::npos)
+      c.summary = line.substr(19);
+    std::printf("[%-9s] %s\n", c.role.c_str(), line.c_str());
     c.partial.erase(0, pos + 1);
   }
   if (flush && !c.partial.empty()) {
@@ -108,6 +112,7 @@ int launch(const Flags& flags) {
   signal(SIGTERM, on_signal);
   signal(SIGPIPE, SIG_IGN);
 
+  if (isatty(1)) setenv("PARAMCAST_PROGRESS", "1", 1);  // the trainer reports long updates
   std::vector<Child> children;
   children.push_back(spawn("trainer", {dir + "/paramcast-trainer", "--config", file, "--endpoint-file", endpoint_file}));
   // Workers connect to the endpoint the trainer actually bound (it may be "*").
@@ -176,7 +181,8 @@ int launch(const Flags& flags) {
   for (auto& c : children) close(c.fd);
   std::remove(endpoint_file.c_str());
   rmdir(tmp.c_str());
-  std::printf("[launch   ] %s: %zu roles, %s\n", file.c_str(), children.size(), failed ? "FAILED" : "all succeeded");
+  std::printf("[launch   ] %s: %zu roles, %s%s%s\n", file.c_str(), children.size(), failed ? "FAILED" : "all succeeded",
+              children[0].summary.empty() ? "" : "; ", children[0].summary.c_str());
   return failed;
 }
 
@@ -230,7 +236,7 @@ int status(const Flags& flags) {
         char age[32];
         std::snprintf(age, sizeof age, "%llums ago", static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()));
         std::printf("%-16s %5s %8llu %-11s %10s  %-8s %s/%u\n", m.getWorkerId().cStr(),
-                    m.getLost() ? "lost" : std::to_string(m.getRank()).c_str(),
+                    m.getLost() ? "lost" : m.getRank() < 0 ? "-" : std::to_string(m.getRank()).c_str(),
                     static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()), age,
                     control::get_device(m.getDevice()).to_string().c_str(), m.getHost().cStr(), m.getPid());
       }

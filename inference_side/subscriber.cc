@@ -40,6 +40,15 @@ std::string WeightState::to_string() const {
 }
 
 namespace {
+proto::WeightState to_proto(WeightStateKind k) {
+  switch (k) {
+    case WeightStateKind::kEmpty: return proto::WeightState::EMPTY;
+    case WeightStateKind::kConsistent: return proto::WeightState::CONSISTENT;
+    case WeightStateKind::kDirty: return proto::WeightState::DIRTY;
+  }
+  return proto::WeightState::EMPTY;
+}
+
 struct Job {
   enum class Kind { kJoin, kReceive } kind;
   uint64_t epoch = 0;
@@ -180,9 +189,7 @@ class SubscriberImpl {
       caps.set(0, "xxh64");
       if (callback_) caps.set(1, "callback");
       h.setWeightVersion(st.version);
-      h.setState(st.kind == WeightStateKind::kDirty        ? proto::WeightState::DIRTY
-                 : st.kind == WeightStateKind::kConsistent ? proto::WeightState::CONSISTENT
-                                                           : proto::WeightState::EMPTY);
+      h.setState(to_proto(st.kind));
     });
   }
 
@@ -242,8 +249,7 @@ class SubscriberImpl {
         send(control::make_message(epoch_, incarnation_, [&](auto b) {
           auto h = b.initHeartbeat();
           h.setWeightVersion(st.version);
-          h.setState(st.kind == WeightStateKind::kDirty ? proto::WeightState::DIRTY
-                                                        : proto::WeightState::CONSISTENT);
+          h.setState(to_proto(st.kind));
           h.setDirtyVersion(st.dirty_version);
         }));
       }

@@ -528,7 +528,10 @@ class PublisherImpl {
     }
     std::vector<std::shared_ptr<Work>> works(n);
     for (size_t k = 0; k < n; ++k) {
-      if (k >= 2) PC_RETURN_IF_ERROR(works[k - 2]->wait(Clock::now() + cfg_.data_plane.timeout));
+      if (k >= 2) {
+        PC_RETURN_IF_ERROR(works[k - 2]->wait(Clock::now() + cfg_.data_plane.timeout));
+        report_progress(plan, k - 2);
+      }
       const auto& b = plan.buckets[k];
       uint8_t* ptr;
       if (b.direct) {
@@ -568,9 +571,18 @@ class PublisherImpl {
         return aborted("publisher stopped mid-update (fault injection)");
       }
     }
-    for (size_t k = n >= 2 ? n - 2 : 0; k < n; ++k)
+    for (size_t k = n >= 2 ? n - 2 : 0; k < n; ++k) {
       PC_RETURN_IF_ERROR(works[k]->wait(Clock::now() + cfg_.data_plane.timeout));
+      report_progress(plan, k);
+    }
     return Status();
+  }
+
+  void report_progress(const UpdatePlan& plan, size_t done_bucket) {
+    if (!progress_) return;
+    uint64_t sent = 0;
+    for (size_t k = 0; k <= done_bucket; ++k) sent += plan.buckets[k].bytes;
+    progress_(plan.version, std::min(sent, plan.total_bytes), plan.total_bytes);
   }
 
   // ----------------------------------------------------- rank 0's own store
@@ -1038,6 +1050,7 @@ class PublisherImpl {
   StagingBuffer staging_[2];
   uint64_t last_version_ = 0;
   std::vector<TensorView> tensors_;  // the update in progress
+  std::function<void(uint64_t, uint64_t, uint64_t)> progress_;
 
  public:
   int64_t fault_stall_after_bucket_ = -1;
@@ -1077,6 +1090,10 @@ std::future<UpdateResult> Publisher::weight_update_async(std::vector<TensorView>
 }
 
 std::optional<MemberEvent> Publisher::poll_event() { return impl_->poll_event(); }
+void Publisher::on_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback) {
+  std::lock_guard<std::mutex> lock(impl_->update_mu_);
+  impl_->progress_ = std::move(callback);
+}
 PublisherStats Publisher::stats() const { return impl_->stats(); }
 void Publisher::shutdown() { impl_->shutdown(); }
 void Publisher::inject_control_frame(const std::string& peer, const void* data, size_t size) {

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -86,6 +87,10 @@ class Publisher {
   // Same, on a background thread; the views must stay valid until the future is ready.
   std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors,
                                                 std::optional<uint64_t> version = {});
+
+  // Called on the updating thread after each bucket is on the wire, with the
+  // bytes sent so far and the update's total: progress for long updates.
+  void on_progress(std::function<void(uint64_t version, uint64_t sent, uint64_t total)> callback);
 
   // Membership events (joined, lost, ...) since the last call; nullopt when none.
   std::optional<MemberEvent> poll_event();

@@ -1,9 +1,12 @@
 // paramcast-trainer: publishes a synthetic LLM (see common/synthetic_model.h)
 // N times, as a trainer would after every optimizer step, and reports each
 // update's throughput. Wiring only: Publisher does the work.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "common/cli.h"
@@ -84,6 +87,21 @@ int main(int argc, char** argv) {
   if (!started.ok()) {
     std::fprintf(stderr, "paramcast-trainer: %s\n", started.to_string().c_str());
     return 1;
+  }
+  // Progress of long updates, for people watching a terminal (directly, or
+  // through `paramcast launch`, which sets PARAMCAST_PROGRESS=1 on a TTY).
+  const bool progress = isatty(1) || std::getenv("PARAMCAST_PROGRESS") != nullptr;
+  if (progress) {
+    auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+    publisher.on_progress([last](uint64_t version, uint64_t sent, uint64_t total) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - *last < std::chrono::seconds(1) || sent == total) return;
+      *last = now;
+      std::printf("update v%llu: %3.0f%% (%s of %s)\n", static_cast<unsigned long long>(version),
+                  100.0 * static_cast<double>(sent) / static_cast<double>(total), format_bytes(sent).c_str(),
+                  format_bytes(total).c_str());
+      std::fflush(stdout);
+    });
   }
   std::vector<uint8_t> host(largest);
   int failures = 0;
