@@ -655,16 +655,7 @@ class SubscriberImpl {
                                    : in_place_at[k] == nullptr;
       if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
     }
-    for (auto& s : staging_) {
-      if (s.size() < staging_bytes || s.size() > 2 * staging_bytes + (1 << 20)) {
-        s.reset();
-        if (staging_bytes) {
-          auto p = mem_->allocate(staging_bytes);
-          if (!p.ok()) return p.status();
-          s = StagingBuffer(mem_.get(), *p, staging_bytes);
-        }
-      }
-    }
+    PC_RETURN_IF_ERROR(staging_.reserve(mem_.get(), staging_bytes));
     std::map<uint32_t, StagingBuffer> assembly;  // large callback tensors, by tensor index
     std::vector<std::shared_ptr<Work>> works(n);
     std::vector<uint8_t*> where(n);
@@ -686,7 +677,7 @@ class SubscriberImpl {
         where[k] = base;  // the engine's destinations lie in bucket layout: no staging, no unpack
         in_place[k] = true;
       } else {
-        where[k] = staging_[k % 2].data();
+        where[k] = staging_.slot(k);
       }
       works[k] = comm->broadcast(where[k], b.bytes, 0);
       return Status();
@@ -803,7 +794,7 @@ class SubscriberImpl {
   std::deque<Job> jobs_;
 
   std::unique_ptr<DeviceMemory> mem_;  // data thread only
-  StagingBuffer staging_[2];
+  StagingPair staging_;
 
  public:
   int64_t fault_corrupt_bucket_ = -1;

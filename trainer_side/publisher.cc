@@ -516,16 +516,7 @@ class PublisherImpl {
       in_place_at[k] = plan.in_place_base(k, source);
       if (!in_place_at[k]) staging_bytes = std::max(staging_bytes, plan.buckets[k].bytes);
     }
-    for (auto& s : staging_) {
-      if (s.size() < staging_bytes || s.size() > 2 * staging_bytes + (1 << 20)) {
-        s.reset();
-        if (staging_bytes) {
-          auto p = mem_->allocate(staging_bytes);
-          if (!p.ok()) return p.status();
-          s = StagingBuffer(mem_.get(), *p, staging_bytes);
-        }
-      }
-    }
+    PC_RETURN_IF_ERROR(staging_.reserve(mem_.get(), staging_bytes));
     std::vector<std::shared_ptr<Work>> works(n);
     for (size_t k = 0; k < n; ++k) {
       if (k >= 2) {
@@ -540,7 +531,7 @@ class PublisherImpl {
       } else if (uint8_t* base = in_place_at[k]) {
         ptr = base;  // the trainer's tensors already lie in bucket layout (a flat parameter buffer)
       } else {
-        ptr = staging_[k % 2].data();
+        ptr = staging_.slot(k);
         std::vector<DeviceMemory::CopyOp> ops;
         ops.reserve(b.pieces.size());
         for (const auto& p : b.pieces)
@@ -1047,7 +1038,7 @@ class PublisherImpl {
   std::mutex update_mu_;
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<DeviceMemory> mem_;
-  StagingBuffer staging_[2];
+  StagingPair staging_;
   uint64_t last_version_ = 0;
   std::vector<TensorView> tensors_;  // the update in progress
   std::function<void(uint64_t, uint64_t, uint64_t)> progress_;

@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <unordered_map>
 
 #include "common/xxhash.h"
 #include "paramcast/build_config.h"
@@ -18,21 +17,16 @@ namespace {
 class HostMemory : public DeviceMemory {
  public:
   ~HostMemory() override {
-    for (auto& [p, n] : sizes_) std::free(p);
+    for (auto& [p, n] : allocations()) std::free(p);
   }
   StatusOr<void*> allocate(size_t bytes) override {
     void* p = std::aligned_alloc(4096, ((bytes + 4095) / 4096) * 4096 + 4096);
     if (!p) return internal_error("cannot allocate " + std::to_string(bytes) + " bytes of staging memory");
-    sizes_[p] = bytes;
-    track(static_cast<int64_t>(bytes));
+    remember(p, bytes);
     return p;
   }
   void release(void* ptr) override {
-    auto it = sizes_.find(ptr);
-    if (it == sizes_.end()) return;
-    track(-static_cast<int64_t>(it->second));
-    sizes_.erase(it);
-    std::free(ptr);
+    if (forget(ptr)) std::free(ptr);
   }
   Status copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
@@ -44,9 +38,6 @@ class HostMemory : public DeviceMemory {
     return Status();
   }
   StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) override { return xxh64(ptr, bytes); }
-
- private:
-  std::unordered_map<void*, size_t> sizes_;
 };
 }  // namespace
 

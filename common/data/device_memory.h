@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -35,12 +36,24 @@ class DeviceMemory {
   uint64_t peak() const { return peak_; }
 
  protected:
-  void track(int64_t delta) {
-    allocated_ += delta;
+  // Bookkeeping shared by the implementations: record an allocation, and
+  // forget one (returns false for a pointer this object did not allocate).
+  void remember(void* ptr, size_t bytes) {
+    sizes_[ptr] = bytes;
+    allocated_ += bytes;
     if (allocated_ > peak_) peak_ = allocated_;
   }
+  bool forget(void* ptr) {
+    auto it = sizes_.find(ptr);
+    if (it == sizes_.end()) return false;
+    allocated_ -= it->second;
+    sizes_.erase(it);
+    return true;
+  }
+  const std::unordered_map<void*, size_t>& allocations() const { return sizes_; }
 
  private:
+  std::unordered_map<void*, size_t> sizes_;
   uint64_t allocated_ = 0;
   uint64_t peak_ = 0;
 };
@@ -71,6 +84,31 @@ class StagingBuffer {
   DeviceMemory* mem_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// The two staging buffers of a double-buffered pipeline (bucket k uses slot
+// k % 2), kept across updates and resized only when the plan's largest staged
+// bucket no longer fits or is far smaller.
+class StagingPair {
+ public:
+  Status reserve(DeviceMemory* mem, uint64_t bytes) {
+    for (auto& s : slots_) {
+      if (s.size() >= bytes && s.size() <= 2 * bytes + (1 << 20)) continue;
+      s.reset();
+      if (!bytes) continue;
+      auto p = mem->allocate(bytes);
+      if (!p.ok()) return p.status();
+      s = StagingBuffer(mem, *p, bytes);
+    }
+    return Status();
+  }
+  uint8_t* slot(size_t bucket) const { return slots_[bucket % 2].data(); }
+  void reset() {
+    for (auto& s : slots_) s.reset();
+  }
+
+ private:
+  StagingBuffer slots_[2];
 };
 
 }  // namespace paramcast

@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <unordered_map>
 
 #include "common/data/device_memory.h"
 #include "common/data/nccl/nccl_check.h"
@@ -17,7 +16,7 @@ class CudaMemory : public DeviceMemory {
   CudaMemory(int index, cudaStream_t stream) : index_(index), stream_(stream) {}
   ~CudaMemory() override {
     cudaSetDevice(index_);
-    for (auto& [p, n] : sizes_) cudaFree(p);
+    for (auto& [p, n] : allocations()) cudaFree(p);
     if (bounce_) cudaFreeHost(bounce_);
     cudaStreamDestroy(stream_);
   }
@@ -25,15 +24,11 @@ class CudaMemory : public DeviceMemory {
     cudaSetDevice(index_);
     void* p = nullptr;
     PC_CUDA_RETURN(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-    sizes_[p] = bytes;
-    track(static_cast<int64_t>(bytes));
+    remember(p, bytes);
     return p;
   }
   void release(void* ptr) override {
-    auto it = sizes_.find(ptr);
-    if (it == sizes_.end()) return;
-    track(-static_cast<int64_t>(it->second));
-    sizes_.erase(it);
+    if (!forget(ptr)) return;
     cudaSetDevice(index_);
     cudaFree(ptr);
   }
@@ -69,7 +64,6 @@ class CudaMemory : public DeviceMemory {
   int index_;
   cudaStream_t stream_;
   void* bounce_ = nullptr;
-  std::unordered_map<void*, size_t> sizes_;
 };
 }  // namespace
 
