@@ -10,21 +10,30 @@ cd "$root"
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
+passed=0; failed=0; skipped=0
 run_ctest() {
   # -j1: several tests start 8 processes each and assert time bounds.
-  ctest --test-dir "$1" --output-on-failure --timeout 600 -j1
+  local rc=0
+  ctest --test-dir "$1" --output-on-failure --timeout 600 -j1 | tee "$1/ctest.out" || rc=$?
+  local total bad skip
+  total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$1/ctest.out" | tail -1)
+  bad=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed.*/\1/p' "$1/ctest.out" | tail -1)
+  skip=$(grep -c "(Skipped)" "$1/ctest.out" || true)
+  passed=$((passed + ${total:-0} - ${bad:-0} - skip)); failed=$((failed + ${bad:-0})); skipped=$((skipped + skip))
   # Say why tests were skipped (e.g. the NCCL suite on a machine without a GPU).
   local log="$1/Testing/Temporary/LastTest.log"
   if grep -q ": Skipped$" "$log" 2>/dev/null; then
     echo "Skipped tests, and why:"
     grep -h -A1 ": Skipped$" "$log" | grep -v -e "^--$" -e ": Skipped$" | sort | uniq -c
   fi
+  return $rc
 }
+summary() { echo "tests: $passed passed, $failed failed, $skipped skipped"; }
 
 echo "== build and test: $root/build"
 bash deploy/build.sh "$root/build"
 run_ctest "$root/build"
-[ $quick -eq 1 ] && exit 0
+if [ $quick -eq 1 ]; then summary; exit 0; fi
 
 echo "== build and test under ASan + UBSan: $root/build-asan"
 bash deploy/build.sh "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF
@@ -37,3 +46,4 @@ if command -v clang++ >/dev/null; then
     -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -- control_fuzzer
   bash tests/fuzz/run.sh "$root/build-fuzz" "${FUZZ_SECONDS:-60}"
 fi
+summary
