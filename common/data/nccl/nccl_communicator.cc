@@ -74,11 +74,13 @@ class NcclCommunicator : public Communicator {
   }
 
   void abort(const std::string& reason) override {
+    // First the flag: a broadcast() polling its enqueue under mu_ sees it and
+    // returns, so the lock below is not held for a whole deadline.
+    aborted_.store(true);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (error_.ok()) error_ = aborted(reason);
     }
-    aborted_.store(true);
     if (!comm_aborted_.exchange(true)) {
       cudaSetDevice(options_.device.index);
       ncclCommAbort(comm_);
