@@ -6,13 +6,6 @@
 
 namespace paramcast {
 
-uint64_t UpdatePlan::max_packed_bucket_bytes() const {
-  uint64_t m = 0;
-  for (const auto& b : buckets)
-    if (!b.direct && b.bytes > m) m = b.bytes;
-  return m;
-}
-
 std::string UpdatePlan::bucket_tensor_names(size_t bucket) const {
   std::string out;
   const auto& pieces = buckets.at(bucket).pieces;

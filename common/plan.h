@@ -44,7 +44,6 @@ struct UpdatePlan {
   std::vector<PlanBucket> buckets;
   Checksum checksum = Checksum::kNone;
   uint64_t total_bytes = 0;
-  uint64_t max_packed_bucket_bytes() const;
   // Names of the tensors a bucket carries, for error messages ("a, b, c" / "+N more").
   std::string bucket_tensor_names(size_t bucket) const;
   // If the non-empty pieces of packed bucket `bucket` tile it without gaps

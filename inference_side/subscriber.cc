@@ -326,7 +326,6 @@ class SubscriberImpl {
         if (!member_) PC_INFO(id_ << ": joined publisher at " << cfg_.control.endpoint << " holding " << state_.to_string());
         member_ = true;
         store_failed_ = false;
-        publisher_incarnation_ = body.getWelcome().getPublisherIncarnation();
         cv_.notify_all();
         return;
       }
@@ -701,9 +700,12 @@ class SubscriberImpl {
         {
           std::unique_lock<std::mutex> lock(mu_);
           const auto key = std::make_pair(plan.version, static_cast<uint32_t>(k));
-          if (!cv_.wait_for(lock, cfg_.data_plane.timeout, [&] { return checksums_.count(key) || stopping_; }))
+          if (!cv_.wait_for(lock, cfg_.data_plane.timeout,
+                            [&] { return checksums_.count(key) || stopping_ || !member_; }))
             return timeout_error("checksum of bucket " + std::to_string(k) + " never arrived");
-          if (!checksums_.count(key)) return aborted("subscriber stopping");
+          if (!checksums_.count(key))
+            return stopping_ ? aborted("subscriber stopping")
+                             : peer_lost("publisher lost before the checksum of bucket " + std::to_string(k) + " arrived");
           expected = checksums_[key];
         }
         if (*got != expected) {
@@ -777,7 +779,6 @@ class SubscriberImpl {
   bool member_ = false;
   Status fatal_;
   uint64_t epoch_ = 0;
-  uint64_t publisher_incarnation_ = 0;
   WeightState state_;
   std::deque<zmq::message_t> outbox_;
   std::deque<UpdateReport> reports_;

@@ -349,7 +349,6 @@ class PublisherImpl {
       r.missing = missing_locked();
       plan_answers_.clear();
       applied_.clear();
-      checksums_.clear();
       update_version_ = r.version;
       capnp::MallocMessageBuilder builder;
       auto env = builder.initRoot<proto::Envelope>();
@@ -1027,7 +1026,6 @@ class PublisherImpl {
   std::map<std::string, std::string> group_failed_;
   std::map<std::string, PlanAnswer> plan_answers_;
   std::map<std::string, AppliedAnswer> applied_;
-  std::map<size_t, uint64_t> checksums_;
   uint64_t update_version_ = 0;
   uint64_t published_version_ = 0;
   uint64_t dropped_frames_ = 0;
