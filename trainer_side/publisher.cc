@@ -396,13 +396,8 @@ class PublisherImpl {
         r.subscribers.push_back(std::move(o));
       }
       if (rejected_any || !lost.empty()) {
-        for (const auto& id : group)
-          if (!members_[id].lost)
-            send_locked(id, control::make_message(epoch, incarnation_, [&](auto b) {
-              auto a = b.initAbandon();
-              a.setVersion(r.version);
-              a.setReason(rejected_any ? "plan rejected" : "a member was lost before the update started");
-            }));
+        abandon_locked(group, epoch, r.version,
+                       rejected_any ? "plan rejected" : "a member was lost before the update started");
         if (!lost.empty()) needs_reform_ = true;
       }
       if (rejected_any || !lost.empty()) {
@@ -455,13 +450,7 @@ class PublisherImpl {
       }
       if (!all_ok) {
         needs_reform_ = true;
-        for (const auto& id : group)
-          if (!members_[id].lost && !(applied_.count(id) && applied_[id].ok))
-            send_locked(id, control::make_message(epoch, incarnation_, [&](auto b) {
-              auto a = b.initAbandon();
-              a.setVersion(r.version);
-              a.setReason("update failed");
-            }));
+        abandon_locked(group, epoch, r.version, "update failed");
       } else {
         published_version_ = r.version;
       }
@@ -483,6 +472,21 @@ class PublisherImpl {
     if (!r.missing.empty())
       PC_WARN("publisher: update v" << r.version << " applied without missing subscribers: " << join_ids(r.missing));
     return r;
+  }
+
+  // Tells every live member of `group` that has not applied `version` to give it up.
+  void abandon_locked(const std::vector<std::string>& group, uint64_t epoch, uint64_t version,
+                      const std::string& reason) {
+    for (const auto& id : group) {
+      if (members_[id].lost) continue;
+      const auto a = applied_.find(id);
+      if (a != applied_.end() && a->second.ok) continue;  // it holds the version already
+      send_locked(id, control::make_message(epoch, incarnation_, [&](auto b) {
+        auto m = b.initAbandon();
+        m.setVersion(version);
+        m.setReason(reason);
+      }));
+    }
   }
 
   Status summarize(const UpdateResult& r, Code code, const std::string& head) {

@@ -82,6 +82,14 @@ class WeightUpdateTest : public ::testing::Test {
     }
   }
 
+  // Publishes `t` at version `v` and checks that every worker holds it.
+  void publish_and_check(HostTensors& t, uint64_t v) {
+    t.fill(v);
+    UpdateResult r = pub_->weight_update(t.views());
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    expect_holds(t, v);
+  }
+
   void TearDown() override {
     for (auto& w : workers_) w->sub->stop();
     if (pub_) pub_->shutdown();
@@ -123,12 +131,7 @@ TEST_P(TensorCountTest, ManySmallTensors) {
     specs.push_back({"t." + std::to_string(i), DType::kF32, {static_cast<int64_t>(1 + (i * 37) % 200)}});
   start(test::test_config(3), 3, specs, [](int i) { return i == 2; });
   HostTensors t = test::make_tensors(specs);
-  for (uint64_t v = 1; v <= 2; ++v) {
-    t.fill(v);
-    UpdateResult r = pub_->weight_update(t.views());
-    ASSERT_TRUE(r.ok()) << r.status.to_string();
-    expect_holds(t, v);
-  }
+  for (uint64_t v = 1; v <= 2; ++v) ASSERT_NO_FATAL_FAILURE(publish_and_check(t, v));
 }
 INSTANTIATE_TEST_SUITE_P(Counts, TensorCountTest, ::testing::Values(1, 291, 10000));
 
@@ -146,12 +149,7 @@ TEST_F(WeightUpdateTest, EdgeSizesAndEveryDType) {
   specs.push_back({"larger_than_bucket", DType::kBF16, {1300000}});  // 2.5 MiB > 1 MiB bucket
   start(test::test_config(3), 3, specs, [](int i) { return i == 1; });
   HostTensors t = test::make_tensors(specs);
-  for (uint64_t v = 1; v <= 2; ++v) {
-    t.fill(v);
-    UpdateResult r = pub_->weight_update(t.views());
-    ASSERT_TRUE(r.ok()) << r.status.to_string();
-    expect_holds(t, v);
-  }
+  for (uint64_t v = 1; v <= 2; ++v) ASSERT_NO_FATAL_FAILURE(publish_and_check(t, v));
   // The callback saw each tensor's name, dtype and shape as published.
   Worker& cb = *workers_[1];
   for (const auto& s : specs) {
