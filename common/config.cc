@@ -202,6 +202,7 @@ Config parse(const YAML::Node& root, const std::string& file) {
               v, q, {{"fail", MissingAtStartPolicy::kFail}, {"start_with_present", MissingAtStartPolicy::kStartWithPresent}});
         }},
         {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
+        {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
       });
     }},
     {"subscriber", [&](N n, P p) {

@@ -82,6 +82,12 @@ struct PublisherOptions {
   MissingAtStartPolicy on_missing_at_start = MissingAtStartPolicy::kFail;
   // Deadline of one whole weight_update. Default: 10m
   Millis update_timeout{600000};
+  // Skip the plan/accept round trip when every member of the current group
+  // already accepted a plan with the same manifest: the plan goes out
+  // precommitted and the buckets follow at once. Each subscriber still checks
+  // the plan before any byte reaches its tensors; one that cannot take it
+  // receives and drops the buckets and reports the mismatches. Default: true
+  bool reuse_validated_plan = true;
 };
 
 struct SubscriberOptions {

@@ -54,6 +54,10 @@ struct Job {
   uint64_t epoch = 0;
   GroupOptions group;
   std::shared_ptr<UpdatePlan> plan;
+  // Non-empty: a precommitted plan this subscriber cannot take. Its buckets
+  // are received and dropped so that the collective completes; no tensor is
+  // touched and the update is reported rejected with this text.
+  std::string discard;
 };
 }  // namespace
 
@@ -386,8 +390,30 @@ class SubscriberImpl {
         auto plan = plan_from_proto(body.getPlan());
         std::vector<Mismatch> mismatches;
         uint64_t version = body.getPlan().getVersion();
+        const bool precommitted = body.getPlan().getPrecommitted();
         if (!plan.ok()) mismatches.push_back({Mismatch::Kind::kOther, "<plan>", "a well-formed plan", plan.status().message()});
         else mismatches = validate(*plan);
+        if (precommitted) {
+          if (plan.ok()) {
+            // The buckets are already on their way: receive now, into the
+            // tensors if the plan fits, else into staging only to drop them.
+            Job job;
+            job.kind = Job::Kind::kReceive;
+            job.epoch = epoch_;
+            job.plan = std::make_shared<UpdatePlan>(std::move(plan.value()));
+            if (!mismatches.empty()) {
+              job.discard = std::to_string(mismatches.size()) + " mismatches, first: " + mismatches[0].to_string();
+              PC_WARN(id_ << ": rejected precommitted plan v" << version << " (" << job.discard
+                          << "); its buckets will be received and dropped");
+            }
+            push_job(std::move(job));
+          } else {
+            // Without a readable plan the bucket sizes are unknown and the
+            // collective cannot be followed: it is failed for everyone.
+            abort_comm("precommitted plan v" + std::to_string(version) + " is unreadable: " + plan.status().message());
+          }
+          if (mismatches.empty()) return;  // accepted: no answer until Applied
+        }
         if (mismatches.empty()) {
           pending_plan_ = std::make_shared<UpdatePlan>(std::move(plan.value()));
           queue(control::make_message(epoch_, incarnation_, [&](auto b) {
@@ -582,11 +608,26 @@ class SubscriberImpl {
       std::lock_guard<std::mutex> lock(mu_);
       comm = comm_;
       receiving_version_ = plan.version;
-      state_.kind = WeightStateKind::kDirty;
-      state_.dirty_version = plan.version;
+      if (job.discard.empty()) {
+        state_.kind = WeightStateKind::kDirty;
+        state_.dirty_version = plan.version;
+      }
     }
-    if (begin_hook_) begin_hook_(plan.version);
-    Status s = comm ? receive_buckets(plan, comm.get()) : aborted("no communicator for epoch " + std::to_string(job.epoch));
+    if (begin_hook_ && job.discard.empty()) begin_hook_(plan.version);
+    Status s;
+    bool collective_done = false;  // the communicator is still in step with the group
+    if (!comm) {
+      s = aborted("no communicator for epoch " + std::to_string(job.epoch));
+    } else if (!job.discard.empty()) {
+      s = drop_buckets(plan, comm.get());
+      collective_done = s.ok();
+      if (s.ok())
+        s = rejected("precommitted plan v" + std::to_string(plan.version) + " does not fit this worker (" +
+                     job.discard + "); its buckets were received and dropped, no tensor was written");
+    } else {
+      s = receive_buckets(plan, comm.get());
+      collective_done = s.ok();
+    }
     uint64_t combined = 0;
     if (s.ok()) {
       Xxh64 h;
@@ -625,10 +666,23 @@ class SubscriberImpl {
     }
     wake_.notify();
     // A failed update leaves the collective half-done: this communicator is finished.
-    if (!s.ok() && comm) comm->abort("update v" + std::to_string(plan.version) + " failed");
+    if (!collective_done && comm) comm->abort("update v" + std::to_string(plan.version) + " failed");
     if (s.ok()) PC_DEBUG(id_ << ": applied v" << plan.version << " (" << plan.total_bytes << " bytes)");
     else PC_WARN(id_ << ": update v" << plan.version << " failed, state " << state().to_string() << ": " << s.message());
-    if (end_hook_) end_hook_(plan.version, s);
+    if (end_hook_ && job.discard.empty()) end_hook_(plan.version, s);
+  }
+
+  // Follows the collective of a plan this worker rejected: every bucket lands
+  // in staging and is dropped.
+  Status drop_buckets(const UpdatePlan& plan, Communicator* comm) {
+    uint64_t largest = 0;
+    for (const auto& b : plan.buckets) largest = std::max(largest, b.bytes);
+    PC_RETURN_IF_ERROR(staging_.reserve(mem_.get(), largest));
+    for (size_t k = 0; k < plan.buckets.size(); ++k)
+      PC_RETURN_IF_ERROR(comm->broadcast(staging_.slot(k), plan.buckets[k].bytes, 0)
+                             ->wait(Clock::now() + cfg_.data_plane.timeout)
+                             .with_context("dropped bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
+    return Status();
   }
 
   Status receive_buckets(const UpdatePlan& plan, Communicator* comm) {

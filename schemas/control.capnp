@@ -218,6 +218,12 @@ struct Plan {
   # Per-bucket integrity check in force.
   totalBytes @5 :UInt64;
   # Sum of tensor bytes.
+  precommitted @6 :Bool;
+  # No PlanAccept/Commit round: every member of this epoch accepted a plan
+  # with the same manifest, and the buckets follow at once. A subscriber that
+  # cannot take the plan answers PlanReject, still receives every bucket
+  # (dropping them: the collective must complete), and reports Applied with
+  # ok = false and the rejected code; its tensors are untouched.
 }
 
 enum MismatchKind {

@@ -342,6 +342,7 @@ class PublisherImpl {
     }
     std::vector<std::string> group;
     uint64_t epoch;
+    bool precommitted = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       group = group_;
@@ -350,11 +351,19 @@ class PublisherImpl {
       plan_answers_.clear();
       applied_.clear();
       update_version_ = r.version;
+      // Every member of this epoch accepted this manifest already: no round trip.
+      precommitted = cfg_.publisher.reuse_validated_plan && validated_manifest_ &&
+                     validated_manifest_->epoch == epoch && validated_manifest_->hash == plan->manifest_hash &&
+                     validated_manifest_->checksum == plan->checksum;
+      validated_manifest_.reset();  // set again only when this update succeeds everywhere
       capnp::MallocMessageBuilder builder;
       auto env = builder.initRoot<proto::Envelope>();
       env.setEpoch(epoch);
       env.setIncarnation(incarnation_);
-      plan_to_proto(*plan, env.initBody().initPlan());
+      auto plan_msg = env.initBody().initPlan();
+      plan_to_proto(*plan, plan_msg);
+      plan_msg.setPrecommitted(precommitted);
+      r.precommitted = precommitted;
       zmq::message_t frame = control::encode(builder);
       for (const auto& id : group) {
         zmq::message_t copy;
@@ -366,9 +375,18 @@ class PublisherImpl {
     wake_.notify();
     const auto deadline = Clock::now() + cfg_.publisher.update_timeout;
 
-    // 1. Every subscriber checks the plan before any byte moves.
+    // 1. Every subscriber checks the plan before any byte moves. A
+    // precommitted plan is checked by each subscriber on arrival instead.
     std::vector<std::string> lost;
-    {
+    if (precommitted) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& id : group) {
+        SubscriberOutcome o;
+        o.worker_id = id;
+        r.subscribers.push_back(std::move(o));
+      }
+      active_comm_ = comm_;
+    } else {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_until(lock, deadline, [&] {
         for (const auto& id : group)
@@ -439,6 +457,8 @@ class PublisherImpl {
         if (applied_.count(id)) {
           o.bytes = applied_[id].bytes;
           o.status = applied_[id].status;
+          const auto answer = plan_answers_.find(id);
+          if (answer != plan_answers_.end()) o.mismatches = answer->second.mismatches;  // a precommitted plan rejected
         } else if (members_[id].lost) {
           o.status = peer_lost("subscriber '" + id + "' was lost during update v" + std::to_string(r.version) +
                                " (silent for " + std::to_string(cfg_.control.heartbeat_timeout.count()) + "ms)");
@@ -453,6 +473,7 @@ class PublisherImpl {
         abandon_locked(group, epoch, r.version, "update failed");
       } else {
         published_version_ = r.version;
+        validated_manifest_ = ValidatedManifest{epoch, plan->manifest_hash, plan->checksum};
       }
       lock.unlock();
       wake_.notify();
@@ -807,7 +828,7 @@ class PublisherImpl {
         if (ans.ok) {
           m.weight_version = a.getVersion();
           m.state = proto::WeightState::CONSISTENT;
-        } else {
+        } else if (ans.status.code() != Code::kRejected) {  // a rejected plan leaves the tensors as they were
           m.state = proto::WeightState::DIRTY;
         }
         break;
@@ -1029,6 +1050,13 @@ class PublisherImpl {
   std::set<std::string> ready_;
   std::map<std::string, std::string> group_failed_;
   std::map<std::string, PlanAnswer> plan_answers_;
+  // The manifest every member of `epoch` accepted in the last successful update.
+  struct ValidatedManifest {
+    uint64_t epoch;
+    uint64_t hash;
+    Checksum checksum;
+  };
+  std::optional<ValidatedManifest> validated_manifest_;
   std::map<std::string, AppliedAnswer> applied_;
   uint64_t update_version_ = 0;
   uint64_t published_version_ = 0;

@@ -48,6 +48,8 @@ struct UpdateResult {
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
   std::vector<SubscriberOutcome> subscribers;
   std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
+  // The plan went out without an accept round (publisher.reuse_validated_plan).
+  bool precommitted = false;
   bool ok() const { return status.ok(); }
 };
 

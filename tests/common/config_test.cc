@@ -30,6 +30,7 @@ data_plane:
 publisher:
   subscribers: [a, b, c]
   on_member_loss: continue
+  reuse_validated_plan: false
 subscriber:
   devices: [cpu, cpu, cpu]
 )");
@@ -42,6 +43,7 @@ subscriber:
   EXPECT_EQ(c->publisher.subscriber_ids, (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(c->expected_count(), 3);
   EXPECT_EQ(c->publisher.on_member_loss, MemberLossPolicy::kContinue);
+  EXPECT_FALSE(c->publisher.reuse_validated_plan);
   EXPECT_EQ(c->worker_ids(), (std::vector<std::string>{"a", "b", "c"}));
 }
 
@@ -106,6 +108,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"bad_device", "publisher:\n  device: tpu:0\n",
                 "key 'publisher.device': bad value 'tpu:0': expected cpu, cuda or cuda:N"},
         BadCase{"bad_policy", "publisher:\n  on_member_loss: ignore\n", "expected one of fail, continue"},
+        BadCase{"bad_bool", "publisher:\n  reuse_validated_plan: sometimes\n",
+                "bad.yaml:2:25: key 'publisher.reuse_validated_plan': bad value 'sometimes': expected true or false"},
         BadCase{"device_count_mismatch", "publisher:\n  subscribers: 3\nsubscriber:\n  devices: [cpu, cpu]\n",
                 "lists 2 devices for 3 subscribers"},
         BadCase{"gloo_with_cuda", "publisher:\n  device: cuda:0\n", "backend gloo moves host memory"},

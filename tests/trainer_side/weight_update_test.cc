@@ -2,6 +2,7 @@
 // this process, on real ZeroMQ sockets and real Gloo TCP pairs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -200,6 +201,91 @@ TEST_F(WeightUpdateTest, RejectedPlanReportsEveryMismatchAndMovesNoByte) {
   UpdateResult ok = pub_->weight_update(t.views());
   ASSERT_TRUE(ok.ok()) << ok.status.to_string();
   EXPECT_EQ(ok.version, 3u);  // version 2 was consumed by the rejected attempt
+  expect_holds(t, 3);
+}
+
+TEST_F(WeightUpdateTest, UnchangedManifestSkipsTheAcceptRoundAndStillRefusesAMismatch) {
+  std::vector<TensorSpec> specs = {{"a", DType::kF32, {4, 4}}, {"big", DType::kF32, {400000}}, {"c", DType::kI32, {3}}};
+  start(test::test_config(3), 3, specs, [](int i) { return i == 2; });
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  UpdateResult r1 = pub_->weight_update(t.views());
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  EXPECT_FALSE(r1.precommitted) << "the first plan of a group is always checked in a round trip";
+  t.fill(2);
+  UpdateResult r2 = pub_->weight_update(t.views());
+  ASSERT_TRUE(r2.ok()) << r2.status.to_string();
+  EXPECT_TRUE(r2.precommitted) << "every member accepted this manifest in this epoch";
+  expect_holds(t, 2);
+
+  // worker-2's engine changes its mind about "a" between two updates: the
+  // next precommitted plan no longer fits it.
+  Worker& w2 = *workers_[1];
+  std::vector<uint8_t> wider(4 * 5 * 4, 0xEE);
+  ASSERT_TRUE(w2.sub->register_tensor(TensorView{{"a", DType::kF32, {4, 5}}, wider.data(), Device::cpu()}).ok());
+  const std::vector<uint8_t> big_before = w2.dest["big"], c_before = w2.dest["c"];
+  t.fill(3);
+  UpdateResult r3 = pub_->weight_update(t.views());
+  EXPECT_TRUE(r3.precommitted);
+  ASSERT_FALSE(r3.ok());
+  EXPECT_EQ(r3.status.code(), Code::kRejected) << r3.status.to_string();
+  ASSERT_EQ(r3.subscribers.size(), 3u);
+  for (const auto& o : r3.subscribers) {
+    if (o.worker_id != "worker-2") {
+      EXPECT_TRUE(o.status.ok()) << o.worker_id << ": " << o.status.to_string();
+      continue;
+    }
+    EXPECT_EQ(o.status.code(), Code::kRejected);
+    EXPECT_NE(o.status.message().find("received and dropped, no tensor was written"), std::string::npos)
+        << o.status.message();
+    EXPECT_EQ(o.mismatches, (std::vector<Mismatch>{{Mismatch::Kind::kShape, "a", "[4, 5]", "[4, 4]"}}));
+  }
+  // worker-2 wrote nothing, ran no hook and still holds v2; the others hold v3.
+  EXPECT_TRUE(std::all_of(wider.begin(), wider.end(), [](uint8_t b) { return b == 0xEE; }));
+  EXPECT_EQ(w2.dest["big"], big_before);
+  EXPECT_EQ(w2.dest["c"], c_before);
+  EXPECT_EQ(w2.sub->state().kind, WeightStateKind::kConsistent);
+  EXPECT_EQ(w2.sub->state().version, 2u);
+  EXPECT_EQ(w2.begun, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(w2.ended, (std::vector<uint64_t>{1, 2}));
+  for (int i : {0, 2}) {
+    EXPECT_EQ(workers_[i]->sub->state().version, 3u);
+    for (size_t k = 0; k < t.specs.size(); ++k) EXPECT_TRUE(workers_[i]->bytes(t.specs[k].name) == t.bytes[k]);
+  }
+
+  // A failure forgets the validated manifest: the next plan is checked in a
+  // round trip again and refused before any byte moves.
+  t.fill(4);
+  UpdateResult r4 = pub_->weight_update(t.views());
+  EXPECT_FALSE(r4.precommitted);
+  ASSERT_FALSE(r4.ok());
+  EXPECT_NE(r4.status.message().find("abandoned before any byte moved"), std::string::npos) << r4.status.message();
+
+  // The engine takes "a" back as it was: updates flow again, then precommitted.
+  ASSERT_TRUE(w2.sub->register_tensor(TensorView{specs[0], w2.dest["a"].data(), Device::cpu()}).ok());
+  t.fill(5);
+  UpdateResult r5 = pub_->weight_update(t.views());
+  ASSERT_TRUE(r5.ok()) << r5.status.to_string();
+  EXPECT_FALSE(r5.precommitted);
+  t.fill(6);
+  UpdateResult r6 = pub_->weight_update(t.views());
+  ASSERT_TRUE(r6.ok()) << r6.status.to_string();
+  EXPECT_TRUE(r6.precommitted);
+  expect_holds(t, 6);
+}
+
+TEST_F(WeightUpdateTest, ReuseOfValidatedPlansCanBeTurnedOff) {
+  std::vector<TensorSpec> specs = {{"a", DType::kF32, {16}}};
+  Config cfg = test::test_config(2);
+  cfg.publisher.reuse_validated_plan = false;
+  start(cfg, 2, specs);
+  HostTensors t = test::make_tensors(specs);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    t.fill(v);
+    UpdateResult r = pub_->weight_update(t.views());
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    EXPECT_FALSE(r.precommitted) << "v" << v;
+  }
   expect_holds(t, 3);
 }
 
