@@ -4,7 +4,8 @@
 //   (a) raw:     one flat buffer of S bytes broadcast from rank 0 (Communicator
 //                directly: no plan, no control plane, no staging);
 //   (b) update:  Publisher::weight_update of S bytes split into T tensors;
-//   (c) latency: a 4-byte update, round trip, p50/p99;
+//   (c) latency: a 4-byte update, round trip, p50/p99 (steady state, and with
+//                the plan/accept round trip forced on every update);
 //   (d) memory:  peak staging per side, and host RSS growth of the receivers;
 //   (e) copies:  pack throughput (10,000 pieces) vs one memcpy of S bytes.
 // The root is this process; the other ranks are this program re-executed with
@@ -198,7 +199,8 @@ int run_receiver(const Options& o, int rank) {
   };
   for (int count : o.counts)
     if (int rc = run_phase("t" + std::to_string(count), layout(count, o.size), o.repeats + 1)) return rc;
-  return run_phase("latency", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10);
+  if (int rc = run_phase("latency", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10)) return rc;
+  return run_phase("latency_round", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10);
 }
 
 // ---------------------------------------------------------------------- root
@@ -289,8 +291,9 @@ int run_root(Options o, const std::string& self) {
   // (b) weight_update for each tensor count
   std::vector<PhaseResult> phases;
   auto run_phase = [&](const std::string& phase, const std::vector<TensorSpec>& specs, int updates,
-                       std::vector<double>* seconds) -> Status {
+                       std::vector<double>* seconds, bool reuse_validated_plan = true) -> Status {
     Config cfg = pc_config(o, "tcp://127.0.0.1:*");
+    cfg.publisher.reuse_validated_plan = reuse_validated_plan;
     auto pub = Publisher::create(cfg);
     if (!pub.ok()) return pub.status();
     PC_RETURN_IF_ERROR(store.set(phase + ".endpoint", pub.value()->endpoint()));
@@ -336,6 +339,13 @@ int run_root(Options o, const std::string& self) {
     if (!s.ok()) return fail("latency: " + s.to_string());
     lat.erase(lat.begin(), lat.begin() + std::min<size_t>(lat.size(), 9));  // 10 warm-up updates
   }
+  // (c') the same with the plan/accept round trip on every update
+  std::vector<double> lat_round;
+  {
+    Status s = run_phase("latency_round", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10, &lat_round, false);
+    if (!s.ok()) return fail("latency (accept round): " + s.to_string());
+    lat_round.erase(lat_round.begin(), lat_round.begin() + std::min<size_t>(lat_round.size(), 9));
+  }
   for (auto& p : receivers)
     if (p->wait_for(std::chrono::seconds(60)) != 0) return fail("a receiver failed");
 
@@ -362,6 +372,9 @@ int run_root(Options o, const std::string& self) {
                 format_bytes(p.recv_rss_growth).c_str());
   const double p50 = percentile(lat, 0.5) * 1e3, p99 = percentile(lat, 0.99) * 1e3;
   std::printf("  4-byte update latency    p50 %.3f ms  p99 %.3f ms  (%zu updates)\n", p50, p99, lat.size());
+  const double round_p50 = percentile(lat_round, 0.5) * 1e3, round_p99 = percentile(lat_round, 0.99) * 1e3;
+  std::printf("    with an accept round   p50 %.3f ms  p99 %.3f ms  (reuse_validated_plan: false)\n", round_p50,
+              round_p99);
   std::printf("  pack (10,000 pieces)     %7.3f GB/s vs one memcpy %.3f GB/s: %.2f\n", pack_gbps, memcpy_gbps,
               memcpy_gbps > 0 ? pack_gbps / memcpy_gbps : 0);
   double r291 = 0, r1 = 0, r10k = 0;
@@ -388,7 +401,7 @@ int run_root(Options o, const std::string& self) {
         << ",\"receiver_rss_growth_bytes\":" << p.recv_rss_growth << "}";
     }
     j << "],\"latency_ms\":{\"p50\":" << p50 << ",\"p99\":" << p99 << ",\"updates\":" << lat.size()
-      << "},\"pack_gbps\":" << pack_gbps << ",\"memcpy_gbps\":" << memcpy_gbps << "}\n";
+      << "},\"latency_accept_round_ms\":{\"p50\":" << round_p50 << ",\"p99\":" << round_p99 << "},\"pack_gbps\":" << pack_gbps << ",\"memcpy_gbps\":" << memcpy_gbps << "}\n";
   }
   test::remove_tree(o.dir);
   return 0;

@@ -66,6 +66,11 @@ int main(int argc, char** argv) {
   o.direct_min_bytes = 1024;
   auto plan = build_plan(1, specs, o).value();
   write(dir, "plan", make_message(0, 9, [&](auto b) { plan_to_proto(plan, b.initPlan()); }));
+  write(dir, "plan_precommitted", make_message(0, 9, [&](auto b) {
+    auto p = b.initPlan();
+    plan_to_proto(plan, p);
+    p.setPrecommitted(true);
+  }));
   write(dir, "plan_accept", make_message(1, 7, [](auto b) { b.initPlanAccept().setVersion(1); }));
   write(dir, "plan_reject", make_message(1, 7, [](auto b) {
     auto r = b.initPlanReject();
