@@ -2,10 +2,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/config.h"
+#include "common/units.h"
 
 namespace paramcast {
 
@@ -43,6 +47,28 @@ inline Flags parse_flags(int argc, char** argv, int first, const std::vector<std
     }
   }
   return f;
+}
+
+// The Config of a ParamCast tool: the YAML file of --config, then --endpoint
+// and --model-size on top. On any error, prints it prefixed with `tool` and
+// returns nothing.
+inline std::optional<Config> load_tool_config(const Flags& flags, const char* tool) {
+  auto cfg = load_config_file(flags.get("config"));
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tool, cfg.status().message().c_str());
+    return std::nullopt;
+  }
+  Config config = cfg.value();
+  if (flags.has("endpoint")) config.control.endpoint = flags.get("endpoint");
+  if (flags.has("model-size")) {
+    auto bytes = parse_size(flags.get("model-size"));
+    if (!bytes) {
+      std::fprintf(stderr, "%s: bad --model-size '%s'\n", tool, flags.get("model-size").c_str());
+      return std::nullopt;
+    }
+    config.trainer.model_bytes = *bytes;
+  }
+  return config;
 }
 
 }  // namespace paramcast

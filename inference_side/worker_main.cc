@@ -29,14 +29,9 @@ int main(int argc, char** argv) {
                  flags.error.c_str());
     return 2;
   }
-  auto cfg = load_config_file(flags.get("config"));
-  if (!cfg.ok()) {
-    std::fprintf(stderr, "paramcast-worker: %s\n", cfg.status().message().c_str());
-    return 2;
-  }
-  Config config = cfg.value();
-  if (flags.has("endpoint")) config.control.endpoint = flags.get("endpoint");
-  if (flags.has("model-size")) config.trainer.model_bytes = parse_size(flags.get("model-size")).value_or(0);
+  auto loaded = load_tool_config(flags, "paramcast-worker");
+  if (!loaded) return 2;
+  Config config = *loaded;
   const std::string id = flags.get("id");
   const std::string mode = flags.get("mode", "registered");
   const int updates = flags.has("updates") ? std::atoi(flags.get("updates").c_str()) : config.trainer.updates;

@@ -26,22 +26,10 @@ int main(int argc, char** argv) {
                  flags.error.c_str());
     return 2;
   }
-  auto cfg = load_config_file(flags.get("config"));
-  if (!cfg.ok()) {
-    std::fprintf(stderr, "paramcast-trainer: %s\n", cfg.status().message().c_str());
-    return 2;
-  }
-  Config config = cfg.value();
-  if (flags.has("endpoint")) config.control.endpoint = flags.get("endpoint");
+  auto loaded = load_tool_config(flags, "paramcast-trainer");
+  if (!loaded) return 2;
+  Config config = *loaded;
   if (flags.has("updates")) config.trainer.updates = std::max(1, std::atoi(flags.get("updates").c_str()));
-  if (flags.has("model-size")) {
-    auto s = parse_size(flags.get("model-size"));
-    if (!s) {
-      std::fprintf(stderr, "paramcast-trainer: bad --model-size '%s'\n", flags.get("model-size").c_str());
-      return 2;
-    }
-    config.trainer.model_bytes = *s;
-  }
   set_log_level(config.log_level);
 
   auto pub = Publisher::create(config);
