@@ -12,6 +12,11 @@
 // When the publisher is lost, the process and its buffers stay; the subscriber
 // reconnects with backoff and joins whichever publisher comes back.
 //
+// Ordering contract: a subscriber reports Applied only after its
+// on_update_end hook has returned, so when the publisher's weight_update
+// returns OK, every engine has its bytes in place and has finished its
+// post-processing.
+//
 // Thread-safety: register/on_* before start() or between updates; state(),
 // next_report() from any thread. Callbacks run on the subscriber's data thread.
 #pragma once
@@ -21,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "common/config.h"
 #include "common/status.h"
@@ -50,7 +56,11 @@ struct UpdateReport {
 // only during the call.
 using TensorCallback = std::function<Status(const TensorView& view)>;
 using UpdateBeginHook = std::function<void(uint64_t version)>;
-using UpdateEndHook = std::function<void(uint64_t version, const Status& status)>;
+// Runs after the update's bytes are in place (or the update failed), before
+// this subscriber reports Applied. A non-OK Status fails the update: the
+// publisher's result names this worker and carries the Status; the weight
+// state becomes dirty.
+using UpdateEndHook = std::function<Status(uint64_t version, const Status& status)>;
 
 class SubscriberImpl;
 
@@ -64,6 +74,15 @@ class Subscriber {
   void on_tensor(TensorCallback callback);
   void on_update_begin(UpdateBeginHook hook);
   void on_update_end(UpdateEndHook hook);
+  // A hook that cannot fail (returns void).
+  template <typename F>
+    requires std::is_void_v<std::invoke_result_t<F&, uint64_t, const Status&>>
+  void on_update_end(F hook) {
+    on_update_end(UpdateEndHook([hook = std::move(hook)](uint64_t v, const Status& s) mutable {
+      hook(v, s);
+      return Status();
+    }));
+  }
 
   Status start();
   void stop();  // says Leave and stops the threads

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/control/member_event.h"
 #include "common/plan.h"
 #include "common/status.h"
 #include "common/tensor.h"
@@ -53,13 +54,6 @@ struct UpdateResult {
   bool ok() const { return status.ok(); }
 };
 
-struct MemberEvent {
-  enum class Kind { kJoined, kRejoined, kLost, kLeft };
-  Kind kind;
-  std::string worker_id;
-  std::string detail;
-};
-const char* member_event_name(MemberEvent::Kind k);
 
 struct PublisherStats {
   uint64_t epoch = 0;

@@ -1,0 +1,165 @@
+// ControlServer: the publisher's end of the control channel.
+//
+// It owns the ROUTER socket and the thread that polls it: framing and decode
+// limits, peer identity (the probe handshake that tells a restart from a
+// duplicate), heartbeats both ways, liveness, the membership table and
+// StatusRequest answers. It knows nothing of tensors, plans or groups: every
+// other message of a live member goes to the Listener, and the owner sends
+// its own messages through send().
+//
+// Threads: the control thread owns the socket and calls the Listener (never
+// while holding the server's lock, so a Listener may call back into the
+// server). Every other method may be called from any thread; sends are queued
+// and the control thread is woken through an eventfd. The server's lock is a
+// leaf: it is never held while calling out.
+#pragma once
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "common/control/codec.h"
+#include "common/control/member_event.h"
+#include "common/control/wakeup.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace paramcast::control {
+
+using Clock = std::chrono::steady_clock;
+
+struct ServerOptions {
+  ControlOptions control;
+  // Admission: these ids only, or (when empty) up to `subscriber_count` of any id.
+  std::vector<std::string> subscriber_ids;
+  int subscriber_count = 1;
+  Backend backend = Backend::kGloo;  // reported in StatusReply
+};
+
+// One row of the membership table, as a snapshot.
+struct Member {
+  std::string id;
+  uint64_t incarnation = 0;
+  std::string host;
+  uint32_t pid = 0;
+  Device device;
+  Clock::time_point last_seen;
+  uint64_t weight_version = 0;
+  proto::WeightState state = proto::WeightState::EMPTY;
+  int rank = -1;  // in the current group; -1 when not in it
+  bool lost = false;
+};
+
+class ControlServer {
+ public:
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    // A message from a live member other than Hello, Heartbeat, Leave and
+    // StatusRequest (those the server handles). May throw kj::Exception on a
+    // malformed body: the frame is then counted as dropped.
+    virtual void on_member_message(const std::string& id, proto::Envelope::Reader envelope) = 0;
+    // Joined, rejoined, lost or left. `rank` is the member's rank in the
+    // current group when the event happened (-1: not in it).
+    virtual void on_member_event(const MemberEvent& event, int rank) = 0;
+  };
+
+  explicit ControlServer(ServerOptions options);
+  ~ControlServer();
+  ControlServer(const ControlServer&) = delete;
+  ControlServer& operator=(const ControlServer&) = delete;
+
+  // Binds the endpoint and starts the control thread.
+  Status start(Listener* listener);
+  // Tells every live member to leave (`reason`), flushes, and joins the thread.
+  void stop(const std::string& reason);
+
+  std::string endpoint() const { return endpoint_; }
+  uint64_t incarnation() const { return incarnation_; }
+
+  // Queues one frame to a member (any routing identity) and wakes the thread.
+  void send(const std::string& id, zmq::message_t frame);
+  void send_to(const std::vector<std::string>& ids, const zmq::message_t& frame);
+
+  // What StatusReply and heartbeats report; set by the owner.
+  void set_epoch(uint64_t epoch) { epoch_ = epoch; }
+  void set_published_version(uint64_t version) { published_version_ = version; }
+  uint64_t epoch() const { return epoch_; }
+
+  // Gives `group[i]` rank i + 1 and every other member rank -1.
+  void assign_ranks(const std::vector<std::string>& group);
+
+  // What a member reported in Applied: `version` held consistently, or dirty.
+  void set_member_weights(const std::string& id, uint64_t version, proto::WeightState state);
+
+  std::vector<std::string> live_ids() const;
+  bool is_live(const std::string& id) const;
+  // Who the deployment still waits for: listed ids that are absent or lost,
+  // or placeholders for the count not yet present.
+  std::vector<std::string> missing() const;
+  std::optional<Member> member(const std::string& id) const;
+  uint64_t dropped_frames() const { return dropped_frames_; }
+
+  // For the fuzzer and tests: one inbound frame from `peer`, on this thread.
+  void inject(const std::string& peer, const void* data, size_t size);
+
+ private:
+  struct PendingProbe {
+    std::string peer;
+    std::string id;
+    uint64_t incarnation;
+    Clock::time_point arrived;
+    std::string who;
+  };
+  // What dispatch decided to tell the listener, delivered after the lock is released.
+  struct Deliveries {
+    std::vector<std::pair<MemberEvent, int>> events;
+    bool message = false;
+  };
+
+  void loop();
+  void receive_burst();
+  void flush_outbox();
+  void handle(const std::string& peer, const zmq::message_t& payload);
+  Deliveries dispatch_locked(const std::string& peer, proto::Envelope::Reader envelope);
+  void hello_locked(const std::string& peer, uint64_t incarnation, proto::Hello::Reader hello, Deliveries& out);
+  void admit_locked(const std::string& peer, uint64_t incarnation, proto::Hello::Reader hello, Deliveries& out);
+  void settle_probes();
+  void check_liveness(Clock::time_point now);
+  bool has_free_slot_locked() const;
+  void welcome_locked(const std::string& peer, uint64_t incarnation, bool probe);
+  void reject_locked(const std::string& peer, uint64_t target, proto::RejectCode code, const std::string& text,
+                     uint32_t peer_version = 0);
+  void status_reply_locked(const std::string& peer, uint64_t request_id);
+  void note_dropped(const std::string& peer, const std::string& why);
+  void deliver(const Deliveries& d, const std::string& peer, proto::Envelope::Reader envelope);
+
+  const ServerOptions opt_;
+  const uint64_t incarnation_;
+  zmq::context_t ctx_;
+  zmq::socket_t router_;
+  std::string endpoint_;
+  Wakeup wake_;
+  Listener* listener_ = nullptr;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<uint64_t> published_version_{0};
+  std::atomic<uint64_t> dropped_frames_{0};
+
+  mutable std::mutex mu_;  // guards everything below; a leaf lock
+  std::map<std::string, Member> members_;
+  std::vector<PendingProbe> probes_;
+  std::deque<std::pair<std::string, zmq::message_t>> outbox_;
+};
+
+}  // namespace paramcast::control

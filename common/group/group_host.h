@@ -1,0 +1,63 @@
+// GroupHost: group formation on the publisher's side.
+//
+// form() starts a new epoch: ranks (the publisher is rank 0, members 1..n in
+// the given order), a fresh bootstrap (an ncclUniqueId, or a Gloo store
+// prefix), JoinGroup to every member, this rank's communicator created
+// against the HostedStore, and GroupReady from every member. It returns the
+// communicator, or an error naming every member that failed (with its
+// reason), was lost, or was not ready within data_plane.init_timeout.
+//
+// The rendezvous store is served here too: the owner routes StoreSet,
+// StoreGet, GroupReady and GroupFailed from the control thread to
+// on_message(), and member losses to on_member_gone().
+//
+// Threads: form() on the caller's thread (one at a time); on_message() and
+// on_member_gone() on the control thread; the rest from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/control/control_server.h"
+#include "common/data/communicator.h"
+#include "common/group/rendezvous_store.h"
+
+namespace paramcast::group {
+
+class GroupHost {
+ public:
+  GroupHost(const Config& config, control::ControlServer& server);
+
+  StatusOr<std::shared_ptr<Communicator>> form(const std::vector<std::string>& members);
+  uint64_t epoch() const { return epoch_; }
+
+  // Control thread. Returns false for a message that is not about formation.
+  bool on_message(const std::string& id, proto::Envelope::Reader envelope);
+  void on_member_gone(const std::string& id);
+  // Ends a formation in progress (shutdown).
+  void stop();
+
+ private:
+  StatusOr<std::string> announce(uint64_t epoch, const std::vector<std::string>& members);
+  std::vector<std::string> wait_for_members(const std::vector<std::string>& members);
+
+  const Config cfg_;
+  control::ControlServer& server_;
+  HostedStore store_;
+  std::atomic<uint64_t> epoch_{0};
+
+  std::mutex mu_;  // guards the formation state below
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  std::set<std::string> ready_;
+  std::map<std::string, std::string> failed_;
+};
+
+}  // namespace paramcast::group

@@ -1,0 +1,41 @@
+// GroupMember: group formation on a subscriber's side.
+//
+// The control thread turns a JoinGroup into GroupOptions (join_group.h); the
+// data thread calls join(), which creates this rank's communicator through a
+// RemoteStore over the control channel and reports GroupReady or GroupFailed
+// for that epoch. StoreValue answers and membership changes arrive from the
+// control thread.
+//
+// Threads: join() on the data thread; the on_* methods on the control thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/control/control_client.h"
+#include "common/data/communicator.h"
+#include "common/group/rendezvous_store.h"
+
+namespace paramcast::group {
+
+class GroupMember {
+ public:
+  GroupMember(std::string worker_id, control::ControlClient& client);
+
+  // Creates the communicator of `options.epoch` and says GroupReady, or says
+  // GroupFailed with the reason and returns it.
+  StatusOr<std::shared_ptr<Communicator>> join(const GroupOptions& options);
+
+  void on_store_value(uint64_t request_id, std::string value) { store_.deliver(request_id, std::move(value)); }
+  void on_joined() { store_.reset(); }
+  void on_unavailable(const std::string& why) { store_.fail(why); }
+
+ private:
+  const std::string id_;
+  control::ControlClient& client_;
+  std::atomic<uint64_t> epoch_{0};  // the epoch being joined, stamped on store messages
+  RemoteStore store_;
+};
+
+}  // namespace paramcast::group

@@ -1,0 +1,32 @@
+#include "common/group/join_group.h"
+
+namespace paramcast::group {
+
+void fill_join_group(proto::JoinGroup::Builder j, const GroupOptions& o, const std::vector<std::string>& members) {
+  j.setRank(static_cast<uint32_t>(o.rank));
+  j.setWorldSize(static_cast<uint32_t>(o.world_size));
+  j.setBackend(o.backend == Backend::kNccl ? proto::Backend::NCCL : proto::Backend::GLOO);
+  j.setBootstrap(kj::arrayPtr(reinterpret_cast<const kj::byte*>(o.bootstrap.data()), o.bootstrap.size()));
+  auto list = j.initMembers(static_cast<unsigned>(members.size()));
+  for (size_t k = 0; k < members.size(); ++k) list.set(static_cast<unsigned>(k), members[k]);
+  j.setInitTimeoutMs(static_cast<uint32_t>(o.init_timeout.count()));
+  j.setOpTimeoutMs(static_cast<uint32_t>(o.op_timeout.count()));
+}
+
+GroupOptions group_options_from(proto::JoinGroup::Reader j, uint64_t epoch, Device device,
+                                const DataPlaneOptions& data_plane) {
+  GroupOptions o;
+  o.epoch = epoch;
+  o.rank = static_cast<int>(j.getRank());
+  o.world_size = static_cast<int>(j.getWorldSize());
+  o.backend = j.getBackend() == proto::Backend::NCCL ? Backend::kNccl : Backend::kGloo;
+  o.bootstrap.assign(reinterpret_cast<const char*>(j.getBootstrap().begin()), j.getBootstrap().size());
+  o.device = device;
+  o.init_timeout = std::chrono::milliseconds(j.getInitTimeoutMs());
+  o.op_timeout = std::chrono::milliseconds(j.getOpTimeoutMs());
+  o.gloo_hostname = data_plane.gloo_hostname;
+  o.gloo_interface = data_plane.gloo_interface;
+  return o;
+}
+
+}  // namespace paramcast::group

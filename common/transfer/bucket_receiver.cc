@@ -1,0 +1,150 @@
+#include "common/transfer/bucket_receiver.h"
+
+#include <cstdio>
+#include <thread>
+
+#include "common/log.h"
+
+namespace paramcast::transfer {
+
+struct BucketReceiver::Update {
+  const UpdatePlan& plan;
+  const std::vector<const TensorView*>& dest;
+  Communicator& comm;
+  const Hooks& hooks;
+  std::vector<uint8_t*> in_place_at;
+  std::map<uint32_t, StagingBuffer> assembly;  // large tensors without a destination, by tensor index
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<uint8_t*> where;
+  std::vector<bool> in_place;
+
+  bool has_dest(uint32_t t) const { return dest[t] != nullptr; }
+  std::string bucket_name(size_t k) const { return "bucket " + std::to_string(k) + " of v" + std::to_string(plan.version); }
+};
+
+BucketReceiver::BucketReceiver(DeviceMemory* memory, Device device, std::chrono::milliseconds op_timeout,
+                               FaultInjection faults)
+    : mem_(memory), device_(device), op_timeout_(op_timeout), faults_(faults) {}
+
+Status BucketReceiver::receive(const UpdatePlan& plan, const std::vector<const TensorView*>& destinations,
+                               Communicator& comm, const Hooks& hooks) {
+  const size_t n = plan.buckets.size();
+  PC_CHECK_EQ(destinations.size(), plan.tensors.size());
+  Update u{plan, destinations, comm, hooks, std::vector<uint8_t*>(n, nullptr), {}, std::vector<std::shared_ptr<Work>>(n),
+           std::vector<uint8_t*>(n, nullptr), std::vector<bool>(n, false)};
+  auto registered = [&](uint32_t t) -> void* { return destinations[t] ? destinations[t]->data : nullptr; };
+  uint64_t staging_bytes = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const auto& b = plan.buckets[k];
+    if (!b.direct) u.in_place_at[k] = plan.in_place_base(k, registered);
+    const uint32_t t0 = b.pieces[0].tensor;
+    const bool staged = b.direct ? !u.has_dest(t0) && b.bytes == plan.nbytes[t0] : u.in_place_at[k] == nullptr;
+    if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
+  }
+  PC_RETURN_IF_ERROR(staging_.reserve(mem_, staging_bytes));
+  if (n > 0) PC_RETURN_IF_ERROR(issue(u, 0));
+  for (size_t k = 0; k < n; ++k) {
+    if (k + 1 < n) PC_RETURN_IF_ERROR(issue(u, k + 1));
+    PC_RETURN_IF_ERROR(finish(u, k));
+    if (faults_.stalls_after(plan.version, k)) {
+      PC_WARN("subscriber: fault injection: stalling after bucket " << k << " of v" << plan.version);
+      while (!stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return aborted("subscriber stopped mid-update (fault injection)");
+    }
+  }
+  return Status();
+}
+
+// Chooses where bucket k lands and issues its broadcast.
+Status BucketReceiver::issue(Update& u, size_t k) {
+  const auto& b = u.plan.buckets[k];
+  const auto& p0 = b.pieces[0];
+  if (b.direct && u.has_dest(p0.tensor)) {
+    u.where[k] = static_cast<uint8_t*>(u.dest[p0.tensor]->data) + p0.tensor_offset;
+  } else if (b.direct && b.bytes != u.plan.nbytes[p0.tensor]) {
+    auto& buf = u.assembly[p0.tensor];
+    if (!buf.data()) {
+      auto p = mem_->allocate(u.plan.nbytes[p0.tensor]);
+      if (!p.ok()) return p.status();
+      buf = StagingBuffer(mem_, *p, u.plan.nbytes[p0.tensor]);
+    }
+    u.where[k] = buf.data() + p0.tensor_offset;
+  } else if (uint8_t* base = u.in_place_at[k]) {
+    u.where[k] = base;  // the destinations lie in bucket layout: no staging, no unpack
+    u.in_place[k] = true;
+  } else {
+    u.where[k] = staging_.slot(k);
+  }
+  u.works[k] = u.comm.broadcast(u.where[k], b.bytes, 0);
+  return Status();
+}
+
+Status BucketReceiver::finish(Update& u, size_t k) {
+  const auto& b = u.plan.buckets[k];
+  PC_RETURN_IF_ERROR(u.works[k]->wait(Clock::now() + op_timeout_).with_context(u.bucket_name(k)));
+  if (faults_.corrupt_bucket == static_cast<int64_t>(k) && b.bytes > 0) {
+    faults_.corrupt_bucket = -1;  // once
+    uint8_t byte;
+    PC_RETURN_IF_ERROR(mem_->copy(&byte, u.where[k], 1));
+    byte ^= 0x01;
+    PC_RETURN_IF_ERROR(mem_->copy(u.where[k], &byte, 1));
+  }
+  if (u.plan.checksum == Checksum::kXxh64) PC_RETURN_IF_ERROR(verify(u, k));
+  std::vector<DeviceMemory::CopyOp> unpack;
+  if (!b.direct && !u.in_place[k])
+    for (const auto& p : b.pieces)
+      if (u.has_dest(p.tensor))
+        unpack.push_back({static_cast<uint8_t*>(u.dest[p.tensor]->data) + p.tensor_offset, u.where[k] + p.bucket_offset,
+                          p.length});
+  PC_RETURN_IF_ERROR(mem_->copy_many(unpack));
+  return deliver(u, k);
+}
+
+Status BucketReceiver::verify(Update& u, size_t k) {
+  const auto& b = u.plan.buckets[k];
+  auto got = mem_->checksum(u.where[k], b.bytes);
+  if (!got.ok()) return got.status();
+  if (!u.hooks.expected_checksum) return internal_error("checksums are on but no source of expected checksums");
+  auto expected = u.hooks.expected_checksum(k);
+  if (!expected.ok()) return expected.status();
+  if (*got == *expected) return Status();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "expected %016llx, got %016llx", static_cast<unsigned long long>(*expected),
+                static_cast<unsigned long long>(*got));
+  const bool written = u.in_place[k] || (b.direct && u.has_dest(b.pieces[0].tensor));
+  return data_corrupt("checksum mismatch in " + u.bucket_name(k) + " (tensors " + u.plan.bucket_tensor_names(k) +
+                      "): " + buf + (written ? "; the destinations hold the bad bytes" : "; nothing was unpacked"));
+}
+
+// Hands every tensor of bucket k that has no destination and is now complete to on_tensor.
+Status BucketReceiver::deliver(Update& u, size_t k) {
+  for (const auto& p : u.plan.buckets[k].pieces) {
+    if (u.has_dest(p.tensor)) continue;
+    if (p.tensor_offset + p.length != u.plan.nbytes[p.tensor]) continue;  // tensor not complete yet
+    const auto& spec = u.plan.tensors[p.tensor];
+    TensorView view;
+    view.spec = spec;
+    view.device = device_;
+    auto a = u.assembly.find(p.tensor);
+    view.data = a != u.assembly.end() ? a->second.data() : u.where[k] + p.bucket_offset;
+    if (u.hooks.on_tensor) {
+      Status cs = u.hooks.on_tensor(view);
+      if (!cs.ok()) return cs.with_context("tensor callback for '" + spec.name + "'");
+    }
+    if (a != u.assembly.end()) u.assembly.erase(a);
+  }
+  return Status();
+}
+
+Status BucketReceiver::drop(const UpdatePlan& plan, Communicator& comm) {
+  uint64_t largest = 0;
+  for (const auto& b : plan.buckets) largest = std::max(largest, b.bytes);
+  PC_RETURN_IF_ERROR(staging_.reserve(mem_, largest));
+  for (size_t k = 0; k < plan.buckets.size(); ++k)
+    PC_RETURN_IF_ERROR(comm.broadcast(staging_.slot(k), plan.buckets[k].bytes, 0)
+                           ->wait(Clock::now() + op_timeout_)
+                           .with_context("dropped bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
+  return Status();
+}
+
+}  // namespace paramcast::transfer

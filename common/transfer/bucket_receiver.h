@@ -1,0 +1,62 @@
+// BucketReceiver: a receiving rank's half of the transfer pipeline.
+//
+// receive() follows the root's broadcasts of one UpdatePlan: bucket k+1 is
+// received while bucket k is verified and unpacked. Each bucket lands where
+// it costs least: straight in a registered destination (a direct bucket), in
+// the destinations in place (a packed bucket whose destinations lie back to
+// back), in a per-tensor assembly buffer (chunks of a large tensor without a
+// destination), or in a staging slot that is then unpacked. Every tensor
+// without a destination is handed to on_tensor once complete. With checksums
+// on, each bucket is verified against expected_checksum(k) before unpack; a
+// mismatch names the bucket and its tensors. drop() follows the collective
+// into staging only (a plan this rank refused) so the others complete.
+//
+// Thread-safety: one call at a time (the subscriber's data thread).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "common/data/communicator.h"
+#include "common/data/device_memory.h"
+#include "common/plan.h"
+#include "common/transfer/fault_injection.h"
+
+namespace paramcast::transfer {
+
+class BucketReceiver {
+ public:
+  struct Hooks {
+    // The publisher's checksum of bucket k (waits for it to arrive).
+    std::function<StatusOr<uint64_t>(size_t bucket)> expected_checksum;
+    // A complete tensor that has no destination; the view is valid during the call.
+    std::function<Status(const TensorView&)> on_tensor;
+  };
+
+  BucketReceiver(DeviceMemory* memory, Device device, std::chrono::milliseconds op_timeout, FaultInjection faults = {});
+
+  // `destinations[i]` is where plan.tensors[i] goes, or null (on_tensor).
+  Status receive(const UpdatePlan& plan, const std::vector<const TensorView*>& destinations, Communicator& comm,
+                 const Hooks& hooks);
+  Status drop(const UpdatePlan& plan, Communicator& comm);
+  void stop() { stopping_ = true; }
+
+ private:
+  struct Update;  // the state of one receive()
+  Status issue(Update& u, size_t k);
+  Status finish(Update& u, size_t k);
+  Status verify(Update& u, size_t k);
+  Status deliver(Update& u, size_t k);
+
+  DeviceMemory* const mem_;
+  const Device device_;
+  const std::chrono::milliseconds op_timeout_;
+  FaultInjection faults_;
+  StagingPair staging_;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace paramcast::transfer

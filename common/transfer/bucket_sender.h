@@ -1,0 +1,55 @@
+// BucketSender: the root's half of the transfer pipeline.
+//
+// send() moves one UpdatePlan's buckets from the caller's tensors through a
+// Communicator: bucket k+1 is packed while bucket k is on the wire (two
+// staging slots, at most two broadcasts in flight). A direct bucket goes
+// straight from the tensor's buffer; a packed bucket whose tensors lie back
+// to back in memory (a flat parameter buffer, a weight arena) goes in place.
+// With checksums on, each bucket's xxh64 is handed to on_checksum before the
+// bucket is broadcast. Written once for host and CUDA memory (DeviceMemory).
+//
+// Thread-safety: one send() at a time; stop() from any thread ends a stall
+// injected for tests.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "common/data/communicator.h"
+#include "common/data/device_memory.h"
+#include "common/plan.h"
+#include "common/transfer/fault_injection.h"
+
+namespace paramcast::transfer {
+
+class BucketSender {
+ public:
+  struct Hooks {
+    // Bucket k's checksum (checksums on), before its broadcast is issued.
+    std::function<void(size_t bucket, uint64_t checksum)> on_checksum;
+    // Bucket k has left this rank: bytes sent so far of the update's total.
+    std::function<void(uint64_t sent, uint64_t total)> on_progress;
+  };
+
+  BucketSender(DeviceMemory* memory, std::chrono::milliseconds op_timeout, FaultInjection faults = {});
+
+  // `tensors[i]` holds plan.tensors[i]. Returns the first failure, naming the bucket.
+  Status send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
+              const Hooks& hooks);
+  void stop() { stopping_ = true; }
+
+ private:
+  StatusOr<uint8_t*> stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
+                           uint8_t* in_place);
+  Status finish(const UpdatePlan& plan, size_t k, Work& work, const Hooks& hooks, uint64_t& sent);
+
+  DeviceMemory* const mem_;
+  const std::chrono::milliseconds op_timeout_;
+  const FaultInjection faults_;
+  StagingPair staging_;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace paramcast::transfer

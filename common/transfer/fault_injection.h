@@ -1,0 +1,37 @@
+// FaultInjection: test hooks of the transfer pipeline, read from the
+// environment when a Publisher or Subscriber is created, so process-level
+// tests can make a real rank misbehave at a chosen point of a real update.
+//
+//   PARAMCAST_FAULT_STALL_AFTER_BUCKET=K     stall after bucket K of every update
+//   PARAMCAST_FAULT_STALL_AFTER_BUCKET=V:K   ... of version V only
+//   PARAMCAST_FAULT_CORRUPT_BUCKET=K         flip one received bit of bucket K, once
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace paramcast::transfer {
+
+struct FaultInjection {
+  int64_t stall_after_bucket = -1;
+  uint64_t stall_version = 0;  // 0: any version
+  int64_t corrupt_bucket = -1;
+
+  bool stalls_after(uint64_t version, size_t bucket) const {
+    return stall_after_bucket == static_cast<int64_t>(bucket) && (stall_version == 0 || stall_version == version);
+  }
+
+  static FaultInjection from_env() {
+    FaultInjection f;
+    if (const char* v = std::getenv("PARAMCAST_FAULT_STALL_AFTER_BUCKET")) {
+      const char* colon = std::strchr(v, ':');
+      f.stall_version = colon ? std::strtoull(v, nullptr, 10) : 0;
+      f.stall_after_bucket = std::atoll(colon ? colon + 1 : v);
+    }
+    if (const char* v = std::getenv("PARAMCAST_FAULT_CORRUPT_BUCKET")) f.corrupt_bucket = std::atoll(v);
+    return f;
+  }
+};
+
+}  // namespace paramcast::transfer

@@ -1,0 +1,120 @@
+// SubscriberImpl: the update protocol on an inference engine's side, as
+// orchestration of the rooms that do the work:
+//
+//   control::ControlClient    join, heartbeats, reconnect (control thread)
+//   group::GroupMember        communicator per epoch, rendezvous over control
+//   transfer::BucketReceiver  receive, verify and unpack the buckets
+//   check_plan                can this engine take the plan?
+//
+// Threads: the client's control thread calls the Listener methods: it checks
+// plans, answers them and queues jobs, never waiting on data. The data thread
+// runs the jobs in order (join an epoch, receive an update), so heartbeats
+// never wait for data. mu_ guards what both threads touch; it is never held
+// while calling a communicator, a hook or the engine's callback.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "common/control/control_client.h"
+#include "common/data/communicator.h"
+#include "common/data/device_memory.h"
+#include "common/group/group_member.h"
+#include "common/plan.h"
+#include "common/transfer/bucket_receiver.h"
+#include "inference_side/subscriber.h"
+
+namespace paramcast {
+
+class SubscriberImpl : public control::ControlClient::Listener {
+ public:
+  SubscriberImpl(const Config& config, std::string id);
+  ~SubscriberImpl() override;
+
+  Status register_tensor(const TensorView& destination);
+  Status start();
+  void stop();
+  WeightState state() const;
+  bool joined() const { return client_->joined(); }
+  uint64_t staging_peak() const;
+  std::optional<UpdateReport> next_report(std::chrono::milliseconds timeout);
+  void inject(const void* data, size_t size);
+
+  TensorCallback callback_;
+  UpdateBeginHook begin_hook_;
+  UpdateEndHook end_hook_;
+
+  // control::ControlClient::Listener (control thread)
+  void on_joined() override;
+  void on_membership_lost(const std::string& why) override;
+  void on_refused(const Status& why) override;
+  void on_message(proto::Envelope::Reader envelope) override;
+  control::WeightReport weight_report() override;
+
+ private:
+  struct Job {
+    enum class Kind { kJoin, kReceive } kind;
+    uint64_t epoch = 0;
+    GroupOptions group;
+    std::shared_ptr<UpdatePlan> plan;
+    // Non-empty: a precommitted plan this subscriber cannot take. Its buckets
+    // are received and dropped so that the collective completes; no tensor is
+    // touched and the update is reported rejected with this text.
+    std::string discard;
+  };
+
+  // Control thread.
+  uint64_t client_epoch();
+  void on_join_group(proto::Envelope::Reader env);
+  void on_plan(proto::Envelope::Reader env);
+  void answer_plan(uint64_t version, const std::vector<Mismatch>& mismatches);
+  void on_commit(uint64_t epoch, uint64_t version);
+  void abort_comm(const std::string& why, uint64_t only_version = 0);
+  void push_job(Job job);
+  std::vector<Mismatch> check(const UpdatePlan& plan);
+
+  // Data thread.
+  void data_loop();
+  void join(const Job& job);
+  void receive(const Job& job);
+  Status move(const Job& job, Communicator* comm, bool& collective_done);
+  StatusOr<uint64_t> expected_checksum(uint64_t version, size_t bucket);
+  uint64_t combined_checksum(const UpdatePlan& plan);
+  void report(const Job& job, const Status& s, uint64_t checksum, double seconds);
+
+  const Config cfg_;
+  const std::string id_;
+  const Device device_;
+  std::unique_ptr<control::ControlClient> client_;
+  std::unique_ptr<group::GroupMember> group_;
+  std::unique_ptr<DeviceMemory> mem_;                   // data thread only
+  std::unique_ptr<transfer::BucketReceiver> receiver_;  // data thread only
+  const transfer::FaultInjection faults_;
+  std::thread data_thread_;
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex reg_mu_;
+  std::map<std::string, TensorView> registry_;
+
+  mutable std::mutex mu_;  // shared state of both threads
+  std::condition_variable cv_;
+  Status fatal_;
+  uint64_t epoch_ = 0;
+  WeightState state_;
+  std::deque<UpdateReport> reports_;
+  std::map<std::pair<uint64_t, uint32_t>, uint64_t> checksums_;
+  uint64_t receiving_version_ = 0;
+  std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_
+  std::shared_ptr<UpdatePlan> pending_plan_;  // control thread only
+
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<Job> jobs_;
+};
+
+}  // namespace paramcast

@@ -1,0 +1,99 @@
+// PublisherImpl: the update protocol on the trainer's side, as orchestration
+// of the rooms that do the work:
+//
+//   control::ControlServer   who is a member, heartbeats, status (control thread)
+//   group::GroupHost         epochs, ranks, bootstrap, rendezvous store
+//   transfer::BucketSender   pack and broadcast the buckets
+//   UpdateRound              what each member answered for the update in flight
+//
+// One weight_update: plan -> group -> check -> move -> applied.
+//
+// Threads: the caller's thread runs weight_update/start (serialized by
+// update_mu_); the server's control thread calls the Listener methods, which
+// only record answers and wake the caller (and abort a communicator on a
+// member loss). mu_ guards what both threads touch; it may be held while
+// calling the server (whose lock is a leaf), never while forming a group or
+// waiting on the data plane.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "common/control/control_server.h"
+#include "common/data/communicator.h"
+#include "common/data/device_memory.h"
+#include "common/group/group_host.h"
+#include "common/transfer/bucket_sender.h"
+#include "trainer_side/publisher.h"
+#include "trainer_side/update_round.h"
+
+namespace paramcast {
+
+class PublisherImpl : public control::ControlServer::Listener {
+ public:
+  explicit PublisherImpl(const Config& config);
+  ~PublisherImpl() override;
+
+  Status init();
+  std::string endpoint() const { return server_.endpoint(); }
+  Status start();
+  UpdateResult weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version);
+  void set_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback);
+  std::optional<MemberEvent> poll_event();
+  PublisherStats stats() const;
+  void shutdown();
+  void inject(const std::string& peer, const void* data, size_t size);
+
+  // control::ControlServer::Listener (control thread)
+  void on_member_message(const std::string& id, proto::Envelope::Reader envelope) override;
+  void on_member_event(const MemberEvent& event, int rank) override;
+
+ private:
+  StatusOr<UpdatePlan> make_plan(const std::vector<TensorView>& tensors, std::optional<uint64_t> version,
+                                 UpdateResult& r);
+  void run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, UpdateResult& r);
+  Status ensure_group();
+  Status form_group();
+  bool send_plan(const UpdatePlan& plan, UpdateResult& r);
+  bool check_plan(const UpdatePlan& plan, UpdateResult& r);
+  Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors);
+  void collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r);
+  void abandon_locked(uint64_t version, const std::string& reason);
+  bool is_live(const std::string& id) const { return server_.is_live(id); }
+  std::string silence() const;
+
+  const Config cfg_;
+  control::ControlServer server_;
+  group::GroupHost groups_;
+  std::unique_ptr<DeviceMemory> mem_;
+  std::unique_ptr<transfer::BucketSender> sender_;
+  std::atomic<bool> stopped_{false};
+
+  mutable std::mutex mu_;  // shared with the control thread; guards everything below
+  std::condition_variable cv_;
+  std::deque<MemberEvent> events_;
+  bool needs_reform_ = true;
+  std::vector<std::string> group_;  // members of the current epoch's group, ranks 1..n
+  UpdateRound round_;
+  std::shared_ptr<Communicator> active_comm_;  // the communicator of the update in flight
+  // The manifest every member of `epoch` accepted in the last successful update.
+  struct ValidatedManifest {
+    uint64_t epoch;
+    uint64_t hash;
+    Checksum checksum;
+  };
+  std::optional<ValidatedManifest> validated_;
+  uint64_t published_version_ = 0;
+
+  std::mutex update_mu_;  // serializes updates; guards everything below
+  std::shared_ptr<Communicator> comm_;
+  uint64_t last_version_ = 0;
+  std::function<void(uint64_t, uint64_t, uint64_t)> progress_;
+};
+
+}  // namespace paramcast
