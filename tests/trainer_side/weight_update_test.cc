@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -63,7 +65,10 @@ class WeightUpdateTest : public ::testing::Test {
         }
       }
       w->sub->on_update_begin([raw](uint64_t v) { raw->begun.push_back(v); });
-      w->sub->on_update_end([raw](uint64_t v, const Status&) { raw->ended.push_back(v); });
+      w->sub->on_update_end([this, raw, i](uint64_t v, const Status&) {
+        raw->ended.push_back(v);
+        return end_status_ ? end_status_(i, v) : Status();
+      });
       ASSERT_TRUE(w->sub->start().ok());
       workers_.push_back(std::move(w));
     }
@@ -98,6 +103,8 @@ class WeightUpdateTest : public ::testing::Test {
 
   std::unique_ptr<Publisher> pub_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  // What worker i's on_update_end hook returns for version v (set before start()).
+  std::function<Status(int, uint64_t)> end_status_;
 };
 
 TEST_F(WeightUpdateTest, SeveralVersionsBitExactInBothModes) {
@@ -122,6 +129,46 @@ TEST_F(WeightUpdateTest, SeveralVersionsBitExactInBothModes) {
   EXPECT_EQ(pub_->stats().published_version, 3u);
   // Staging stays within two buckets on the publisher.
   EXPECT_LE(pub_->stats().staging_peak_bytes, 2 * test::test_config(7).data_plane.bucket_bytes);
+}
+
+// The engine's post-processing is part of the update: Applied follows the
+// on_update_end hook, and a failing hook fails the update naming the worker.
+TEST_F(WeightUpdateTest, EndHookRunsBeforeAppliedAndItsFailureFailsTheUpdate) {
+  std::vector<TensorSpec> specs = {{"a", DType::kF32, {64}}, {"b", DType::kBF16, {300000}}};
+  std::atomic<int> slow_hooks_done{0};
+  end_status_ = [&](int worker, uint64_t v) {
+    if (v == 1) {
+      // A slow post-processing step (fusing, resharding): the trainer must wait for it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ++slow_hooks_done;
+    }
+    if (v == 2 && worker == 1) return internal_error("fused qkv shape check failed");
+    return Status();
+  };
+  start(test::test_config(3), 3, specs, [](int i) { return i == 2; });
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  UpdateResult r1 = pub_->weight_update(t.views());
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  EXPECT_EQ(slow_hooks_done.load(), 3) << "weight_update returned before every engine finished post-processing";
+
+  t.fill(2);
+  UpdateResult r2 = pub_->weight_update(t.views());
+  ASSERT_FALSE(r2.ok());
+  EXPECT_EQ(r2.status.code(), Code::kInternal) << r2.status.to_string();
+  EXPECT_NE(r2.status.message().find("subscriber 'worker-2': on_update_end hook: fused qkv shape check failed"),
+            std::string::npos)
+      << r2.status.message();
+  for (const auto& o : r2.subscribers) EXPECT_EQ(o.status.ok(), o.worker_id != "worker-2") << o.worker_id;
+  // The engine could not finish v2: its state says so, and so does its own report.
+  EXPECT_EQ(workers_[1]->sub->state().kind, WeightStateKind::kDirty);
+  EXPECT_EQ(workers_[1]->sub->state().dirty_version, 2u);
+  EXPECT_EQ(workers_[0]->sub->state().version, 2u);
+  // The next update re-forms the group and succeeds everywhere.
+  t.fill(3);
+  UpdateResult r3 = pub_->weight_update(t.views());
+  ASSERT_TRUE(r3.ok()) << r3.status.to_string();
+  expect_holds(t, 3);
 }
 
 class TensorCountTest : public WeightUpdateTest, public ::testing::WithParamInterface<int> {};
