@@ -2,9 +2,11 @@
 // the bucket pipeline (trainer_side / inference_side) is written once for
 // host memory (Gloo) and CUDA memory (NCCL).
 //
-// Thread-safety: one instance per pipeline thread.
+// Thread-safety: one instance per pipeline thread; allocated() and peak()
+// may be read from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
@@ -32,16 +34,17 @@ class DeviceMemory {
   // xxh64 of the bytes (device bytes are hashed on the host for now).
   virtual StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) = 0;
   // Bytes currently allocated through this object, and the peak.
-  uint64_t allocated() const { return allocated_; }
-  uint64_t peak() const { return peak_; }
+  // Readable from any thread (stats); written by the owning thread.
+  uint64_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
+  uint64_t peak() const { return peak_.load(std::memory_order_relaxed); }
 
  protected:
   // Bookkeeping shared by the implementations: record an allocation, and
   // forget one (returns false for a pointer this object did not allocate).
   void remember(void* ptr, size_t bytes) {
     sizes_[ptr] = bytes;
-    allocated_ += bytes;
-    if (allocated_ > peak_) peak_ = allocated_;
+    const uint64_t now = allocated_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    if (now > peak_.load(std::memory_order_relaxed)) peak_.store(now, std::memory_order_relaxed);
   }
   bool forget(void* ptr) {
     auto it = sizes_.find(ptr);
@@ -54,8 +57,8 @@ class DeviceMemory {
 
  private:
   std::unordered_map<void*, size_t> sizes_;
-  uint64_t allocated_ = 0;
-  uint64_t peak_ = 0;
+  std::atomic<uint64_t> allocated_{0};
+  std::atomic<uint64_t> peak_{0};
 };
 
 StatusOr<std::unique_ptr<DeviceMemory>> create_device_memory(Device device);

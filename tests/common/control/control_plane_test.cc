@@ -34,6 +34,12 @@ class Recorder {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, timeout, [&] { return pred(); });
   }
+  // Reads recorded state under the lock (callbacks may still be running).
+  template <typename F>
+  auto get(F f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return f();
+  }
   void note(const std::function<void()>& f) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -131,8 +137,8 @@ TEST_F(ControlPlaneTest, MembersJoinAndMessagesFlowBothWays) {
   // Server -> member.
   server->send("worker-a", make_message(0, server->incarnation(), [](auto m) { m.initCommit().setVersion(3); }));
   ASSERT_TRUE(a_events.wait([&] { return !a_events.messages.empty(); }));
-  EXPECT_EQ(a_events.messages[0], "commit");
-  EXPECT_TRUE(b_events.messages.empty());
+  EXPECT_EQ(a_events.get([&] { return a_events.messages[0]; }), "commit");
+  EXPECT_TRUE(b_events.get([&] { return b_events.messages.empty(); }));
 }
 
 TEST_F(ControlPlaneTest, DuplicateIdIsRefusedAndTheFirstMemberStays) {
@@ -143,13 +149,13 @@ TEST_F(ControlPlaneTest, DuplicateIdIsRefusedAndTheFirstMemberStays) {
   ASSERT_TRUE(first_events.wait([&] { return first_events.joins == 1; }));
   auto second = start_client(second_events, "worker-1", server->endpoint());
   ASSERT_TRUE(second_events.wait([&] { return !second_events.refused.ok(); }));
-  EXPECT_EQ(second_events.refused.code(), Code::kRejected);
-  EXPECT_NE(second_events.refused.message().find("already used by a live subscriber"), std::string::npos)
-      << second_events.refused.message();
-  EXPECT_EQ(second_events.joins, 0);
+  const Status refused = second_events.get([&] { return second_events.refused; });
+  EXPECT_EQ(refused.code(), Code::kRejected);
+  EXPECT_NE(refused.message().find("already used by a live subscriber"), std::string::npos) << refused.message();
+  EXPECT_EQ(second_events.get([&] { return second_events.joins; }), 0);
   EXPECT_TRUE(first->joined());
   EXPECT_TRUE(server->is_live("worker-1"));
-  EXPECT_FALSE(server_events.has(MemberEvent::Kind::kRejoined, "worker-1"));
+  EXPECT_FALSE(server_events.get([&] { return server_events.has(MemberEvent::Kind::kRejoined, "worker-1"); }));
 }
 
 TEST_F(ControlPlaneTest, SilentMemberIsDeclaredLostWithinItsBound) {
@@ -181,7 +187,8 @@ TEST_F(ControlPlaneTest, SilentMemberIsDeclaredLostWithinItsBound) {
   const auto silent_since = Clock::now();
   ASSERT_TRUE(server->is_live("worker-s"));
   ASSERT_TRUE(server_events.wait([&] { return server_events.lost_at.count("worker-s") > 0; }, 10s));
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(server_events.lost_at["worker-s"] - silent_since);
+  const auto lost_at = server_events.get([&] { return server_events.lost_at["worker-s"]; });
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(lost_at - silent_since);
   const auto timeout = fast_options().heartbeat_timeout, interval = fast_options().heartbeat_interval;
   EXPECT_GE(ms, timeout) << "declared lost before heartbeat_timeout";
   // Bound: timeout + one interval of liveness checks; 1.5 s of slack for a loaded machine.
@@ -199,14 +206,14 @@ TEST_F(ControlPlaneTest, ClientRejoinsAPublisherRestartedOnTheSameEndpoint) {
   ASSERT_TRUE(client_events.wait([&] { return client_events.joins == 1; }));
   first->stop("restarting");
   ASSERT_TRUE(client_events.wait([&] { return !client_events.lost.empty(); }));
-  EXPECT_EQ(client_events.lost[0], "publisher left");
+  EXPECT_EQ(client_events.get([&] { return client_events.lost[0]; }), "publisher left");
   EXPECT_FALSE(client->joined());
   first.reset();
   ServerSide second_events;
   auto second = start_server(second_events, 1, endpoint);
   ASSERT_TRUE(client_events.wait([&] { return client_events.joins == 2; }, 15s));
   EXPECT_TRUE(second->is_live("worker-r"));
-  EXPECT_TRUE(second_events.has(MemberEvent::Kind::kJoined, "worker-r"));
+  EXPECT_TRUE(second_events.get([&] { return second_events.has(MemberEvent::Kind::kJoined, "worker-r"); }));
 }
 
 TEST_F(ControlPlaneTest, StoppedClientSaysLeave) {
@@ -218,7 +225,7 @@ TEST_F(ControlPlaneTest, StoppedClientSaysLeave) {
   client->stop();
   ASSERT_TRUE(server_events.wait([&] { return server_events.has(MemberEvent::Kind::kLeft, "worker-l"); }, 5s));
   EXPECT_FALSE(server->is_live("worker-l"));
-  EXPECT_EQ(server_events.lost_at.count("worker-l"), 0u);
+  EXPECT_EQ(server_events.get([&] { return server_events.lost_at.count("worker-l"); }), 0u);
 }
 
 }  // namespace
