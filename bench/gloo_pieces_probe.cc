@@ -30,7 +30,21 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
+
 namespace {
+
+const paramcast::Tool kTool{
+    .name = "gloo-pieces-probe",
+    .usage = "usage: gloo-pieces-probe [PIECES=10000] [WINDOW=256] [SIZE_MIB=1024]\n"
+             "\n"
+             "Times, over 8 forked ranks on one machine, a Gloo broadcast of one flat buffer\n"
+             "of SIZE_MIB MiB against per-piece messages (PIECES pieces, WINDOW in flight)\n"
+             "through a binomial tree: the experiment behind docs/PERFORMANCE.md's\n"
+             "\"separate allocations\" analysis. Not part of ParamCast.\n"
+             "\n"
+             "  -h, --help  print this and exit\n",
+};
 
 constexpr int kWorld = 8;
 constexpr int kRepeats = 3;
@@ -110,13 +124,15 @@ int run_rank(int rank, const std::string& dir, size_t bytes, int pieces, int win
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int pieces = argc > 1 ? std::atoi(argv[1]) : 10000;
-  const int window = argc > 2 ? std::atoi(argv[2]) : 256;
-  const size_t bytes = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1024) << 20;
-  if (pieces < 1 || window < 1 || bytes < static_cast<size_t>(pieces)) {
-    std::fprintf(stderr, "usage: gloo-pieces-probe [PIECES>=1] [WINDOW>=1] [SIZE_MIB>=1]\n");
-    return 2;
-  }
+  const paramcast::Flags flags = paramcast::parse_flags(argc, argv, 1, kTool);
+  if (auto code = paramcast::finish_flags(flags, kTool)) return *code;
+  const auto& args = flags.positional;
+  if (args.size() > 3) return paramcast::usage_error(kTool, "unexpected argument '" + args[3] + "'");
+  const int pieces = args.size() > 0 ? std::atoi(args[0].c_str()) : 10000;
+  const int window = args.size() > 1 ? std::atoi(args[1].c_str()) : 256;
+  const size_t bytes = (args.size() > 2 ? std::strtoull(args[2].c_str(), nullptr, 10) : 1024) << 20;
+  if (pieces < 1 || window < 1 || bytes < static_cast<size_t>(pieces))
+    return paramcast::usage_error(kTool, "PIECES, WINDOW and SIZE_MIB must be at least 1, PIECES at most SIZE_MIB MiB");
   char tmpl[] = "/tmp/gloo-pieces-probe-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   std::printf("gloo-pieces-probe: %d ranks, %zu MiB, %d pieces, window %d\n", kWorld, bytes >> 20, pieces, window);

@@ -407,10 +407,39 @@ int run_root(Options o, const std::string& self) {
   return 0;
 }
 
+const Tool kTool{
+    .name = "paramcast-bench",
+    .usage = "usage: paramcast-bench [--backend gloo|nccl] [--world 8] [--size 1GiB] [--counts 1,291,10000]\n"
+             "                       [--repeats 3] [--latency-updates 200] [--bucket 256MiB]\n"
+             "                       [--checksum none|xxh64] [--layout separate|arena] [--gpus N]\n"
+             "                       [--json FILE]\n"
+             "\n"
+             "weight_update against the raw backend broadcast of the same bytes, on one\n"
+             "machine: this process is rank 0, the other ranks are this program re-executed.\n"
+             "\n"
+             "  --backend gloo|nccl      data plane (default gloo)\n"
+             "  --world N                ranks, this one included (default 8)\n"
+             "  --size SIZE              bytes per update (default 1GiB)\n"
+             "  --counts N,...           tensor counts to split SIZE into (default 1,291,10000)\n"
+             "  --repeats N              timed runs per case (default 3)\n"
+             "  --latency-updates N      4-byte updates for the latency figures (default 200)\n"
+             "  --bucket SIZE            bucket size (default 256MiB)\n"
+             "  --checksum none|xxh64    per-bucket checksums (default none)\n"
+             "  --layout separate|arena  one allocation per tensor, or one flat buffer\n"
+             "  --gpus N                 GPUs to spread the ranks over (nccl; default 1)\n"
+             "  --json FILE              also write the results as JSON to FILE\n"
+             "  -h, --help               print this and exit\n",
+    // role, rank and dir: how the root starts the receivers (not for people).
+    .value_flags = {"backend", "world", "size", "counts", "repeats", "latency-updates", "bucket", "checksum",
+                    "layout", "gpus", "json", "role", "rank", "dir"},
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags f = parse_flags(argc, argv, 1);
+  Flags f = parse_flags(argc, argv, 1, kTool);
+  if (auto code = finish_flags(f, kTool)) return *code;
+  if (!f.positional.empty()) return usage_error(kTool, "unexpected argument '" + f.positional[0] + "'");
   Options o;
   if (f.get("backend", "gloo") == "nccl") o.backend = Backend::kNccl;
   o.world = std::atoi(f.get("world", "8").c_str());
@@ -427,14 +456,9 @@ int main(int argc, char** argv) {
     std::stringstream ss(f.get("counts"));
     for (std::string c; std::getline(ss, c, ',');) o.counts.push_back(std::atoi(c.c_str()));
   }
-  if (!f.error.empty() || o.world < 2 || o.size == 0 || o.repeats < 1) {
-    std::fprintf(stderr,
-                 "usage: paramcast-bench [--backend gloo|nccl] [--world 8] [--size 1GiB] [--counts 1,291,10000]\n"
-                 "                       [--repeats 3] [--latency-updates 200] [--bucket 256MiB]\n"
-                 "                       [--checksum none|xxh64] [--layout separate|arena] [--gpus N]\n"
-                 "                       [--json FILE]\n");
-    return 2;
-  }
+  if (o.world < 2) return usage_error(kTool, "--world must be at least 2");
+  if (o.size == 0) return usage_error(kTool, "bad --size '" + f.get("size") + "'");
+  if (o.repeats < 1) return usage_error(kTool, "--repeats must be at least 1");
   set_log_level(LogLevel::kWarn);
   if (f.get("role") == "receiver") {
     o.dir = f.get("dir");

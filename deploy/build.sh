@@ -13,7 +13,9 @@ while [ $# -gt 0 ]; do
   cmake_args+=("$1"); shift
 done
 bash "$root/deploy/install-deps.sh"
-if [ ! -f "$dir/build.ninja" ]; then
+# Configure on the first run, and again whenever CMake arguments are given, so
+# that they reach a build directory configured before (e.g. -DPARAMCAST_WERROR=ON).
+if [ ! -f "$dir/build.ninja" ] || [ ${#cmake_args[@]} -gt 0 ]; then
   cmake -S "$root" -B "$dir" -G Ninja "${cmake_args[@]}" >/dev/null
 fi
 if [ ${#targets[@]} -gt 0 ]; then

@@ -1,6 +1,7 @@
 // paramcast: operator commands.
 //   paramcast launch FILE.yaml   run every role of a single-host deployment
 //   paramcast status ENDPOINT    ask a running publisher for its members
+//   paramcast [COMMAND] --help   usage
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +25,46 @@
 using namespace paramcast;
 
 namespace {
+
+const Tool kMain{
+    .name = "paramcast",
+    .usage = "usage: paramcast COMMAND [ARGS...]\n"
+             "\n"
+             "commands:\n"
+             "  launch FILE.yaml                      run every role of a single-host deployment\n"
+             "  status tcp://HOST:PORT [--json] [--timeout 2s]\n"
+             "                                        members, ranks, epoch, versions of a publisher\n"
+             "\n"
+             "  -h, --help  print this and exit; `paramcast COMMAND --help` describes one command\n",
+    // Every command's flags, to find the command among them (see main).
+    .value_flags = {"timeout"},
+    .bool_flags = {"json"},
+};
+
+const Tool kLaunch{
+    .name = "paramcast launch",
+    .usage = "usage: paramcast launch FILE.yaml\n"
+             "\n"
+             "Runs every role of the single-host deployment FILE.yaml: one paramcast-trainer\n"
+             "and one paramcast-worker per worker, with their output prefixed by role. When\n"
+             "one role fails (or on Ctrl-C) it stops every role. Exit 0 when all succeeded.\n"
+             "\n"
+             "  -h, --help  print this and exit\n",
+};
+
+const Tool kStatus{
+    .name = "paramcast status",
+    .usage = "usage: paramcast status tcp://HOST:PORT [--json] [--timeout 2s]\n"
+             "\n"
+             "Asks the publisher at tcp://HOST:PORT for its members: rank, weight version,\n"
+             "state, heartbeat age, device, host and pid of each, and the group's epoch.\n"
+             "\n"
+             "  --json          one JSON object instead of a table\n"
+             "  --timeout DUR   how long to wait for an answer (default 2s)\n"
+             "  -h, --help      print this and exit\n",
+    .value_flags = {"timeout"},
+    .bool_flags = {"json"},
+};
 
 std::string self_dir() {
   char buf[4096];
@@ -94,10 +135,8 @@ void pump(Child& c, bool flush) {
 }
 
 int launch(const Flags& flags) {
-  if (flags.positional.size() < 2) {
-    std::fprintf(stderr, "usage: paramcast launch FILE.yaml\n");
-    return 2;
-  }
+  if (flags.positional.size() < 2) return usage_error(kLaunch, "missing FILE.yaml");
+  if (flags.positional.size() > 2) return usage_error(kLaunch, "unexpected argument '" + flags.positional[2] + "'");
   const std::string file = flags.positional[1];
   auto cfg = load_config_file(file);
   if (!cfg.ok()) {
@@ -187,10 +226,8 @@ int launch(const Flags& flags) {
 }
 
 int status(const Flags& flags) {
-  if (flags.positional.size() < 2) {
-    std::fprintf(stderr, "usage: paramcast status tcp://HOST:PORT [--json] [--timeout 2s]\n");
-    return 2;
-  }
+  if (flags.positional.size() < 2) return usage_error(kStatus, "missing tcp://HOST:PORT");
+  if (flags.positional.size() > 2) return usage_error(kStatus, "unexpected argument '" + flags.positional[2] + "'");
   const std::string endpoint = flags.positional[1];
   auto timeout = parse_duration(flags.get("timeout", "2s")).value_or(std::chrono::seconds(2));
   zmq::context_t ctx;
@@ -251,12 +288,16 @@ int status(const Flags& flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags = parse_flags(argc, argv, 1, {"json"});
-  const std::string cmd = flags.positional.empty() ? "" : flags.positional[0];
-  if (cmd == "launch") return launch(flags);
-  if (cmd == "status") return status(flags);
-  std::fprintf(stderr,
-               "usage: paramcast launch FILE.yaml       run every role of a single-host deployment\n"
-               "       paramcast status ENDPOINT [--json]  members, ranks, epoch, versions of a publisher\n");
-  return 2;
+  // The command is the first argument that is not a flag (flags may come
+  // before it); then the command's own Tool checks the flags.
+  const Flags any = parse_flags(argc, argv, 1, kMain);
+  const std::string cmd = any.positional.empty() ? "" : any.positional[0];
+  if (cmd == "launch" || cmd == "status") {
+    const Tool& tool = cmd == "launch" ? kLaunch : kStatus;
+    const Flags flags = parse_flags(argc, argv, 1, tool);
+    if (auto code = finish_flags(flags, tool)) return *code;
+    return cmd == "launch" ? launch(flags) : status(flags);
+  }
+  if (auto code = finish_flags(any, kMain)) return *code;
+  return usage_error(kMain, cmd.empty() ? "missing COMMAND" : "unknown command '" + cmd + "'");
 }

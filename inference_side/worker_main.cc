@@ -18,17 +18,34 @@ using namespace paramcast;
 namespace {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
+
+const Tool kTool{
+    .name = "paramcast-worker",
+    .usage = "usage: paramcast-worker --config FILE.yaml --id WORKER_ID [--endpoint tcp://H:P]\n"
+             "                        [--mode registered|callback] [--updates N (0: run until stopped)]\n"
+             "                        [--model-size 64MiB]\n"
+             "\n"
+             "Stands in for an inference engine: joins the publisher, receives every update\n"
+             "of the synthetic LLM and verifies every byte. Stops on SIGTERM / SIGINT.\n"
+             "\n"
+             "  --config FILE.yaml    the deployment (required)\n"
+             "  --id WORKER_ID        this worker's id, e.g. worker-1 (required)\n"
+             "  --endpoint tcp://H:P  the publisher's control endpoint, instead of the file's\n"
+             "  --mode MODE           registered: tensors land in registered buffers (default);\n"
+             "                        callback: each tensor is handed to a callback\n"
+             "  --updates N           exit after N verified updates (0: run until stopped;\n"
+             "                        default: the file's trainer.updates)\n"
+             "  --model-size SIZE     model size, instead of the file's trainer.model_size\n"
+             "  -h, --help            print this and exit\n",
+    .value_flags = {"config", "id", "endpoint", "mode", "updates", "model-size"},
+};
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags = parse_flags(argc, argv, 1);
-  if (!flags.error.empty() || !flags.has("config") || !flags.has("id")) {
-    std::fprintf(stderr,
-                 "usage: paramcast-worker --config FILE.yaml --id WORKER_ID [--endpoint tcp://H:P]\n"
-                 "                        [--mode registered|callback] [--updates N (0: run until stopped)]\n%s\n",
-                 flags.error.c_str());
-    return 2;
-  }
+  Flags flags = parse_flags(argc, argv, 1, kTool);
+  if (auto code = finish_flags(flags, kTool)) return *code;
+  if (!flags.has("config")) return usage_error(kTool, "--config is required");
+  if (!flags.has("id")) return usage_error(kTool, "--id is required");
   auto loaded = load_tool_config(flags, "paramcast-worker");
   if (!loaded) return 2;
   Config config = *loaded;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite:
-#   1. the regular build (-Wall -Wextra -Werror) and every ctest test,
+#   1. the regular build (Release, -Wall -Wextra -Werror) and every ctest test,
 #   2. the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer,
-#   3. the control-message fuzzer for a bounded time (FUZZ_SECONDS, default 60).
+#   3. the same suite built with ThreadSanitizer (third-party suppressions only:
+#      tests/tsan.supp says why each is there),
+#   4. the control-message fuzzer for a bounded time (FUZZ_SECONDS, default 60).
 # `--quick` runs step 1 only. NCCL tests skip, saying why, where no GPU exists.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,19 +33,24 @@ run_ctest() {
 summary() { echo "tests: $passed passed, $failed failed, $skipped skipped"; }
 
 echo "== build and test: $root/build"
-bash deploy/build.sh "$root/build"
+bash deploy/build.sh "$root/build" -DCMAKE_BUILD_TYPE=Release -DPARAMCAST_WERROR=ON
 run_ctest "$root/build"
 if [ $quick -eq 1 ]; then summary; exit 0; fi
 
 echo "== build and test under ASan + UBSan: $root/build-asan"
-bash deploy/build.sh "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF
+bash deploy/build.sh "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF \
+  -DPARAMCAST_WERROR=ON
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest "$root/build-asan"
+
+echo "== build and test under ThreadSanitizer: $root/build-tsan"
+bash deploy/build.sh "$root/build-tsan" -DPARAMCAST_SANITIZE=thread -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON
+TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:halt_on_error=1:history_size=4" run_ctest "$root/build-tsan"
 
 if command -v clang++ >/dev/null; then
   echo "== fuzz the control-message decoders for ${FUZZ_SECONDS:-60} s"
   bash deploy/build.sh "$root/build-fuzz" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-    -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -- control_fuzzer
+    -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON -- control_fuzzer
   bash tests/fuzz/run.sh "$root/build-fuzz" "${FUZZ_SECONDS:-60}"
 fi
 summary

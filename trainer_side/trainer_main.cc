@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <cstdarg>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "common/cli.h"
@@ -17,15 +20,90 @@
 
 using namespace paramcast;
 
-int main(int argc, char** argv) {
-  Flags flags = parse_flags(argc, argv, 1);
-  if (!flags.error.empty() || !flags.has("config")) {
-    std::fprintf(stderr,
-                 "usage: paramcast-trainer --config FILE.yaml [--endpoint tcp://H:P] [--endpoint-file F]\n"
-                 "                         [--updates N] [--model-size 64MiB]\n%s\n",
-                 flags.error.c_str());
-    return 2;
+namespace {
+
+const Tool kTool{
+    .name = "paramcast-trainer",
+    .usage = "usage: paramcast-trainer --config FILE.yaml [--endpoint tcp://H:P] [--endpoint-file F]\n"
+             "                         [--updates N] [--model-size 64MiB]\n"
+             "\n"
+             "Publishes a synthetic LLM N times, as a trainer would after every optimizer\n"
+             "step, and prints each update's throughput and every membership event.\n"
+             "\n"
+             "  --config FILE.yaml    the deployment (required)\n"
+             "  --endpoint tcp://H:P  control endpoint to bind, instead of the file's\n"
+             "  --endpoint-file F     write the bound endpoint (real port) to F\n"
+             "  --updates N           number of updates, instead of the file's trainer.updates\n"
+             "  --model-size SIZE     model size, instead of the file's trainer.model_size\n"
+             "  -h, --help            print this and exit\n",
+    .value_flags = {"config", "endpoint", "endpoint-file", "updates", "model-size"},
+};
+
+// stdout is shared by the update loop and the event printer: each line is
+// written whole, under this lock, and flushed at once (the output is often a
+// pipe, read by `paramcast launch` or a test).
+std::mutex g_out_mu;
+
+__attribute__((format(printf, 1, 2))) void print_line(const char* fmt, ...) {
+  std::lock_guard<std::mutex> lock(g_out_mu);
+  va_list args;
+  va_start(args, fmt);
+  std::vprintf(fmt, args);
+  va_end(args);
+  std::fflush(stdout);
+}
+
+// Prints membership events (joined, lost, rejoined, left) as they happen: a
+// thread polls the publisher every 20 ms, so that a worker lost during a long
+// update is reported then, not after the update returns.
+class EventPrinter {
+ public:
+  explicit EventPrinter(Publisher& publisher) : publisher_(publisher), thread_([this] { run(); }) {}
+  ~EventPrinter() { stop(); }
+  EventPrinter(const EventPrinter&) = delete;
+  EventPrinter& operator=(const EventPrinter&) = delete;
+
+  // Stops the thread and prints the events it had not printed yet. Idempotent.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    drain();
   }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      lock.unlock();
+      drain();
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return stopping_; });
+    }
+  }
+
+  void drain() {
+    while (auto e = publisher_.poll_event())
+      print_line("member %s: %s (%s)\n", e->worker_id.c_str(), member_event_name(e->kind), e->detail.c_str());
+  }
+
+  Publisher& publisher_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = parse_flags(argc, argv, 1, kTool);
+  if (auto code = finish_flags(flags, kTool)) return *code;
+  if (!flags.has("config")) return usage_error(kTool, "--config is required");
   auto loaded = load_tool_config(flags, "paramcast-trainer");
   if (!loaded) return 2;
   Config config = *loaded;
@@ -43,8 +121,8 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << publisher.endpoint() << "\n";
     std::rename(tmp.c_str(), flags.get("endpoint-file").c_str());
   }
-  std::printf("paramcast-trainer: control endpoint %s\n", publisher.endpoint().c_str());
-  std::fflush(stdout);
+  print_line("paramcast-trainer: control endpoint %s\n", publisher.endpoint().c_str());
+  EventPrinter events(publisher);  // from here on, events are printed as they happen
 
   const auto& job = config.trainer;
   auto specs = synthetic_llm_layout(job.model_bytes, job.layers, job.dtype);
@@ -68,8 +146,8 @@ int main(int argc, char** argv) {
     total += n;
     largest = std::max(largest, n);
   }
-  std::printf("paramcast-trainer: model of %zu tensors, %s (%s each update)\n", specs.size(),
-              format_bytes(total).c_str(), dtype_name(job.dtype).data());
+  print_line("paramcast-trainer: model of %zu tensors, %s (%s each update)\n", specs.size(),
+             format_bytes(total).c_str(), dtype_name(job.dtype).data());
 
   Status started = publisher.start();
   if (!started.ok()) {
@@ -85,10 +163,9 @@ int main(int argc, char** argv) {
       const auto now = std::chrono::steady_clock::now();
       if (now - *last < std::chrono::seconds(1) || sent == total) return;
       *last = now;
-      std::printf("update v%llu: %3.0f%% (%s of %s)\n", static_cast<unsigned long long>(version),
-                  100.0 * static_cast<double>(sent) / static_cast<double>(total), format_bytes(sent).c_str(),
-                  format_bytes(total).c_str());
-      std::fflush(stdout);
+      print_line("update v%llu: %3.0f%% (%s of %s)\n", static_cast<unsigned long long>(version),
+                 100.0 * static_cast<double>(sent) / static_cast<double>(total), format_bytes(sent).c_str(),
+                 format_bytes(total).c_str());
     });
   }
   std::vector<uint8_t> host(largest);
@@ -106,23 +183,22 @@ int main(int argc, char** argv) {
     if (r.ok()) {
       bytes += r.bytes;
       seconds += r.seconds;
-      std::printf("update v%llu: %zu tensors in %zu buckets, %s to %zu subscribers in %s (%.2f GB/s)\n",
-                  static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
-                  r.subscribers.size(), format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                            std::chrono::duration<double>(r.seconds)))
-                                            .c_str(),
-                  r.gbps());
+      print_line("update v%llu: %zu tensors in %zu buckets, %s to %zu subscribers in %s (%.2f GB/s)\n",
+                 static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
+                 r.subscribers.size(),
+                 format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::duration<double>(r.seconds)))
+                     .c_str(),
+                 r.gbps());
     } else {
       ++failures;
-      std::printf("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
+      print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
     }
-    std::fflush(stdout);
-    while (auto e = publisher.poll_event())
-      std::printf("member %s: %s (%s)\n", e->worker_id.c_str(), member_event_name(e->kind), e->detail.c_str());
     if (u < job.updates) std::this_thread::sleep_for(job.interval);
   }
-  std::printf("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%.2f GB/s)\n", job.updates, failures,
-              format_bytes(bytes).c_str(), seconds, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+  events.stop();  // before the summary line, and before shutdown() makes members leave
+  print_line("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%.2f GB/s)\n", job.updates, failures,
+             format_bytes(bytes).c_str(), seconds, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0);
   publisher.shutdown();
   return failures ? 1 : 0;
 }

@@ -82,9 +82,13 @@ TEST_F(FaultToleranceTest, ContinuePolicyProceedsWithSurvivorsAndReportsTheMissi
   UpdateResult r = kill_worker_mid_update();
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status.message().find("'worker-1'"), std::string::npos) << r.status.message();
+  ::testing::internal::CaptureStderr();
   UpdateResult r2 = publish(2);
+  const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(r2.ok()) << r2.status.to_string();
   EXPECT_EQ(r2.missing, (std::vector<std::string>{"worker-1"}));
+  // The warning says what happened, in so many words.
+  EXPECT_NE(log.find("update v2 applied to 3 of 4 subscribers; missing: worker-1"), std::string::npos) << log;
   EXPECT_EQ(r2.subscribers.size(), 3u);
   for (const char* id : {"worker-2", "worker-3", "worker-4"})
     EXPECT_TRUE(workers_[id]->wait_for_output("v2 verified", std::chrono::seconds(10))) << workers_[id]->output();
