@@ -245,11 +245,13 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
 }
 
 // 5. Applied: waits for every member's report. After a data failure, waits
-// at most one heartbeat timeout more so that the members that died are named.
+// at most one heartbeat timeout more so that the members that died are named:
+// the verdict comes within timeout + one interval of their last heartbeat,
+// and two more intervals cover a control thread slowed by a loaded machine.
 void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto live = [this](const std::string& id) { return is_live(id); };
-  const auto extra = cfg_.control.heartbeat_timeout + cfg_.control.heartbeat_interval;
+  const auto extra = cfg_.control.heartbeat_timeout + 3 * cfg_.control.heartbeat_interval;
   const auto until = Clock::now() + (data.ok() ? cfg_.publisher.update_timeout : extra);
   cv_.wait_until(lock, until, [&] { return round_.applied(live) || stopped_; });
   r.subscribers = round_.applied_outcomes(live, silence(), data);
