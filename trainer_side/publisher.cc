@@ -111,12 +111,12 @@ Status PublisherImpl::ensure_group() {
 }
 
 // ------------------------------------------------------------ weight_update
-UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version) {
+UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options) {
   std::lock_guard<std::mutex> ulock(update_mu_);
   const auto t0 = Clock::now();
   UpdateResult r;
-  auto plan = make_plan(tensors, version, r);
-  if (plan.ok()) run(*plan, tensors, r);
+  auto plan = make_plan(tensors, options.version, r);
+  if (plan.ok()) run(*plan, tensors, options, r);
   else r.status = plan.status();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!r.ok()) {
@@ -156,14 +156,15 @@ StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorView>& ten
   return plan;
 }
 
-void PublisherImpl::run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, UpdateResult& r) {
+void PublisherImpl::run(const UpdatePlan& plan, const std::vector<TensorView>& tensors,
+                        const UpdateOptions& options, UpdateResult& r) {
   if (Status s = ensure_group(); !s.ok()) {  // 2. group
     r.status = s;
     return;
   }
   const bool precommitted = send_plan(plan, r);  // 3. check
   if (!precommitted && !check_plan(plan, r)) return;
-  Status data = move(plan, tensors);  // 4. move
+  Status data = move(plan, tensors, options.after_stream);  // 4. move
   collect_applied(plan, data, r);     // 5. applied
 }
 
@@ -218,7 +219,7 @@ bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
 }
 
 // 4. Move: the buckets go out; checksums travel on the control channel.
-Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>& tensors) {
+Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream) {
   transfer::BucketSender::Hooks hooks;
   const uint64_t epoch = groups_.epoch();
   std::vector<std::string> group;
@@ -235,7 +236,7 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
                     }));
   };
   if (progress_) hooks.on_progress = [&](uint64_t sent, uint64_t total) { progress_(plan.version, sent, total); };
-  Status data = sender_->send(plan, tensors, *comm_, hooks);
+  Status data = sender_->send(plan, tensors, *comm_, hooks, after_stream);
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_comm_.reset();
@@ -379,12 +380,21 @@ std::string Publisher::endpoint() const { return impl_->endpoint(); }
 Status Publisher::start() { return impl_->start(); }
 
 UpdateResult Publisher::weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version) {
-  return impl_->weight_update(tensors, version);
+  return impl_->weight_update(tensors, UpdateOptions{version});
+}
+
+UpdateResult Publisher::weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options) {
+  return impl_->weight_update(tensors, options);
 }
 
 std::future<UpdateResult> Publisher::weight_update_async(std::vector<TensorView> tensors,
                                                          std::optional<uint64_t> version) {
-  return std::async(std::launch::async, [this, t = std::move(tensors), version] { return weight_update(t, version); });
+  return weight_update_async(std::move(tensors), UpdateOptions{version});
+}
+
+std::future<UpdateResult> Publisher::weight_update_async(std::vector<TensorView> tensors, UpdateOptions options) {
+  return std::async(std::launch::async,
+                    [this, t = std::move(tensors), options] { return impl_->weight_update(t, options); });
 }
 
 std::optional<MemberEvent> Publisher::poll_event() { return impl_->poll_event(); }

@@ -55,6 +55,19 @@ struct UpdateResult {
 };
 
 
+// Options of one weight_update.
+struct UpdateOptions {
+  // Must exceed the last published version; by default it is last + 1.
+  std::optional<uint64_t> version;
+  // CUDA tensors only: the stream (a cudaStream_t, opaque here so that this
+  // header needs no CUDA) whose queued work produced the tensors. ParamCast's
+  // copies and broadcasts are ordered after everything queued on it when
+  // weight_update is called, so a tensor written there just before is never
+  // sent stale. nullptr means the legacy default stream of the tensors'
+  // device. Ignored for host tensors.
+  void* after_stream = nullptr;
+};
+
 struct PublisherStats {
   uint64_t epoch = 0;
   uint64_t published_version = 0;
@@ -80,9 +93,11 @@ class Publisher {
   // Broadcasts `tensors` to every subscriber. `version` must exceed the last
   // one; by default it is last + 1.
   UpdateResult weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version = {});
+  UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
   // Same, on a background thread; the views must stay valid until the future is ready.
   std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors,
                                                 std::optional<uint64_t> version = {});
+  std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors, UpdateOptions options);
 
   // Called on the updating thread after each bucket is on the wire, with the
   // bytes sent so far and the update's total: progress for long updates.

@@ -42,7 +42,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   Status init();
   std::string endpoint() const { return server_.endpoint(); }
   Status start();
-  UpdateResult weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version);
+  UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
   void set_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback);
   std::optional<MemberEvent> poll_event();
   PublisherStats stats() const;
@@ -56,12 +56,13 @@ class PublisherImpl : public control::ControlServer::Listener {
  private:
   StatusOr<UpdatePlan> make_plan(const std::vector<TensorView>& tensors, std::optional<uint64_t> version,
                                  UpdateResult& r);
-  void run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, UpdateResult& r);
+  void run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
+           UpdateResult& r);
   Status ensure_group();
   Status form_group();
   bool send_plan(const UpdatePlan& plan, UpdateResult& r);
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);
-  Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors);
+  Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream);
   void collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r);
   void abandon_locked(uint64_t version, const std::string& reason);
   bool is_live(const std::string& id) const { return server_.is_live(id); }

@@ -33,6 +33,13 @@ class DeviceMemory {
   virtual Status copy_many(const std::vector<CopyOp>& ops) = 0;
   // xxh64 of the bytes (device bytes are hashed on the host for now).
   virtual StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) = 0;
+  // Orders this memory's later copies (and the communicator work that
+  // follows them) after everything queued on `stream` (a cudaStream_t;
+  // nullptr = the legacy default stream). Host memory has no streams: no-op.
+  virtual Status order_after(void* stream) {
+    (void)stream;
+    return Status();
+  }
   // Bytes currently allocated through this object, and the peak.
   // Readable from any thread (stats); written by the owning thread.
   uint64_t allocated() const { return allocated_.load(std::memory_order_relaxed); }

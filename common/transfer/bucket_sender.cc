@@ -10,7 +10,8 @@ BucketSender::BucketSender(DeviceMemory* memory, std::chrono::milliseconds op_ti
     : mem_(memory), op_timeout_(op_timeout), faults_(faults) {}
 
 Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
-                          const Hooks& hooks) {
+                          const Hooks& hooks, void* after_stream) {
+  PC_RETURN_IF_ERROR(mem_->order_after(after_stream));
   const size_t n = plan.buckets.size();
   auto source = [&](uint32_t t) { return tensors[t].data; };
   std::vector<uint8_t*> in_place_at(n, nullptr);

@@ -35,9 +35,11 @@ class BucketSender {
 
   BucketSender(DeviceMemory* memory, std::chrono::milliseconds op_timeout, FaultInjection faults = {});
 
-  // `tensors[i]` holds plan.tensors[i]. Returns the first failure, naming the bucket.
+  // `tensors[i]` holds plan.tensors[i]. Returns the first failure, naming the
+  // bucket. `after_stream`: the caller's CUDA stream that produced the tensors
+  // (DeviceMemory::order_after); ignored for host memory.
   Status send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
-              const Hooks& hooks);
+              const Hooks& hooks, void* after_stream = nullptr);
   void stop() { stopping_ = true; }
 
  private:
