@@ -57,7 +57,8 @@ SubscriberImpl::SubscriberImpl(const Config& cfg, std::string id)
       device_(cfg.device_for_worker(id_)),
       client_(std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, false), this)),
       group_(std::make_unique<group::GroupMember>(id_, *client_)),
-      faults_(transfer::FaultInjection::from_env()) {}
+      faults_(transfer::FaultInjection::from_env()),
+      lost_(ControlFaults::from_env()) {}
 
 SubscriberImpl::~SubscriberImpl() { stop(); }
 
@@ -149,7 +150,12 @@ void SubscriberImpl::on_refused(const Status& why) {
 
 control::WeightReport SubscriberImpl::weight_report() {
   const WeightState st = state();
-  return control::WeightReport{st.version, to_proto(st.kind), st.dirty_version};
+  control::WeightReport w{st.version, to_proto(st.kind), st.dirty_version};
+  w.plan_version = plan_seen_;
+  w.answered_version = answered_;
+  w.commit_version = commit_seen_;
+  w.applied_version = applied_sent_;
+  return w;
 }
 
 void SubscriberImpl::on_message(proto::Envelope::Reader env) {
@@ -158,9 +164,12 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
   switch (body.which()) {
     case B::JOIN_GROUP: return on_join_group(env);
     case B::PLAN:
+      if (lost_.loses("plan", body.getPlan().getVersion())) return;
       if (env.getEpoch() == client_epoch()) on_plan(env);
       return;
-    case B::COMMIT: return on_commit(env.getEpoch(), body.getCommit().getVersion());
+    case B::COMMIT:
+      if (lost_.loses("commit", body.getCommit().getVersion())) return;
+      return on_commit(env.getEpoch(), body.getCommit().getVersion());
     case B::BUCKET_CHECKSUMS: {
       auto c = body.getBucketChecksums();
       std::lock_guard<std::mutex> lock(mu_);
@@ -175,6 +184,10 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
       abort_comm(std::string("publisher abandoned the update: ") + a.getReason().cStr(), a.getVersion());
       return;
     }
+    case B::GROUP_FAILED:  // the publisher ended that formation: stop joining it
+      group_->abandon_formations(env.getEpoch(), std::string("publisher ended the formation of epoch ") +
+                                                     std::to_string(env.getEpoch()));
+      return;
     case B::STORE_VALUE: {
       auto v = body.getStoreValue();
       group_->on_store_value(v.getRequestId(),
@@ -198,6 +211,7 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
   job.epoch = epoch;
   job.group = group::group_options_from(env.getBody().getJoinGroup(), epoch, device_, cfg_.data_plane);
   abort_comm("superseded by epoch " + std::to_string(epoch));
+  group_->abandon_formations(epoch - 1, "superseded by epoch " + std::to_string(epoch));
   {
     std::lock_guard<std::mutex> lock(mu_);
     epoch_ = epoch;
@@ -215,6 +229,8 @@ std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
 void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
   auto msg = env.getBody().getPlan();
   const uint64_t version = msg.getVersion();
+  plan_seen_ = version;
+  if (msg.getPrecommitted()) commit_seen_ = version;
   auto plan = plan_from_proto(msg);
   std::vector<Mismatch> mismatches;
   if (!plan.ok()) mismatches.push_back({Mismatch::Kind::kOther, "<plan>", "a well-formed plan", plan.status().message()});
@@ -249,12 +265,17 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
 // PlanAccept, or PlanReject with every mismatch.
 void SubscriberImpl::answer_plan(uint64_t version, const std::vector<Mismatch>& mismatches) {
   const uint64_t epoch = client_epoch();
+  if (lost_.loses("answer", version)) {  // test hook: as if the connection broke with it queued
+    answered_ = version;
+    return;
+  }
   if (mismatches.empty()) {
     client_->send(control::make_message(epoch, client_->incarnation(), [&](auto b) {
       auto a = b.initPlanAccept();
       a.setVersion(version);
       a.setManifestHash(manifest_hash(pending_plan_->tensors));
     }));
+    answered_ = version;
     return;
   }
   PC_WARN(id_ << ": rejected plan v" << version << " (" << mismatches.size()
@@ -271,10 +292,12 @@ void SubscriberImpl::answer_plan(uint64_t version, const std::vector<Mismatch>& 
       m.setGot(mismatches[i].got);
     }
   }));
+  answered_ = version;
 }
 
 void SubscriberImpl::on_commit(uint64_t epoch, uint64_t version) {
   if (epoch != client_epoch() || !pending_plan_ || pending_plan_->version != version) return;
+  commit_seen_ = version;
   Job job;
   job.kind = Job::Kind::kReceive;
   job.epoch = epoch;
@@ -436,6 +459,10 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     reports_.push_back(UpdateReport{plan.version, s, s.ok() ? plan.total_bytes : 0, seconds});
     cv_.notify_all();
   }
+  if (lost_.loses("applied", plan.version)) {  // test hook: as if the connection broke with it queued
+    applied_sent_ = plan.version;
+    return;
+  }
   client_->send(control::make_message(job.epoch, client_->incarnation(), [&](auto b) {
     auto a = b.initApplied();
     a.setVersion(plan.version);
@@ -447,6 +474,7 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
       a.setErrorCode(static_cast<uint32_t>(s.code()));
     }
   }));
+  applied_sent_ = plan.version;
 }
 
 // ------------------------------------------------------------ public handle

@@ -27,6 +27,7 @@
 #include "common/group/group_member.h"
 #include "common/plan.h"
 #include "common/transfer/bucket_receiver.h"
+#include "inference_side/control_faults.h"
 #include "inference_side/subscriber.h"
 
 namespace paramcast {
@@ -95,8 +96,11 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::unique_ptr<DeviceMemory> mem_;                   // data thread only
   std::unique_ptr<transfer::BucketReceiver> receiver_;  // data thread only
   const transfer::FaultInjection faults_;
+  ControlFaults lost_;  // test hook: control messages to lose
   std::thread data_thread_;
   std::atomic<bool> stopping_{false};
+  // Round tracking reported in heartbeats (control::WeightReport).
+  std::atomic<uint64_t> plan_seen_{0}, answered_{0}, commit_seen_{0}, applied_sent_{0};
 
   mutable std::mutex reg_mu_;
   std::map<std::string, TensorView> registry_;

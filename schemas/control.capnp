@@ -132,6 +132,25 @@ struct Heartbeat {
   # State of those weights.
   dirtyVersion @2 :UInt64;
   # When dirty: the version whose update did not finish.
+
+  # Round tracking (docs/protocol.md, "Lost control messages"). Heartbeats and
+  # update messages share one ordered connection per member, so a member that
+  # acknowledges a publisher heartbeat queued after a Plan or Commit, yet
+  # reports not having it, lost it; one that reports having queued an answer
+  # the publisher never got lost that answer.
+  seq @3 :UInt64;
+  # Publisher: this heartbeat's sequence number (one per heartbeat round).
+  ackSeq @4 :UInt64;
+  # Subscriber: the highest publisher heartbeat seq it had received.
+  planVersion @5 :UInt64;
+  # Subscriber: the latest version whose Plan it received.
+  answeredVersion @6 :UInt64;
+  # Subscriber: the latest version whose PlanAccept/PlanReject it queued.
+  commitVersion @7 :UInt64;
+  # Subscriber: the latest version it was told to receive (Commit, or a
+  # precommitted Plan).
+  appliedVersion @8 :UInt64;
+  # Subscriber: the latest version whose Applied it queued.
 }
 
 struct Leave {

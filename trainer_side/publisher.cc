@@ -80,7 +80,13 @@ Status PublisherImpl::form_group() {
     std::lock_guard<std::mutex> lock(mu_);
     needs_reform_ = false;
   }
-  const auto members = server_.live_ids();
+  std::vector<std::string> members;
+  const auto excluded = groups_.excluded();
+  for (auto& id : server_.live_ids())
+    if (!excluded.count(id)) members.push_back(std::move(id));
+  for (const auto& [id, why] : excluded)
+    PC_WARN("publisher: forming the group without '" << id << "': it failed two formations in a row (" << why
+                                                     << "); it is admitted again when it rejoins");
   auto comm = groups_.form(members);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -107,7 +113,22 @@ Status PublisherImpl::ensure_group() {
   auto missing = server_.missing();
   if (!missing.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail)
     return peer_lost("subscribers missing (on_member_loss: fail): " + join_ids(missing));
+  const auto excluded = groups_.excluded();
+  if (!excluded.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail) {
+    std::string what;
+    for (const auto& [id, why] : excluded) what += (what.empty() ? "" : "; ") + id + ": " + why;
+    return unavailable("subscribers left out after failing two group formations in a row (on_member_loss: fail): " +
+                       what);
+  }
   return form_group();
+}
+
+// Expected subscribers that are not in this update: absent, or left out of
+// the group after failing formation.
+std::vector<std::string> PublisherImpl::absent() const {
+  auto ids = server_.missing();
+  for (const auto& [id, why] : groups_.excluded()) ids.push_back(id);
+  return ids;
 }
 
 // ------------------------------------------------------------ weight_update
@@ -132,11 +153,18 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
 // is reserved even when the update fails later: it is never reused.
 StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorView>& tensors,
                                               std::optional<uint64_t> version, UpdateResult& r) {
-  r.version = version.value_or(last_version_ + 1);
+  // Versions never go backwards, also across publisher restarts: the floor is
+  // the highest version a live subscriber reports holding or having tried.
+  std::string holder;
+  const uint64_t held = highest_member_version(holder);
+  const uint64_t floor = std::max(last_version_, held);
+  r.version = version.value_or(floor + 1);
   r.tensors = tensors.size();
-  if (version && *version <= last_version_)
-    return invalid_argument("version " + std::to_string(*version) + " does not exceed the last version " +
-                            std::to_string(last_version_));
+  if (version && *version <= floor)
+    return invalid_argument("version " + std::to_string(*version) + " does not exceed " +
+                            (held > last_version_ ? "version " + std::to_string(held) + " held by subscriber '" +
+                                                        holder + "' (versions never go backwards)"
+                                                  : "the last version " + std::to_string(last_version_)));
   std::vector<TensorSpec> specs;
   specs.reserve(tensors.size());
   for (const auto& t : tensors) {
@@ -154,6 +182,26 @@ StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorView>& ten
   r.buckets = plan->buckets.size();
   last_version_ = r.version;
   return plan;
+}
+
+uint64_t PublisherImpl::next_version() {
+  std::lock_guard<std::mutex> ulock(update_mu_);
+  std::string who;
+  return std::max(last_version_, highest_member_version(who)) + 1;
+}
+
+uint64_t PublisherImpl::highest_member_version(std::string& who) const {
+  uint64_t highest = 0;
+  for (const auto& id : server_.live_ids()) {
+    auto m = server_.member(id);
+    if (!m) continue;
+    const uint64_t v = std::max(m->weight_version, m->dirty_version);
+    if (v > highest) {
+      highest = v;
+      who = id;
+    }
+  }
+  return highest;
 }
 
 void PublisherImpl::run(const UpdatePlan& plan, const std::vector<TensorView>& tensors,
@@ -178,7 +226,7 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
   validated_.reset();  // set again only when this update succeeds everywhere
   r.epoch = epoch;
   r.precommitted = precommitted;
-  r.missing = server_.missing();
+  r.missing = absent();
   round_.begin(epoch, r.version, group_);
   capnp::MallocMessageBuilder builder;
   auto env = builder.initRoot<proto::Envelope>();
@@ -187,8 +235,10 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
   auto msg = env.initBody().initPlan();
   plan_to_proto(plan, msg);
   msg.setPrecommitted(precommitted);
-  server_.send_to(round_.group(), control::encode(builder));
+  const uint64_t seq = server_.send_to(round_.group(), control::encode(builder));
+  round_.sent_plan(seq);
   if (precommitted) {
+    round_.sent_commit(seq);
     for (const auto& id : round_.group()) r.subscribers.push_back(SubscriberOutcome{id, Status(), {}, 0});
     active_comm_ = comm_;
   }
@@ -202,18 +252,21 @@ bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
   const auto live = [this](const std::string& id) { return is_live(id); };
   cv_.wait_until(lock, Clock::now() + cfg_.publisher.update_timeout,
                  [&] { return round_.plan_answered(live) || stopped_; });
-  bool rejected_any, lost_any;
-  r.subscribers = round_.plan_outcomes(live, silence(), rejected_any, lost_any);
-  if (rejected_any || lost_any) {
-    abandon_locked(plan.version, rejected_any ? "plan rejected" : "a member was lost before the update started");
-    if (lost_any) needs_reform_ = true;
+  Code code;
+  r.subscribers = round_.plan_outcomes(live, silence(), code);
+  if (code != Code::kOk) {
+    abandon_locked(plan.version, code == Code::kRejected   ? "plan rejected"
+                                 : code == Code::kPeerLost ? "a member was lost before the update started"
+                                                           : "a member did not answer the plan");
+    if (code != Code::kRejected) needs_reform_ = true;
     round_.end();
-    r.status = summarize_outcomes(r.subscribers, rejected_any ? Code::kRejected : Code::kPeerLost,
+    r.status = summarize_outcomes(r.subscribers, code,
                                   "update v" + std::to_string(r.version) + " abandoned before any byte moved");
     return false;
   }
-  server_.send_to(round_.group(), control::make_message(groups_.epoch(), server_.incarnation(),
-                                                        [&](auto b) { b.initCommit().setVersion(plan.version); }));
+  round_.sent_commit(server_.send_to(round_.group(),
+                                     control::make_message(groups_.epoch(), server_.incarnation(),
+                                                           [&](auto b) { b.initCommit().setVersion(plan.version); })));
   active_comm_ = comm_;
   return true;
 }
@@ -255,10 +308,9 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   const auto extra = cfg_.control.heartbeat_timeout + 3 * cfg_.control.heartbeat_interval;
   const auto until = Clock::now() + (data.ok() ? cfg_.publisher.update_timeout : extra);
   cv_.wait_until(lock, until, [&] { return round_.applied(live) || stopped_; });
-  r.subscribers = round_.applied_outcomes(live, silence(), data);
-  bool all_ok = data.ok();
-  for (const auto& o : r.subscribers) all_ok = all_ok && o.status.ok();
-  if (all_ok) {
+  Code code;
+  r.subscribers = round_.applied_outcomes(live, silence(), data, code);
+  if (code == Code::kOk) {
     published_version_ = r.version;
     server_.set_published_version(r.version);
     validated_ = ValidatedManifest{groups_.epoch(), plan.manifest_hash, plan.checksum};
@@ -270,13 +322,6 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   round_.end();
   lock.unlock();
   comm_.reset();
-  // The code says what the caller should do: a lost member first, else the first failure.
-  Code code = data.ok() ? Code::kInternal : data.code();
-  for (const auto& o : r.subscribers)
-    if (!o.status.ok()) {
-      code = o.status.code();
-      if (code == Code::kPeerLost) break;
-    }
   r.status = summarize_outcomes(r.subscribers, code,
                                 "update v" + std::to_string(r.version) + " failed" +
                                     (data.ok() ? "" : " (publisher data plane: " + data.message() + ")"));
@@ -298,6 +343,7 @@ void PublisherImpl::abandon_locked(uint64_t version, const std::string& reason) 
 void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Reader env) {
   if (groups_.on_message(id, env)) return;
   using B = proto::Envelope::Body;
+  if (env.getBody().which() == B::HEARTBEAT) return on_heartbeat(id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!round_.record(id, env)) {
@@ -316,6 +362,25 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
   cv_.notify_all();
 }
 
+// A heartbeat may show that a member lost a Plan or Commit (or that its
+// answer was lost): the round stops waiting for it, and a member that never
+// got its Commit cannot take part in the broadcast, which is aborted now.
+void PublisherImpl::on_heartbeat(const std::string& id) {
+  auto row = server_.member(id);
+  if (!row) return;
+  std::shared_ptr<Communicator> to_abort;
+  std::string missed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (round_.version() == 0) return;
+    missed = round_.observe(id, *row);
+    if (!missed.empty()) PC_WARN("publisher: " << missed);
+    if (!missed.empty() && round_.committed()) to_abort = active_comm_;
+  }
+  cv_.notify_all();  // the round may have changed (a lost Applied counts as applied)
+  if (to_abort) to_abort->abort(missed);
+}
+
 void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
   std::shared_ptr<Communicator> to_abort;
   {
@@ -328,6 +393,8 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     if (gone && rank > 0 && !round_.applied_ok(event.worker_id)) to_abort = active_comm_;
   }
   cv_.notify_all();
+  if (event.kind == MemberEvent::Kind::kJoined || event.kind == MemberEvent::Kind::kRejoined)
+    groups_.forgive(event.worker_id);
   groups_.on_member_gone(event.worker_id);
   if (to_abort) to_abort->abort("subscriber '" + event.worker_id + "' " + member_event_name(event.kind));
 }
@@ -397,6 +464,7 @@ std::future<UpdateResult> Publisher::weight_update_async(std::vector<TensorView>
                     [this, t = std::move(tensors), options] { return impl_->weight_update(t, options); });
 }
 
+uint64_t Publisher::next_version() const { return impl_->next_version(); }
 std::optional<MemberEvent> Publisher::poll_event() { return impl_->poll_event(); }
 void Publisher::on_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback) {
   impl_->set_progress(std::move(callback));

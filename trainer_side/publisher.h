@@ -99,6 +99,12 @@ class Publisher {
                                                 std::optional<uint64_t> version = {});
   std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors, UpdateOptions options);
 
+  // The version weight_update gives an update when none is passed: one more
+  // than the highest of the last published version and every live
+  // subscriber's version (held, or dirty from an unfinished update), so that
+  // versions never go backwards, also when a trainer restarts.
+  uint64_t next_version() const;
+
   // Called on the updating thread after each bucket is on the wire, with the
   // bytes sent so far and the update's total: progress for long updates.
   void on_progress(std::function<void(uint64_t version, uint64_t sent, uint64_t total)> callback);

@@ -46,6 +46,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   void set_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback);
   std::optional<MemberEvent> poll_event();
   PublisherStats stats() const;
+  uint64_t next_version();
   void shutdown();
   void inject(const std::string& peer, const void* data, size_t size);
 
@@ -65,8 +66,11 @@ class PublisherImpl : public control::ControlServer::Listener {
   Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream);
   void collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r);
   void abandon_locked(uint64_t version, const std::string& reason);
+  void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }
   std::string silence() const;
+  std::vector<std::string> absent() const;
+  uint64_t highest_member_version(std::string& who) const;
 
   const Config cfg_;
   control::ControlServer server_;

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
   uint64_t bytes = 0;
   double seconds = 0;
   for (int u = 1; u <= job.updates; ++u) {
-    const uint64_t version = static_cast<uint64_t>(u);
+    const uint64_t version = publisher.next_version();  // above what any subscriber holds
     for (size_t i = 0; i < specs.size(); ++i) {  // "the optimizer step"
       const uint64_t n = specs[i].nbytes().value();
       fill_synthetic(specs[i], job.seed, version, host.data(), n);

@@ -1,5 +1,7 @@
 #include "trainer_side/update_round.h"
 
+#include <algorithm>
+
 namespace paramcast {
 
 void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::string> group) {
@@ -8,6 +10,33 @@ void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::strin
   group_ = std::move(group);
   plan_.clear();
   applied_.clear();
+  missed_.clear();
+  plan_seq_ = commit_seq_ = 0;
+  committed_ = false;
+}
+
+std::string UpdateRound::observe(const std::string& id, const control::Member& m) {
+  if (version_ == 0 || missed_.count(id) || std::find(group_.begin(), group_.end(), id) == group_.end()) return "";
+  const std::string v = "v" + std::to_string(version_);
+  std::string what;
+  if (!committed_ && !plan_.count(id)) {
+    if (m.ack_seq > plan_seq_ && m.plan_version < version_) what = "did not receive the plan of " + v;
+    else if (m.answered_version >= version_) what = "answered the plan of " + v + " but the answer never arrived";
+  } else if (committed_ && !applied_.count(id)) {
+    if (m.ack_seq > commit_seq_ && m.commit_version < version_) {
+      what = "did not receive the commit of " + v;
+    } else if (m.applied_version >= version_) {
+      // Its Applied was lost; its heartbeat says what the update left behind.
+      if (m.weight_version >= version_ && m.state == proto::WeightState::CONSISTENT) {
+        applied_[id] = AppliedAnswer{};
+        return "";
+      }
+      what = "reported " + v + " done but its Applied never arrived, and its weights are not consistent at " + v;
+    }
+  }
+  if (what.empty()) return "";
+  missed_[id] = "subscriber '" + id + "' " + what + " (a control message was lost; its heartbeats show it)";
+  return missed_[id];
 }
 
 bool UpdateRound::record(const std::string& id, proto::Envelope::Reader env) {
@@ -52,13 +81,13 @@ bool UpdateRound::record_applied(const std::string& id, proto::Applied::Reader a
 
 bool UpdateRound::plan_answered(const IsLive& live) const {
   for (const auto& id : group_)
-    if (!plan_.count(id) && live(id)) return false;
+    if (!plan_.count(id) && !missed_.count(id) && live(id)) return false;
   return true;
 }
 
 bool UpdateRound::applied(const IsLive& live) const {
   for (const auto& id : group_)
-    if (!applied_.count(id) && live(id)) return false;
+    if (!applied_.count(id) && !missed_.count(id) && live(id)) return false;
   return true;
 }
 
@@ -68,9 +97,9 @@ bool UpdateRound::applied_ok(const std::string& id) const {
 }
 
 std::vector<SubscriberOutcome> UpdateRound::plan_outcomes(const IsLive& live, const std::string& silence,
-                                                          bool& rejected_any, bool& lost_any) const {
+                                                          Code& code) const {
   std::vector<SubscriberOutcome> out;
-  rejected_any = lost_any = false;
+  bool rejected_any = false, lost_any = false, missed_any = false;
   for (const auto& id : group_) {
     SubscriberOutcome o;
     o.worker_id = id;
@@ -79,8 +108,11 @@ std::vector<SubscriberOutcome> UpdateRound::plan_outcomes(const IsLive& live, co
       o.status = peer_lost("subscriber '" + id + "' was lost (" + silence + ")");
       lost_any = true;
     } else if (answer == plan_.end()) {
-      o.status = timeout_error("subscriber '" + id + "' did not answer the plan before update_timeout");
-      lost_any = true;
+      auto missed = missed_.find(id);
+      o.status = timeout_error(missed != missed_.end()
+                                   ? missed->second
+                                   : "subscriber '" + id + "' did not answer the plan before update_timeout");
+      missed_any = true;
     } else if (!answer->second.accepted) {
       o.mismatches = answer->second.mismatches;
       std::string text;
@@ -90,12 +122,15 @@ std::vector<SubscriberOutcome> UpdateRound::plan_outcomes(const IsLive& live, co
     }
     out.push_back(std::move(o));
   }
+  code = rejected_any ? Code::kRejected : lost_any ? Code::kPeerLost : missed_any ? Code::kTimeout : Code::kOk;
   return out;
 }
 
 std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live, const std::string& silence,
-                                                             const Status& data) const {
+                                                             const Status& data, Code& code) const {
   std::vector<SubscriberOutcome> out;
+  bool lost_any = false, missed_any = false;
+  Code first = Code::kOk;
   for (const auto& id : group_) {
     SubscriberOutcome o;
     o.worker_id = id;
@@ -108,12 +143,19 @@ std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live,
     } else if (!live(id)) {
       o.status = peer_lost("subscriber '" + id + "' was lost during update v" + std::to_string(version_) + " (" +
                            silence + ")");
+      lost_any = true;
+    } else if (auto missed = missed_.find(id); missed != missed_.end()) {
+      o.status = timeout_error(missed->second);
+      missed_any = true;
     } else {
       o.status = timeout_error("subscriber '" + id + "' did not report applied v" + std::to_string(version_) +
                                (data.ok() ? " before update_timeout" : " after the data plane failed"));
+      if (data.ok()) missed_any = true;
     }
+    if (first == Code::kOk && !o.status.ok()) first = o.status.code();
     out.push_back(std::move(o));
   }
+  code = lost_any ? Code::kPeerLost : missed_any ? Code::kTimeout : !data.ok() ? data.code() : first;
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/plan.h"
+#include "common/control/control_server.h"
 #include "common/status.h"
 #include "schemas/control.capnp.h"
 #include "trainer_side/publisher.h"
@@ -24,12 +25,25 @@ class UpdateRound {
 
   void begin(uint64_t epoch, uint64_t version, std::vector<std::string> group);
   void end() { version_ = 0; }
+  // The Plan / the Commit (or precommitted Plan) left after heartbeat `seq`
+  // (ControlServer::send_to).
+  void sent_plan(uint64_t seq) { plan_seq_ = seq; }
+  void sent_commit(uint64_t seq) {
+    commit_seq_ = seq;
+    committed_ = true;
+  }
   uint64_t version() const { return version_; }
   const std::vector<std::string>& group() const { return group_; }
 
   // A PlanAccept, PlanReject or Applied from `id` for this round; returns
   // false for anything else (another message, epoch or version).
   bool record(const std::string& id, proto::Envelope::Reader envelope);
+  // A heartbeat from `id` (its row in the membership table): notes a Plan,
+  // Commit, answer or Applied lost on the control channel. Returns the text
+  // when it newly found one (the member then counts as answered, with a
+  // TIMEOUT outcome), else "".
+  std::string observe(const std::string& id, const control::Member& m);
+  bool committed() const { return committed_; }
 
   // Every live member has answered the plan / reported Applied.
   bool plan_answered(const IsLive& live) const;
@@ -37,11 +51,17 @@ class UpdateRound {
   bool applied_ok(const std::string& id) const;
 
   // Outcomes after the accept round; `lost` and `rejected` say why it cannot go on.
-  std::vector<SubscriberOutcome> plan_outcomes(const IsLive& live, const std::string& silence, bool& rejected,
-                                               bool& lost) const;
-  // Outcomes after the data moved (`data` is this rank's own data-plane result).
+  // `code`: REJECTED when a member rejected it, else PEER_LOST when one was
+  // lost, else TIMEOUT when one missed a message or did not answer; OK when
+  // the update can go on.
+  std::vector<SubscriberOutcome> plan_outcomes(const IsLive& live, const std::string& silence, Code& code) const;
+  // Outcomes after the data moved (`data` is this rank's own data-plane
+  // result). `code` says what the caller should act on first: PEER_LOST for a
+  // member the control plane declared lost, else TIMEOUT for one that missed
+  // a message or did not report, else this rank's data-plane failure, else
+  // the first member's failure; OK when every member applied.
   std::vector<SubscriberOutcome> applied_outcomes(const IsLive& live, const std::string& silence,
-                                                  const Status& data) const;
+                                                  const Status& data, Code& code) const;
 
  private:
   struct PlanAnswer {
@@ -56,6 +76,9 @@ class UpdateRound {
 
   uint64_t epoch_ = 0;
   uint64_t version_ = 0;  // 0: no round open
+  uint64_t plan_seq_ = 0, commit_seq_ = 0;
+  bool committed_ = false;
+  std::map<std::string, std::string> missed_;  // lost control messages, per member
   std::vector<std::string> group_;
   std::map<std::string, PlanAnswer> plan_;
   std::map<std::string, AppliedAnswer> applied_;

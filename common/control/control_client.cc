@@ -160,12 +160,20 @@ void ControlClient::keep_membership(Clock::time_point now) {
   if (phase_ != Phase::kMember) return;
   if (now >= next_beat_) {
     next_beat_ = now + opt_.control.heartbeat_interval;
+    // Report first, then flush: an answer the report says was queued leaves
+    // before this heartbeat, on the same ordered connection.
     const WeightReport w = listener_->weight_report();
+    flush_outbox();
     send_on(*dealer_, make_message(epoch_, incarnation_, [&](auto b) {
               auto h = b.initHeartbeat();
               h.setWeightVersion(w.version);
               h.setState(w.state);
               h.setDirtyVersion(w.dirty_version);
+              h.setAckSeq(ack_seq_);
+              h.setPlanVersion(w.plan_version);
+              h.setAnsweredVersion(w.answered_version);
+              h.setCommitVersion(w.commit_version);
+              h.setAppliedVersion(w.applied_version);
             }));
   }
   if (now - last_heard_ > opt_.control.heartbeat_timeout) {
@@ -214,6 +222,7 @@ void ControlClient::dispatch(proto::Envelope::Reader env) {
         return;
       }
       phase_ = Phase::kMember;
+      ack_seq_ = 0;  // heartbeat seqs count per publisher incarnation
       if (!joined_.exchange(true)) {
         PC_INFO(opt_.worker_id << ": joined publisher at " << opt_.control.endpoint);
         listener_->on_joined();
@@ -240,6 +249,8 @@ void ControlClient::dispatch(proto::Envelope::Reader env) {
       lose_membership("publisher left");
       return;
     case B::HEARTBEAT:
+      ack_seq_ = std::max(ack_seq_, body.getHeartbeat().getSeq());
+      return;
     case B::STATUS_REPLY:
       return;
     default:

@@ -48,6 +48,13 @@ struct WeightReport {
   uint64_t version = 0;
   proto::WeightState state = proto::WeightState::EMPTY;
   uint64_t dirty_version = 0;
+  // Round tracking (schemas/control.capnp Heartbeat): the latest version
+  // whose Plan arrived, whose answer was queued, whose Commit arrived, whose
+  // Applied was queued.
+  uint64_t plan_version = 0;
+  uint64_t answered_version = 0;
+  uint64_t commit_version = 0;
+  uint64_t applied_version = 0;
 };
 
 class ControlClient {
@@ -123,6 +130,7 @@ class ControlClient {
   Phase phase_ = Phase::kProbing;
   bool rejoin_requested_ = false;
   std::chrono::milliseconds backoff_{100};
+  uint64_t ack_seq_ = 0;  // highest publisher heartbeat seq received since joining
   Clock::time_point next_hello_, next_beat_, last_heard_;
 
   std::mutex mu_;  // guards outbox_; a leaf lock

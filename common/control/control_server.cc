@@ -69,15 +69,19 @@ void ControlServer::stop(const std::string& reason) {
   if (thread_.joinable()) thread_.join();
 }
 
-void ControlServer::send(const std::string& id, zmq::message_t frame) {
+uint64_t ControlServer::send(const std::string& id, zmq::message_t frame) {
+  uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
     outbox_.emplace_back(id, std::move(frame));
+    seq = beat_seq_;
   }
   wake_.notify();
+  return seq;
 }
 
-void ControlServer::send_to(const std::vector<std::string>& ids, const zmq::message_t& frame) {
+uint64_t ControlServer::send_to(const std::vector<std::string>& ids, const zmq::message_t& frame) {
+  uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& id : ids) {
@@ -85,8 +89,10 @@ void ControlServer::send_to(const std::vector<std::string>& ids, const zmq::mess
       copy.copy(const_cast<zmq::message_t&>(frame));
       outbox_.emplace_back(id, std::move(copy));
     }
+    seq = beat_seq_;
   }
   wake_.notify();
+  return seq;
 }
 
 void ControlServer::assign_ranks(const std::vector<std::string>& group) {
@@ -285,6 +291,13 @@ ControlServer::Deliveries ControlServer::dispatch_locked(const std::string& peer
       auto h = body.getHeartbeat();
       m.weight_version = h.getWeightVersion();
       m.state = h.getState();
+      m.dirty_version = h.getDirtyVersion();
+      m.ack_seq = std::min(h.getAckSeq(), beat_seq_);  // a member cannot have seen a later one
+      m.plan_version = h.getPlanVersion();
+      m.answered_version = h.getAnsweredVersion();
+      m.commit_version = h.getCommitVersion();
+      m.applied_version = h.getAppliedVersion();
+      out.message = true;  // the owner follows the update round with it
       break;
     }
     case B::LEAVE: {
@@ -417,6 +430,7 @@ void ControlServer::check_liveness(Clock::time_point now) {
   std::vector<std::pair<MemberEvent, int>> lost;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    ++beat_seq_;
     for (auto& [id, m] : members_) {
       if (m.lost) continue;
       if (now - m.last_seen > opt_.control.heartbeat_timeout) {
@@ -431,6 +445,7 @@ void ControlServer::check_liveness(Clock::time_point now) {
                              auto h = b.initHeartbeat();
                              h.setWeightVersion(published_version_);
                              h.setState(proto::WeightState::CONSISTENT);
+                             h.setSeq(beat_seq_);
                            }));
     }
   }

@@ -55,6 +55,13 @@ struct Member {
   Clock::time_point last_seen;
   uint64_t weight_version = 0;
   proto::WeightState state = proto::WeightState::EMPTY;
+  uint64_t dirty_version = 0;
+  // From its last heartbeat (round tracking, schemas/control.capnp Heartbeat).
+  uint64_t ack_seq = 0;
+  uint64_t plan_version = 0;
+  uint64_t answered_version = 0;
+  uint64_t commit_version = 0;
+  uint64_t applied_version = 0;
   int rank = -1;  // in the current group; -1 when not in it
   bool lost = false;
 };
@@ -64,9 +71,10 @@ class ControlServer {
   class Listener {
    public:
     virtual ~Listener() = default;
-    // A message from a live member other than Hello, Heartbeat, Leave and
-    // StatusRequest (those the server handles). May throw kj::Exception on a
-    // malformed body: the frame is then counted as dropped.
+    // A message from a live member other than Hello, Leave and StatusRequest
+    // (those the server handles); heartbeats come here too, after the
+    // membership table took them in. May throw kj::Exception on a malformed
+    // body: the frame is then counted as dropped.
     virtual void on_member_message(const std::string& id, proto::Envelope::Reader envelope) = 0;
     // Joined, rejoined, lost or left. `rank` is the member's rank in the
     // current group when the event happened (-1: not in it).
@@ -87,8 +95,11 @@ class ControlServer {
   uint64_t incarnation() const { return incarnation_; }
 
   // Queues one frame to a member (any routing identity) and wakes the thread.
-  void send(const std::string& id, zmq::message_t frame);
-  void send_to(const std::vector<std::string>& ids, const zmq::message_t& frame);
+  // Returns the seq of the last heartbeat queued before it: a member whose
+  // heartbeat acknowledges a higher seq has received the frame, unless it
+  // was lost (frames to one member leave in the order they were queued).
+  uint64_t send(const std::string& id, zmq::message_t frame);
+  uint64_t send_to(const std::vector<std::string>& ids, const zmq::message_t& frame);
 
   // What StatusReply and heartbeats report; set by the owner.
   void set_epoch(uint64_t epoch) { epoch_ = epoch; }
@@ -160,6 +171,7 @@ class ControlServer {
   std::map<std::string, Member> members_;
   std::vector<PendingProbe> probes_;
   std::deque<std::pair<std::string, zmq::message_t>> outbox_;
+  uint64_t beat_seq_ = 0;  // heartbeat rounds queued so far (Heartbeat.seq)
 };
 
 }  // namespace paramcast::control

@@ -1,4 +1,8 @@
 // Dispatch from a GroupOptions to the backend that implements it.
+#include <signal.h>
+
+#include <mutex>
+
 #include "common/data/gloo/gloo_factory.h"
 #include "paramcast/build_config.h"
 #if PARAMCAST_HAVE_NCCL
@@ -7,7 +11,28 @@
 
 namespace paramcast {
 
+namespace {
+// The data plane's TCP writes to a peer that just died must fail with EPIPE,
+// not kill the process: Gloo writes without MSG_NOSIGNAL, on its own threads
+// and on the caller's. Python, the usual host, already ignores SIGPIPE; a C++
+// host that left it at the default gets it ignored here, once. A handler the
+// host installed is left alone.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+}  // namespace
+
 StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& options, Store& store) {
+  ignore_sigpipe_once();
   switch (options.backend) {
     case Backend::kGloo:
       return gloo_backend::create(options, store);

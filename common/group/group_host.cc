@@ -4,6 +4,8 @@
 #include "common/group/join_group.h"
 #include "common/log.h"
 
+#include <algorithm>
+
 namespace paramcast::group {
 
 GroupHost::GroupHost(const Config& config, control::ControlServer& server)
@@ -18,13 +20,42 @@ GroupHost::GroupHost(const Config& config, control::ControlServer& server)
         }));
       }) {}
 
+// Rank 0's view of the hosted store while a group forms: a get waits in short
+// slices and ends as soon as the formation is doomed, so that a member's
+// GroupFailed does not leave this rank waiting out init_timeout for a key that
+// member will never set.
+class GroupHost::WatchedStore : public Store {
+ public:
+  WatchedStore(Store& inner, std::function<std::string()> doomed) : inner_(inner), doomed_(std::move(doomed)) {}
+  Status set(const std::string& key, const std::string& value) override { return inner_.set(key, value); }
+  StatusOr<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auto value = inner_.get(key, std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(50)));
+      if (value.ok() || value.status().code() != Code::kTimeout) return value;
+      if (std::string why = doomed_(); !why.empty()) return unavailable("group formation ended: " + why);
+      if (Clock::now() >= deadline)
+        return timeout_error("rendezvous key '" + key + "' not set within " + std::to_string(timeout.count()) + "ms");
+    }
+  }
+
+ private:
+  Store& inner_;
+  const std::function<std::string()> doomed_;
+};
+
 StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::string>& members) {
   if (members.empty()) return unavailable("no live subscriber to form a group with");
   const uint64_t epoch = ++epoch_;
+  const auto deadline = Clock::now() + cfg_.data_plane.init_timeout;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_.clear();
+    published_.clear();
     failed_.clear();
+    assigned_rank_.clear();
+    for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
   }
   store_.clear();  // keys of earlier epochs are never read again
   server_.set_epoch(epoch);
@@ -42,17 +73,76 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.op_timeout = cfg_.data_plane.timeout;
   go.gloo_hostname = cfg_.data_plane.gloo_hostname;
   go.gloo_interface = cfg_.data_plane.gloo_interface;
-  auto comm = create_communicator(go, store_);
-  std::vector<std::string> problems = wait_for_members(members);
-  if (!comm.ok()) problems.push_back("publisher: " + comm.status().message());
+  WatchedStore store(store_, [&] { return doomed(members); });
+  auto comm = create_communicator(go, store);
+  // This rank failed on its own: collect what the members said by now.
+  std::vector<std::string> problems = wait_for_members(members, comm.ok() ? deadline : Clock::now());
+  if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
+  count_strikes(members, problems);
   if (!problems.empty()) {
     std::string msg = "group of epoch " + std::to_string(epoch) + " failed to form: ";
     for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+    tell_failed(epoch, members, msg);
     return unavailable(msg);
   }
   PC_INFO("publisher: group epoch " << epoch << " formed: publisher + " << members.size() << " subscribers ("
                                     << backend_name(cfg_.data_plane.backend) << ")");
   return std::shared_ptr<Communicator>(std::move(comm.value()));
+}
+
+std::string GroupHost::doomed(const std::vector<std::string>& members) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return "publisher shutting down";
+  if (!failed_.empty()) return failed_.begin()->first + ": " + failed_.begin()->second;
+  for (const auto& id : members)
+    if (!server_.is_live(id)) return id + ": lost during group formation";
+  return "";
+}
+
+// Every live member of a failed formation stops joining it now.
+void GroupHost::tell_failed(uint64_t epoch, const std::vector<std::string>& members, const std::string& why) {
+  for (const auto& id : members) {
+    if (!server_.is_live(id)) continue;
+    server_.send(id, control::make_message(epoch, server_.incarnation(), [&](auto b) {
+                   auto f = b.initGroupFailed();
+                   f.setRank(0);
+                   f.setReason(why.substr(0, 4096));
+                 }));
+  }
+}
+
+// A member named by a failed formation (its own GroupFailed, or not ready by
+// the deadline) gets a strike; one that was ready is cleared. Members caught
+// in a formation that another member ended keep what they had.
+void GroupHost::count_strikes(const std::vector<std::string>& members, const std::vector<std::string>& problems) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& id : members) {
+    if (ready_.count(id)) {
+      strikes_.erase(id);
+      continue;
+    }
+    for (const auto& p : problems) {
+      if (p.compare(0, id.size() + 2, id + ": ") != 0) continue;
+      Strikes& s = strikes_[id];
+      s.reason = p.substr(id.size() + 2);
+      if (++s.count == 2)
+        PC_WARN("publisher: subscriber '" << id << "' failed two group formations in a row (last: " << s.reason
+                                          << "); left out of the group until it joins again");
+    }
+  }
+}
+
+std::map<std::string, std::string> GroupHost::excluded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::string> out;
+  for (const auto& [id, s] : strikes_)
+    if (s.count >= 2) out[id] = s.reason;
+  return out;
+}
+
+void GroupHost::forgive(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  strikes_.erase(id);
 }
 
 // Mints the bootstrap and sends every member its JoinGroup.
@@ -76,9 +166,11 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   return bootstrap;
 }
 
-// Waits for GroupReady from every member; returns what went wrong, per member.
-std::vector<std::string> GroupHost::wait_for_members(const std::vector<std::string>& members) {
-  const auto deadline = Clock::now() + cfg_.data_plane.init_timeout;
+// Waits until `deadline` for GroupReady from every member, or until the
+// formation is doomed; returns what went wrong, per member. When a member
+// ended it early, those still forming are not blamed.
+std::vector<std::string> GroupHost::wait_for_members(const std::vector<std::string>& members,
+                                                     Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_until(lock, deadline, [&] {
     if (!failed_.empty() || stopped_) return true;
@@ -91,10 +183,17 @@ std::vector<std::string> GroupHost::wait_for_members(const std::vector<std::stri
     return !pending;
   });
   std::vector<std::string> problems;
-  for (const auto& id : members) {
+  for (const auto& id : members)
     if (failed_.count(id)) problems.push_back(id + ": " + failed_[id]);
     else if (!server_.is_live(id)) problems.push_back(id + ": lost during group formation");
-    else if (!ready_.count(id)) problems.push_back(id + ": not ready within init_timeout");
+  const bool ended_early = !problems.empty() || stopped_;
+  const std::string bound = "init_timeout (" + std::to_string(cfg_.data_plane.init_timeout.count()) + "ms)";
+  for (const auto& id : members) {
+    if (ended_early || ready_.count(id) || failed_.count(id) || !server_.is_live(id)) continue;
+    if (cfg_.data_plane.backend == Backend::kGloo && !published_.count(id))
+      problems.push_back(id + ": never published its rendezvous address within " + bound);
+    else
+      problems.push_back(id + ": not ready within " + bound);
   }
   if (stopped_ && problems.empty()) problems.push_back("publisher shutting down");
   return problems;
@@ -107,16 +206,25 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
   switch (body.which()) {
     case B::GROUP_READY: {
       std::lock_guard<std::mutex> lock(mu_);
-      if (current) ready_.insert(id);
+      auto rank = assigned_rank_.find(id);
+      if (!current || rank == assigned_rank_.end()) break;  // not a member of this formation
+      if (static_cast<int64_t>(body.getGroupReady().getRank()) == rank->second) ready_.insert(id);
+      else
+        failed_[id] = "said GroupReady for rank " + std::to_string(body.getGroupReady().getRank()) +
+                      " but was assigned rank " + std::to_string(rank->second);
       break;
     }
     case B::GROUP_FAILED: {
       std::lock_guard<std::mutex> lock(mu_);
-      if (current) failed_[id] = body.getGroupFailed().getReason().cStr();
+      if (current && assigned_rank_.count(id)) failed_[id] = body.getGroupFailed().getReason().cStr();
       break;
     }
     case B::STORE_SET: {
       auto s = body.getStoreSet();
+      if (current) {
+        std::lock_guard<std::mutex> lock(mu_);
+        published_.insert(id);
+      }
       store_.remote_set(s.getKey().cStr(),
                         std::string(reinterpret_cast<const char*>(s.getValue().begin()), s.getValue().size()));
       return true;

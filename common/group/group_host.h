@@ -5,7 +5,14 @@
 // prefix), JoinGroup to every member, this rank's communicator created
 // against the HostedStore, and GroupReady from every member. It returns the
 // communicator, or an error naming every member that failed (with its
-// reason), was lost, or was not ready within data_plane.init_timeout.
+// reason), was lost, never published its rendezvous address, or was not
+// ready within data_plane.init_timeout.
+//
+// Formation fails fast: the first GroupFailed (or a member lost meanwhile)
+// ends it at once, this rank's own rendezvous included, and every member is
+// told with a GroupFailed of the epoch so that none waits out init_timeout.
+// A member that failed two formations in a row is left out of the next ones
+// (excluded()) until it joins again (forgive()).
 //
 // The rendezvous store is served here too: the owner routes StoreSet,
 // StoreGet, GroupReady and GroupFailed from the control thread to
@@ -38,6 +45,11 @@ class GroupHost {
   StatusOr<std::shared_ptr<Communicator>> form(const std::vector<std::string>& members);
   uint64_t epoch() const { return epoch_; }
 
+  // Members left out after failing two formations in a row, with the last reason.
+  std::map<std::string, std::string> excluded() const;
+  // A member joined again: it gets another chance.
+  void forgive(const std::string& id);
+
   // Control thread. Returns false for a message that is not about formation.
   bool on_message(const std::string& id, proto::Envelope::Reader envelope);
   void on_member_gone(const std::string& id);
@@ -45,19 +57,32 @@ class GroupHost {
   void stop();
 
  private:
+  class WatchedStore;
   StatusOr<std::string> announce(uint64_t epoch, const std::vector<std::string>& members);
-  std::vector<std::string> wait_for_members(const std::vector<std::string>& members);
+  std::vector<std::string> wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline);
+  // Why formation cannot succeed any more ("" while it still can): a
+  // GroupFailed, a lost member, shutdown. Takes mu_.
+  std::string doomed(const std::vector<std::string>& members);
+  void tell_failed(uint64_t epoch, const std::vector<std::string>& members, const std::string& why);
+  void count_strikes(const std::vector<std::string>& members, const std::vector<std::string>& problems);
 
   const Config cfg_;
   control::ControlServer& server_;
   HostedStore store_;
   std::atomic<uint64_t> epoch_{0};
 
-  std::mutex mu_;  // guards the formation state below
+  mutable std::mutex mu_;  // guards the formation state below
   std::condition_variable cv_;
   bool stopped_ = false;
   std::set<std::string> ready_;
+  std::set<std::string> published_;  // members that set a rendezvous key this epoch
   std::map<std::string, std::string> failed_;
+  std::map<std::string, int> assigned_rank_;
+  struct Strikes {
+    int count = 0;
+    std::string reason;
+  };
+  std::map<std::string, Strikes> strikes_;  // consecutive failed formations per member
 };
 
 }  // namespace paramcast::group

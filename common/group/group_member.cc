@@ -20,9 +20,24 @@ GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
         }));
       }) {}
 
+void GroupMember::abandon_formations(uint64_t epoch, const std::string& why) {
+  uint64_t seen = abandoned_.load();
+  while (seen < epoch && !abandoned_.compare_exchange_weak(seen, epoch)) {
+  }
+  if (epoch_.load() != 0 && epoch_.load() <= epoch) {
+    store_failed_by_abandon_ = true;
+    store_.fail(why);
+  }
+}
+
 StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& options) {
+  if (store_failed_by_abandon_.exchange(false)) store_.reset();  // that formation is over; this one is new
   epoch_ = options.epoch;
-  auto comm = create_communicator(options, store_);
+  StatusOr<std::unique_ptr<Communicator>> comm =
+      options.epoch <= abandoned_.load()
+          ? StatusOr<std::unique_ptr<Communicator>>(unavailable("group epoch " + std::to_string(options.epoch) +
+                                                                " was abandoned before this rank joined it"))
+          : create_communicator(options, store_);
   const auto rank = static_cast<uint32_t>(options.rank);
   if (!comm.ok()) {
     PC_WARN(id_ << ": group epoch " << options.epoch << " failed: " << comm.status().message());

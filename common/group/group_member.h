@@ -9,6 +9,7 @@
 // Threads: join() on the data thread; the on_* methods on the control thread.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,11 +31,17 @@ class GroupMember {
   void on_store_value(uint64_t request_id, std::string value) { store_.deliver(request_id, std::move(value)); }
   void on_joined() { store_.reset(); }
   void on_unavailable(const std::string& why) { store_.fail(why); }
+  // Control thread: formations up to `epoch` are over (the publisher said
+  // GroupFailed, or a newer JoinGroup arrived): a join() of one of them ends
+  // now instead of waiting out init_timeout.
+  void abandon_formations(uint64_t epoch, const std::string& why);
 
  private:
   const std::string id_;
   control::ControlClient& client_;
   std::atomic<uint64_t> epoch_{0};  // the epoch being joined, stamped on store messages
+  std::atomic<uint64_t> abandoned_{0};  // formations up to this epoch are over
+  std::atomic<bool> store_failed_by_abandon_{false};
   RemoteStore store_;
 };
 

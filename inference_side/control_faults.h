@@ -1,0 +1,53 @@
+// ControlFaults: a test hook that makes a real subscriber lose chosen control
+// messages, as a connection that breaks at the wrong moment would (ZeroMQ
+// drops what was queued on a broken connection). Read from the environment
+// when a Subscriber is created:
+//
+//   PARAMCAST_FAULT_LOSE=plan:2,commit:3   lose the Plan of v2 and the Commit of v3 on arrival
+//   PARAMCAST_FAULT_LOSE=answer:2          lose this worker's PlanAccept/PlanReject of v2
+//   PARAMCAST_FAULT_LOSE=applied:4         lose this worker's Applied of v4
+//
+// Each named message is lost once. The publisher is expected to notice from
+// heartbeats (docs/protocol.md, "Lost control messages").
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace paramcast {
+
+class ControlFaults {
+ public:
+  static ControlFaults from_env() {
+    ControlFaults f;
+    const char* v = std::getenv("PARAMCAST_FAULT_LOSE");
+    std::stringstream in(v ? v : "");
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      const auto colon = item.find(':');
+      if (colon == std::string::npos) continue;
+      f.lose_.insert({item.substr(0, colon), std::strtoull(item.c_str() + colon + 1, nullptr, 10)});
+    }
+    return f;
+  }
+  ControlFaults() = default;
+  ControlFaults(const ControlFaults& o) : lose_(o.lose_) {}
+
+  // Whether to lose `what` ("plan", "commit", "answer", "applied") of `version`; true once.
+  bool loses(const std::string& what, uint64_t version) {
+    if (lose_.empty()) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return lose_.erase({what, version}) > 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::pair<std::string, uint64_t>> lose_;
+};
+
+}  // namespace paramcast
