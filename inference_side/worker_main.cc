@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "common/cli.h"
 #include "common/data/device_memory.h"
+#include "common/log.h"
 #include "common/synthetic_model.h"
 #include "common/units.h"
 #include "inference_side/subscriber.h"
@@ -39,6 +42,111 @@ const Tool kTool{
              "  -h, --help            print this and exit\n",
     .value_flags = {"config", "id", "endpoint", "mode", "updates", "model-size"},
 };
+// Checks what arrives against the synthetic generator, in registered
+// buffers (verified in the end hook: the next update cannot start writing
+// until it returns) or tensor by tensor through the callback.
+class Verifier {
+ public:
+  Verifier(const std::string& id, const Config& config, std::unique_ptr<DeviceMemory> mem)
+      : id_(id),
+        job_(config.trainer),
+        device_(config.device_for_worker(id)),
+        specs_(synthetic_llm_layout(job_.model_bytes, job_.layers, job_.dtype)),
+        mem_(std::move(mem)) {}
+
+  Status attach(Subscriber& s, const std::string& mode) {
+    if (mode == "callback") {
+      s.on_update_begin([this](uint64_t v) { in_progress_ = v; });
+      s.on_tensor([this](const TensorView& view) {
+        check(view.spec, view.data, in_progress_.load());
+        return Status();
+      });
+      return Status();
+    }
+    for (const auto& spec : specs_) {
+      const uint64_t n = spec.nbytes().value();
+      auto p = mem_->allocate(n);
+      if (!p.ok()) return p.status();
+      buffers_.emplace_back(mem_.get(), *p, n);
+      PC_RETURN_IF_ERROR(s.register_tensor(TensorView{spec, *p, device_}));
+    }
+    s.on_update_end([this](uint64_t version, const Status& st) {
+      if (!st.ok()) return;
+      for (size_t i = 0; i < specs_.size(); ++i) check(specs_[i], buffers_[i].data(), version);
+    });
+    return Status();
+  }
+
+  // The mismatches found in the update that just ended.
+  std::vector<std::string> take_mismatches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(bad_, {});
+  }
+
+ private:
+  void check(const TensorSpec& spec, const void* data, uint64_t version) {
+    const uint64_t n = spec.nbytes().value();
+    std::lock_guard<std::mutex> lock(mu_);
+    const void* p = data;
+    if (device_.is_cuda()) {
+      host_.resize(n);
+      (void)mem_->copy(host_.data(), data, n);
+      p = host_.data();
+    }
+    const int64_t at = verify_synthetic(spec, job_.seed, version, p, n);
+    if (at >= 0) bad_.push_back(spec.name + " differs at byte " + std::to_string(at));
+  }
+
+  const std::string id_;
+  const TrainerJobOptions job_;
+  const Device device_;
+  const std::vector<TensorSpec> specs_;
+  std::unique_ptr<DeviceMemory> mem_;
+  std::vector<StagingBuffer> buffers_;  // after mem_: released before it
+  std::atomic<uint64_t> in_progress_{0};
+  std::mutex mu_;  // guards the two below
+  std::vector<uint8_t> host_;
+  std::vector<std::string> bad_;  // mismatches of the version in progress
+};
+
+int fail(const std::string& id, const Status& s) {
+  std::fprintf(stderr, "paramcast-worker %s: %s\n", id.c_str(), s.to_string().c_str());
+  return 1;
+}
+
+// Prints each update's outcome until `updates` verified (0: until stopped).
+// Returns the exit code.
+int follow_reports(const std::string& id, Subscriber& s, Verifier& verifier, int updates) {
+  int verified = 0, failed = 0;
+  while (!g_stop && (updates == 0 || verified < updates)) {
+    auto report = s.next_report(std::chrono::milliseconds(200));
+    if (!report) continue;
+    if (report->version == 0 && !report->status.ok()) return fail(id, report->status);  // refused by the publisher
+    if (!report->status.ok()) {
+      ++failed;
+      std::printf("%s: update v%llu failed: %s (state %s)\n", id.c_str(),
+                  static_cast<unsigned long long>(report->version), report->status.to_string().c_str(),
+                  s.state().to_string().c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    const std::vector<std::string> mismatches = verifier.take_mismatches();
+    if (!mismatches.empty()) {
+      std::printf("%s: v%llu CORRUPT: %zu tensors differ, first: %s\n", id.c_str(),
+                  static_cast<unsigned long long>(report->version), mismatches.size(), mismatches[0].c_str());
+      std::fflush(stdout);
+      return 1;
+    }
+    ++verified;
+    std::printf("%s: v%llu verified, %s bit-exact\n", id.c_str(), static_cast<unsigned long long>(report->version),
+                format_bytes(report->bytes).c_str());
+    std::fflush(stdout);
+  }
+  std::printf("%s: %d updates verified, %d failed; state %s\n", id.c_str(), verified, failed,
+              s.state().to_string().c_str());
+  return (updates == 0 || verified >= updates) ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,104 +165,14 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, on_signal);
 
   auto sub = Subscriber::create(config, id);
-  if (!sub.ok()) {
-    std::fprintf(stderr, "paramcast-worker %s: %s\n", id.c_str(), sub.status().to_string().c_str());
-    return 1;
-  }
+  if (!sub.ok()) return fail(id, sub.status());
   Subscriber& s = *sub.value();
-  const Device device = config.device_for_worker(id);
-  const auto& job = config.trainer;
-  auto specs = synthetic_llm_layout(job.model_bytes, job.layers, job.dtype);
-  auto mem = create_device_memory(device);
-  if (!mem.ok()) {
-    std::fprintf(stderr, "paramcast-worker %s: %s\n", id.c_str(), mem.status().to_string().c_str());
-    return 1;
-  }
-  std::vector<StagingBuffer> buffers;
-  std::mutex bad_mu;
-  std::vector<std::string> bad;  // mismatches of the version in progress
-  std::vector<uint8_t> host;
-  auto check = [&](const TensorSpec& spec, const void* data, uint64_t version) {
-    const uint64_t n = spec.nbytes().value();
-    const void* p = data;
-    if (device.is_cuda()) {
-      host.resize(n);
-      (void)mem.value()->copy(host.data(), data, n);
-      p = host.data();
-    }
-    int64_t at = verify_synthetic(spec, job.seed, version, p, n);
-    if (at >= 0) {
-      std::lock_guard<std::mutex> lock(bad_mu);
-      bad.push_back(spec.name + " differs at byte " + std::to_string(at));
-    }
-  };
-  if (mode == "callback") {
-    static std::atomic<uint64_t> version_in_progress{0};
-    std::atomic<uint64_t>* current = &version_in_progress;
-    s.on_update_begin([current](uint64_t v) { current->store(v); });
-    s.on_tensor([&, current](const TensorView& view) {
-      check(view.spec, view.data, current->load());
-      return Status();
-    });
-  } else {
-    for (const auto& spec : specs) {
-      const uint64_t n = spec.nbytes().value();
-      auto p = mem.value()->allocate(n);
-      if (!p.ok()) {
-        std::fprintf(stderr, "paramcast-worker %s: %s\n", id.c_str(), p.status().to_string().c_str());
-        return 1;
-      }
-      buffers.emplace_back(mem.value().get(), *p, n);
-      Status r = s.register_tensor(TensorView{spec, *p, device});
-      if (!r.ok()) {
-        std::fprintf(stderr, "paramcast-worker %s: %s\n", id.c_str(), r.to_string().c_str());
-        return 1;
-      }
-    }
-    // Verify inside the end hook: the next update cannot start writing until it returns.
-    s.on_update_end([&](uint64_t version, const Status& st) {
-      if (!st.ok()) return;
-      for (size_t i = 0; i < specs.size(); ++i) check(specs[i], buffers[i].data(), version);
-    });
-  }
-  Status started = s.start();
-  if (!started.ok()) {
-    std::fprintf(stderr, "paramcast-worker %s: %s\n", id.c_str(), started.to_string().c_str());
-    return 1;
-  }
-  int verified = 0, failed = 0;
-  while (!g_stop && (updates == 0 || verified < updates)) {
-    auto report = s.next_report(std::chrono::milliseconds(200));
-    if (!report) continue;
-    if (report->version == 0 && !report->status.ok()) {  // rejected by the publisher
-      std::fprintf(stderr, "paramcast-worker %s: %s\n", id.c_str(), report->status.to_string().c_str());
-      return 1;
-    }
-    if (!report->status.ok()) {
-      ++failed;
-      std::printf("%s: update v%llu failed: %s (state %s)\n", id.c_str(), static_cast<unsigned long long>(report->version),
-                  report->status.to_string().c_str(), s.state().to_string().c_str());
-      std::fflush(stdout);
-      continue;
-    }
-    std::vector<std::string> mismatches;
-    {
-      std::lock_guard<std::mutex> lock(bad_mu);
-      mismatches.swap(bad);
-    }
-    if (!mismatches.empty()) {
-      std::printf("%s: v%llu CORRUPT: %zu tensors differ, first: %s\n", id.c_str(),
-                  static_cast<unsigned long long>(report->version), mismatches.size(), mismatches[0].c_str());
-      std::fflush(stdout);
-      return 1;
-    }
-    ++verified;
-    std::printf("%s: v%llu verified, %s bit-exact\n", id.c_str(), static_cast<unsigned long long>(report->version),
-                format_bytes(report->bytes).c_str());
-    std::fflush(stdout);
-  }
-  std::printf("%s: %d updates verified, %d failed; state %s\n", id.c_str(), verified, failed,
-              s.state().to_string().c_str());
+  auto mem = create_device_memory(config.device_for_worker(id));
+  if (!mem.ok()) return fail(id, mem.status());
+  Verifier verifier(id, config, std::move(mem.value()));
+  if (Status attached = verifier.attach(s, mode); !attached.ok()) return fail(id, attached);
+  if (Status started = s.start(); !started.ok()) return fail(id, started);
+  const int code = follow_reports(id, s, verifier, updates);
   s.stop();
-  return (updates == 0 || verified >= updates) ? 0 : 1;
+  return code;
 }

@@ -98,6 +98,104 @@ class EventPrinter {
   std::thread thread_;  // last: starts once the members above exist
 };
 
+// The synthetic model in the publisher's device memory, rewritten before each
+// update ("the optimizer step").
+class SyntheticModel {
+ public:
+  static StatusOr<std::unique_ptr<SyntheticModel>> create(const Config& config) {
+    auto mem = create_device_memory(config.publisher.device);
+    if (!mem.ok()) return mem.status();
+    std::unique_ptr<SyntheticModel> m(new SyntheticModel(config, std::move(mem.value())));
+    for (const auto& s : m->specs_) {
+      const uint64_t n = s.nbytes().value();
+      auto p = m->mem_->allocate(n);
+      if (!p.ok()) return p.status();
+      m->buffers_.emplace_back(m->mem_.get(), *p, n);
+      m->views_.push_back(TensorView{s, *p, config.publisher.device});
+      m->total_ += n;
+      m->largest_ = std::max(m->largest_, n);
+    }
+    return m;
+  }
+
+  void step(uint64_t version) {
+    std::vector<uint8_t> host(largest_);
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      const uint64_t n = specs_[i].nbytes().value();
+      fill_synthetic(specs_[i], job_.seed, version, host.data(), n);
+      (void)mem_->copy(buffers_[i].data(), host.data(), n);
+    }
+  }
+  const std::vector<TensorView>& views() const { return views_; }
+  size_t tensors() const { return specs_.size(); }
+  uint64_t total() const { return total_; }
+
+ private:
+  SyntheticModel(const Config& config, std::unique_ptr<DeviceMemory> mem)
+      : job_(config.trainer),
+        specs_(synthetic_llm_layout(job_.model_bytes, job_.layers, job_.dtype)),
+        mem_(std::move(mem)) {}
+
+  const TrainerJobOptions job_;
+  const std::vector<TensorSpec> specs_;
+  std::unique_ptr<DeviceMemory> mem_;
+  std::vector<StagingBuffer> buffers_;  // after mem_: released before it
+  std::vector<TensorView> views_;
+  uint64_t total_ = 0, largest_ = 0;
+};
+
+// Progress of long updates, for people watching a terminal (directly, or
+// through `paramcast launch`, which sets PARAMCAST_PROGRESS=1 on a TTY).
+void print_progress_when_watched(Publisher& publisher) {
+  if (!isatty(1) && std::getenv("PARAMCAST_PROGRESS") == nullptr) return;
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  publisher.on_progress([last](uint64_t version, uint64_t sent, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - *last < std::chrono::seconds(1) || sent == total) return;
+    *last = now;
+    print_line("update v%llu: %3.0f%% (%s of %s)\n", static_cast<unsigned long long>(version),
+               100.0 * static_cast<double>(sent) / static_cast<double>(total), format_bytes(sent).c_str(),
+               format_bytes(total).c_str());
+  });
+}
+
+struct Totals {
+  int failures = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// The training loop: a step, then an update, `job.updates` times.
+Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJobOptions& job) {
+  Totals t;
+  for (int u = 1; u <= job.updates; ++u) {
+    const uint64_t version = publisher.next_version();  // above what any subscriber holds
+    model.step(version);
+    UpdateResult r = publisher.weight_update(model.views(), version);
+    if (r.ok()) {
+      t.bytes += r.bytes;
+      t.seconds += r.seconds;
+      print_line("update v%llu: %zu tensors in %zu buckets, %s to %zu subscribers in %s (%.2f GB/s)\n",
+                 static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
+                 r.subscribers.size(),
+                 format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::duration<double>(r.seconds)))
+                     .c_str(),
+                 r.gbps());
+    } else {
+      ++t.failures;
+      print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
+    }
+    if (u < job.updates) std::this_thread::sleep_for(job.interval);
+  }
+  return t;
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "paramcast-trainer: %s\n", s.to_string().c_str());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,10 +209,7 @@ int main(int argc, char** argv) {
   set_log_level(config.log_level);
 
   auto pub = Publisher::create(config);
-  if (!pub.ok()) {
-    std::fprintf(stderr, "paramcast-trainer: %s\n", pub.status().to_string().c_str());
-    return 1;
-  }
+  if (!pub.ok()) return fail(pub.status());
   Publisher& publisher = *pub.value();
   if (flags.has("endpoint-file")) {
     const std::string tmp = flags.get("endpoint-file") + ".tmp";
@@ -124,81 +219,17 @@ int main(int argc, char** argv) {
   print_line("paramcast-trainer: control endpoint %s\n", publisher.endpoint().c_str());
   EventPrinter events(publisher);  // from here on, events are printed as they happen
 
-  const auto& job = config.trainer;
-  auto specs = synthetic_llm_layout(job.model_bytes, job.layers, job.dtype);
-  auto mem = create_device_memory(config.publisher.device);
-  if (!mem.ok()) {
-    std::fprintf(stderr, "paramcast-trainer: %s\n", mem.status().to_string().c_str());
-    return 1;
-  }
-  std::vector<StagingBuffer> buffers;
-  std::vector<TensorView> views;
-  uint64_t total = 0, largest = 0;
-  for (const auto& s : specs) {
-    const uint64_t n = s.nbytes().value();
-    auto p = mem.value()->allocate(n);
-    if (!p.ok()) {
-      std::fprintf(stderr, "paramcast-trainer: %s\n", p.status().to_string().c_str());
-      return 1;
-    }
-    buffers.emplace_back(mem.value().get(), *p, n);
-    views.push_back(TensorView{s, *p, config.publisher.device});
-    total += n;
-    largest = std::max(largest, n);
-  }
-  print_line("paramcast-trainer: model of %zu tensors, %s (%s each update)\n", specs.size(),
-             format_bytes(total).c_str(), dtype_name(job.dtype).data());
-
-  Status started = publisher.start();
-  if (!started.ok()) {
-    std::fprintf(stderr, "paramcast-trainer: %s\n", started.to_string().c_str());
-    return 1;
-  }
-  // Progress of long updates, for people watching a terminal (directly, or
-  // through `paramcast launch`, which sets PARAMCAST_PROGRESS=1 on a TTY).
-  const bool progress = isatty(1) || std::getenv("PARAMCAST_PROGRESS") != nullptr;
-  if (progress) {
-    auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-    publisher.on_progress([last](uint64_t version, uint64_t sent, uint64_t total) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now - *last < std::chrono::seconds(1) || sent == total) return;
-      *last = now;
-      print_line("update v%llu: %3.0f%% (%s of %s)\n", static_cast<unsigned long long>(version),
-                 100.0 * static_cast<double>(sent) / static_cast<double>(total), format_bytes(sent).c_str(),
-                 format_bytes(total).c_str());
-    });
-  }
-  std::vector<uint8_t> host(largest);
-  int failures = 0;
-  uint64_t bytes = 0;
-  double seconds = 0;
-  for (int u = 1; u <= job.updates; ++u) {
-    const uint64_t version = publisher.next_version();  // above what any subscriber holds
-    for (size_t i = 0; i < specs.size(); ++i) {  // "the optimizer step"
-      const uint64_t n = specs[i].nbytes().value();
-      fill_synthetic(specs[i], job.seed, version, host.data(), n);
-      (void)mem.value()->copy(buffers[i].data(), host.data(), n);
-    }
-    UpdateResult r = publisher.weight_update(views, version);
-    if (r.ok()) {
-      bytes += r.bytes;
-      seconds += r.seconds;
-      print_line("update v%llu: %zu tensors in %zu buckets, %s to %zu subscribers in %s (%.2f GB/s)\n",
-                 static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
-                 r.subscribers.size(),
-                 format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::duration<double>(r.seconds)))
-                     .c_str(),
-                 r.gbps());
-    } else {
-      ++failures;
-      print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
-    }
-    if (u < job.updates) std::this_thread::sleep_for(job.interval);
-  }
+  auto model = SyntheticModel::create(config);
+  if (!model.ok()) return fail(model.status());
+  print_line("paramcast-trainer: model of %zu tensors, %s (%s each update)\n", model.value()->tensors(),
+             format_bytes(model.value()->total()).c_str(), dtype_name(config.trainer.dtype).data());
+  if (Status started = publisher.start(); !started.ok()) return fail(started);
+  print_progress_when_watched(publisher);
+  const Totals t = run_updates(publisher, *model.value(), config.trainer);
   events.stop();  // before the summary line, and before shutdown() makes members leave
-  print_line("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%.2f GB/s)\n", job.updates, failures,
-             format_bytes(bytes).c_str(), seconds, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+  print_line("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%.2f GB/s)\n", config.trainer.updates,
+             t.failures, format_bytes(t.bytes).c_str(), t.seconds,
+             t.seconds > 0 ? static_cast<double>(t.bytes) / t.seconds / 1e9 : 0.0);
   publisher.shutdown();
-  return failures ? 1 : 0;
+  return t.failures ? 1 : 0;
 }
