@@ -24,7 +24,7 @@ def config_dict(endpoint="tcp://127.0.0.1:*", subscribers=3):
 
 def _engine_main(conn, endpoint, worker_id, mode, dtype, seed):
     import paramcast
-    import tinymodel
+    import tinylm as tinymodel
 
     torch.set_num_threads(1)
     model = (tinymodel.FusedTinyLM if mode == "fused" else tinymodel.TinyLM)(seed, getattr(torch, dtype))

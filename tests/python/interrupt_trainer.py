@@ -12,7 +12,7 @@ import time
 import torch
 
 import paramcast
-import tinymodel
+import tinylm as tinymodel
 from cluster import config_dict
 
 

@@ -11,10 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 import paramcast  # noqa: E402
 
-import tinymodel  # noqa: E402
+import tinylm as tinymodel  # noqa: E402
 from cluster import Engine, config_dict  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "python")
 
 
 def read_line(proc, prefix, timeout=120):
@@ -29,7 +30,7 @@ def read_line(proc, prefix, timeout=120):
 
 
 def test_ctrl_c_in_weight_update_returns_within_a_second_and_the_group_survives():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, EXAMPLES, os.environ.get("PYTHONPATH", "")]))
     trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "interrupt_trainer.py")], env=env,
                                stdout=subprocess.PIPE, text=True)
     engine = None

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import paramcast  # noqa: E402
 
-import tinymodel  # noqa: E402
+import tinylm as tinymodel  # noqa: E402
 from cluster import Engine, config_dict  # noqa: E402
 
 

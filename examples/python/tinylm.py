@@ -1,4 +1,4 @@
-"""A small decoder-only transformer for the Python API's tests and examples.
+"""A small decoder-only transformer for the Python examples and tests.
 
 TinyLM keeps q, k and v as separate projections, like a trainer's model;
 FusedTinyLM stores them fused in one ``qkv_proj`` per layer, like an
