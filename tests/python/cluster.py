@@ -16,7 +16,7 @@ def config_dict(endpoint="tcp://127.0.0.1:*", subscribers=3):
         "control": {"endpoint": endpoint, "heartbeat_interval": "100ms", "heartbeat_timeout": "1500ms",
                     "join_timeout": "60s", "reconnect_backoff_max": "500ms"},
         "data_plane": {"backend": "gloo", "bucket_size": "64KiB", "direct_min_size": "16KiB",
-                       "checksum": "xxh64", "timeout": "30s", "init_timeout": "30s"},
+                       "checksum": "xxh64", "timeout": "10s", "init_timeout": "30s"},
         "publisher": {"subscribers": subscribers, "update_timeout": "60s"},
         "logging": {"level": "warn"},
     }
