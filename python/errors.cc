@@ -3,7 +3,8 @@
 namespace paramcast::python {
 
 void throw_status(const Status& s, const char* type) {
-  py::object cls = py::module_::import("paramcast.errors").attr(type);
+  py::module_ errors = py::module_::import("paramcast.errors");
+  py::object cls = type ? errors.attr(type) : errors.attr("for_code")(code_name(s.code()));
   py::object e = cls(s.message());
   e.attr("code") = std::string(code_name(s.code()));
   PyErr_SetObject(cls.ptr(), e.ptr());

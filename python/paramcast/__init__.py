@@ -15,11 +15,12 @@ See docs/python.md.
 from . import _core
 from ._config import load_config
 from ._core import Config, Mismatch, SubscriberOutcome, UpdateResult
-from .errors import ConfigError, Error, UpdateError
+from .errors import (ConfigError, DeadlineExceeded, Error, PeerLostError, RejectedError, UnavailableError,
+                     UpdateError)
 from .publisher import Publisher
 from .subscriber import Subscriber
 
 __all__ = [
-    "Config", "ConfigError", "Error", "Mismatch", "Publisher", "Subscriber", "SubscriberOutcome",
+    "Config", "ConfigError", "DeadlineExceeded", "Error", "PeerLostError", "RejectedError", "UnavailableError", "Mismatch", "Publisher", "Subscriber", "SubscriberOutcome",
     "UpdateError", "UpdateResult", "load_config",
 ]

@@ -19,6 +19,38 @@ class ConfigError(Error, ValueError):
     code = "INVALID_ARGUMENT"
 
 
+class RejectedError(Error):
+    """A peer refused (duplicate worker id, unknown id, protocol version)."""
+
+    code = "REJECTED"
+
+
+class PeerLostError(Error, ConnectionError):
+    """A peer died, left or went silent past control.heartbeat_timeout."""
+
+    code = "PEER_LOST"
+
+
+class DeadlineExceeded(Error, TimeoutError):
+    """A deadline of the configuration passed (join_timeout, data_plane.timeout, ...)."""
+
+    code = "TIMEOUT"
+
+
+class UnavailableError(Error):
+    """Cannot be reached or run here (bind failure, backend not built, no CUDA device)."""
+
+    code = "UNAVAILABLE"
+
+
+_BY_CODE = {c.code: c for c in (ConfigError, RejectedError, PeerLostError, DeadlineExceeded, UnavailableError)}
+
+
+def for_code(code):
+    """The exception class of a docs/errors.md code ("PEER_LOST", ...); Error for the others."""
+    return _BY_CODE.get(code, Error)
+
+
 class UpdateError(Error):
     """A weight update failed.
 

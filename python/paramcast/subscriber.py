@@ -5,6 +5,7 @@ import time
 from . import _core
 from ._config import load_config
 from ._tensors import for_dlpack, named_items, to_framework
+from .errors import DeadlineExceeded
 
 _SLICE_SECONDS = 0.05
 
@@ -85,7 +86,7 @@ class Subscriber:
     def wait_for_version(self, version, timeout=None):
         """Waits until version ``version`` (or a later one) is applied; returns the version held.
 
-        Raises TimeoutError after ``timeout`` seconds, naming the state and the
+        Raises paramcast.DeadlineExceeded (a TimeoutError) after ``timeout`` seconds, naming the state and the
         last failed update. The GIL is released while waiting; Ctrl-C raises
         KeyboardInterrupt within a fraction of a second.
         """
@@ -97,7 +98,7 @@ class Subscriber:
             left = _SLICE_SECONDS if deadline is None else min(_SLICE_SECONDS, deadline - time.monotonic())
             if left <= 0:
                 failure = f"; last failed update: {self._last_failure}" if self._last_failure else ""
-                raise TimeoutError(
+                raise DeadlineExceeded(
                     f"{self.worker_id}: version {version} not applied within {timeout}s "
                     f"(state: {state[3]}){failure}")
             report = self._core.next_report(left)

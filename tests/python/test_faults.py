@@ -92,3 +92,24 @@ def test_lost_engine_is_named_within_the_heartbeat_bound():
         finally:
             for e in engines:
                 e.close()
+
+
+def test_errors_map_to_one_exception_family():
+    cfg = config_dict(subscribers=1)
+    cfg["control"]["join_timeout"] = "500ms"
+    with paramcast.Publisher(cfg) as pub:
+        start = time.monotonic()
+        with pytest.raises(paramcast.DeadlineExceeded, match=r"join_timeout") as err:
+            pub.start()  # no engine comes
+        assert time.monotonic() - start < 10
+        assert isinstance(err.value, TimeoutError) and err.value.code == "TIMEOUT"
+        taken = dict(cfg, control=dict(cfg["control"], endpoint=pub.endpoint))
+        with pytest.raises(paramcast.UnavailableError, match=pub.endpoint.rsplit(":", 1)[1]):
+            paramcast.Publisher(taken)  # the endpoint is bound already
+        sub = paramcast.Subscriber(taken, "engine-1")
+        with pytest.raises(paramcast.DeadlineExceeded, match=r"engine-1: version 1 not applied within 0.3s "
+                                                                r"\(state: .*empty"):
+            sub.wait_for_version(1, timeout=0.3)
+        sub.stop()
+    with pytest.raises(paramcast.UnavailableError, match=r"closed"):
+        pub.status()
