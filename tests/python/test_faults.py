@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -62,6 +63,24 @@ def test_ctrl_c_in_weight_update_returns_within_a_second_and_the_group_survives(
         trainer.wait()
         if engine:
             engine.close()
+
+
+def test_ctrl_c_in_wait_for_version_returns_within_a_second():
+    sub = paramcast.Subscriber(config_dict(subscribers=1), "engine-1")  # never started: v1 never comes
+    sent = []
+
+    def interrupt():
+        time.sleep(0.5)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        sub.wait_for_version(1, timeout=60)
+    took = time.monotonic() - sent[0]
+    assert took < 1.0, f"Ctrl-C took {took:.2f}s to return control"
+    assert sub.state == "empty"
+    sub.stop()
 
 
 def test_lost_engine_is_named_within_the_heartbeat_bound():
