@@ -4,6 +4,7 @@ import concurrent.futures
 import threading
 
 from . import _core
+from . import _lifetime
 from ._config import load_config
 from ._tensors import for_dlpack, named_items
 from .errors import UpdateError
@@ -34,6 +35,9 @@ class Publisher:
         self.interrupted_result = None
         self._members = {}
         self._events = []
+        _lifetime.track(self)
+
+    _exit_order = 1  # closed at exit after the subscribers
 
     @property
     def endpoint(self):
@@ -89,7 +93,10 @@ class Publisher:
             else:
                 future.set_exception(UpdateError(result))
 
-        threading.Thread(target=finish, name="paramcast-update", daemon=True).start()
+        # Not a daemon: a daemon thread inside the C++ wait when the
+        # interpreter finalizes would be torn down mid-call; exit waits for
+        # the update instead (bounded by the config's deadlines).
+        threading.Thread(target=finish, name="paramcast-update").start()
         return future
 
     def status(self):

@@ -3,6 +3,7 @@
 import time
 
 from . import _core
+from . import _lifetime
 from ._config import load_config
 from ._tensors import for_dlpack, named_items, to_framework
 from .errors import DeadlineExceeded
@@ -26,6 +27,9 @@ class Subscriber:
         self.worker_id = worker_id
         self._core = _core.Subscriber(self.config, worker_id)
         self._last_failure = ""
+        _lifetime.track(self)
+
+    _exit_order = 0  # stopped at exit before the publishers
 
     def register(self, named_tensors):
         """Tensors written in place by every update that names them (``model.named_parameters()`` works)."""

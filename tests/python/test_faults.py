@@ -83,6 +83,15 @@ def test_ctrl_c_in_wait_for_version_returns_within_a_second():
     sub.stop()
 
 
+def test_exit_without_close_is_clean():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, EXAMPLES, os.environ.get("PYTHONPATH", "")]))
+    for _ in range(3):  # the async update is at a different point each time
+        done = subprocess.run([sys.executable, os.path.join(HERE, "exit_without_close.py")], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "exiting ['a', 1" in done.stdout
+
+
 def test_lost_engine_is_named_within_the_heartbeat_bound():
     torch.set_num_threads(1)
     model = tinymodel.TinyLM(0)
