@@ -16,6 +16,8 @@ packages=(
   libgtest-dev libgmock-dev
   libgloo-dev
   clang libclang-rt-14-dev   # libFuzzer and sanitizers for the fuzz target
+  python3-dev pybind11-dev   # the paramcast Python package (python/)
+  python3-torch python3-numpy python3-pytest   # its tests and examples
 )
 
 missing=()

@@ -1,0 +1,26 @@
+"""ParamCast for Python: weight sync from PyTorch trainers to inference engines.
+
+    pub = paramcast.Publisher("deploy/x.yaml")          # trainer
+    pub.start()
+    result = pub.weight_update(model.named_parameters())
+
+    sub = paramcast.Subscriber(config, "engine-1")        # inference engine
+    sub.register(model.named_parameters())                # in place, or:
+    sub.on_weights(model.load_weights)                    # transform on load
+    sub.start()
+
+See docs/python.md.
+"""
+
+from . import _core
+from ._config import load_config
+from ._core import Config, Mismatch, SubscriberOutcome, UpdateResult
+from .errors import (ConfigError, DeadlineExceeded, Error, PeerLostError, RejectedError, UnavailableError,
+                     UpdateError)
+from .publisher import Publisher
+from .subscriber import Subscriber
+
+__all__ = [
+    "Config", "ConfigError", "DeadlineExceeded", "Error", "PeerLostError", "RejectedError", "UnavailableError", "Mismatch", "Publisher", "Subscriber", "SubscriberOutcome",
+    "UpdateError", "UpdateResult", "load_config",
+]

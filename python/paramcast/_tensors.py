@@ -1,0 +1,78 @@
+"""Framework tensors to and from ParamCast's DLPack exchange.
+
+Tensors go to the C++ core as objects with ``__dlpack__``; the core checks
+contiguity, dtype and device. torch types that DLPack cannot carry (bool,
+fp8) travel as uint8 views with the ParamCast dtype named beside them.
+"""
+
+_torch = None
+
+
+def _torch_module():
+    global _torch
+    if _torch is None:
+        try:
+            import torch
+        except ImportError:
+            _torch = False
+        else:
+            _torch = torch
+    return _torch or None
+
+
+def _special_dtypes(torch):
+    """torch dtypes exchanged as uint8 views, and their ParamCast names."""
+    special = {torch.bool: "BOOL"}
+    for attr, name in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+        if hasattr(torch, attr):
+            special[getattr(torch, attr)] = name
+    return special
+
+
+def _is_torch(t):
+    torch = _torch_module()
+    return torch is not None and isinstance(t, torch.Tensor)
+
+
+def named_items(named_tensors, what):
+    """(name, tensor) pairs from a dict or an iterable of pairs (model.named_parameters())."""
+    items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
+    out = []
+    for i, pair in enumerate(items):
+        try:
+            name, tensor = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"{what}: item {i} is not a (name, tensor) pair") from None
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: item {i}: the name must be a str, got {type(name).__name__}")
+        out.append((name, tensor))
+    return out
+
+
+def for_dlpack(tensor):
+    """(object with __dlpack__, ParamCast dtype override or None, CUDA stream or None)."""
+    if not _is_torch(tensor):
+        return tensor, None, None
+    torch = _torch
+    t = tensor.detach()  # DLPack refuses tensors that require grad; detach shares the bytes
+    dtype = _special_dtypes(torch).get(t.dtype)
+    if dtype is not None:
+        t = t.view(torch.uint8)
+    stream = None
+    if t.is_cuda:
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+    return t, dtype, stream
+
+
+def to_framework(ref):
+    """A tensor sharing the bytes of a lent paramcast TensorRef (torch when available, else numpy)."""
+    torch = _torch_module()
+    if torch is None:
+        import numpy
+
+        return numpy.from_dlpack(ref)
+    t = torch.utils.dlpack.from_dlpack(ref)
+    for torch_dtype, name in _special_dtypes(torch).items():
+        if ref.dtype == name:
+            return t.view(torch_dtype)
+    return t

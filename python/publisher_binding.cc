@@ -1,0 +1,193 @@
+// paramcast._core.Publisher: the C++ Publisher with the GIL released while it
+// works. weight_update is split in submit() and UpdateHandle.wait(seconds) so
+// that Python waits in slices and stays interruptible (Ctrl-C): an
+// interrupted update goes on in the background, and the handle keeps the
+// caller's tensors alive until it has finished.
+#include <chrono>
+#include <future>
+
+#include "python/bindings.h"
+#include "python/errors.h"
+#include "python/tensors.h"
+#include "trainer_side/publisher.h"
+
+namespace paramcast::python {
+namespace {
+
+class UpdateHandle {
+ public:
+  UpdateHandle(std::shared_future<UpdateResult> f, std::vector<py::object> keep)
+      : future_(std::move(f)), keep_(std::move(keep)) {}
+  ~UpdateHandle() {
+    py::gil_scoped_release release;
+    if (future_.valid()) future_.wait();  // the tensors in keep_ are read until then
+  }
+
+  // True when the update has finished; waits at most `seconds` without the GIL.
+  bool wait(double seconds) {
+    if (result_) return true;
+    py::gil_scoped_release release;
+    auto slice = std::chrono::duration<double>(seconds < 0 ? 0 : seconds);
+    return future_.wait_for(slice) == std::future_status::ready;
+  }
+
+  const UpdateResult& result() {
+    if (!result_) {
+      py::gil_scoped_release release;
+      result_ = future_.get();  // a copy: shared_future
+    }
+    return *result_;
+  }
+
+ private:
+  std::shared_future<UpdateResult> future_;
+  std::optional<UpdateResult> result_;
+  std::vector<py::object> keep_;
+};
+
+class PyPublisher {
+ public:
+  explicit PyPublisher(const Config& config) : device_(config.publisher.device) {
+    set_log_level(config.log_level);  // logging.level: the process's, as in the tools
+    auto p = Publisher::create(config);
+    if (!p.ok()) throw_status(p.status());
+    pub_ = std::move(p.value());
+  }
+  ~PyPublisher() { close(); }
+
+  std::string endpoint() const { return pub_ ? pub_->endpoint() : ""; }
+
+  void start() {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = live().start();
+    }
+    if (!s.ok()) throw_status(s);
+  }
+
+  // items: (name, tensor, dtype override or None, CUDA stream or None).
+  std::shared_ptr<UpdateHandle> submit(const py::list& items, std::optional<uint64_t> version, uintptr_t after_stream) {
+    std::vector<TensorView> views;
+    std::vector<py::object> keep;
+    views.reserve(items.size());
+    for (auto item : items) {
+      auto t = item.cast<py::tuple>();
+      auto name = t[0].cast<std::string>();
+      auto dtype = t[2].cast<std::optional<std::string>>();
+      auto stream = t[3].cast<std::optional<intptr_t>>();
+      BorrowedTensor b = import_tensor(name, t[1], dtype, device_, stream);
+      views.push_back(b.view);
+      keep.push_back(std::move(b.keepalive));
+      keep.push_back(py::reinterpret_borrow<py::object>(t[1]));
+    }
+    UpdateOptions options;
+    options.version = version;
+    options.after_stream = reinterpret_cast<void*>(after_stream);
+    Publisher& p = live();
+    std::shared_future<UpdateResult> f;
+    {
+      py::gil_scoped_release release;
+      f = p.weight_update_async(std::move(views), options).share();
+    }
+    std::erase_if(running_, [](const auto& r) { return r.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    running_.push_back(f);
+    return std::make_shared<UpdateHandle>(std::move(f), std::move(keep));
+  }
+
+  py::dict stats() const {
+    PublisherStats s = live().stats();
+    py::dict d;
+    d["epoch"] = s.epoch;
+    d["version"] = s.published_version;
+    d["live_members"] = s.live_members;
+    d["dropped_frames"] = s.dropped_frames;
+    d["staging_peak_bytes"] = s.staging_peak_bytes;
+    return d;
+  }
+
+  py::object poll_event() {
+    auto e = live().poll_event();
+    if (!e) return py::none();
+    return py::make_tuple(std::string(member_event_name(e->kind)), e->worker_id, e->detail);
+  }
+
+  void close() {
+    if (!pub_) return;
+    py::gil_scoped_release release;
+    pub_->shutdown();                    // an update in flight fails now
+    for (auto& r : running_) r.wait();  // and still uses the publisher until it returns
+    running_.clear();
+    pub_.reset();
+  }
+
+ private:
+  Publisher& live() const {
+    if (!pub_) throw_status(unavailable("the publisher is closed"));
+    return *pub_;
+  }
+
+  Device device_;
+  std::unique_ptr<Publisher> pub_;
+  std::vector<std::shared_future<UpdateResult>> running_;
+};
+
+void bind_results(py::module_& m) {
+  py::class_<Mismatch>(m, "Mismatch")
+      .def_readonly("name", &Mismatch::name)
+      .def_readonly("expected", &Mismatch::expected)
+      .def_readonly("got", &Mismatch::got)
+      .def("__str__", &Mismatch::to_string)
+      .def("__repr__", [](const Mismatch& x) { return "<Mismatch " + x.to_string() + ">"; });
+  py::class_<SubscriberOutcome>(m, "SubscriberOutcome")
+      .def_readonly("worker_id", &SubscriberOutcome::worker_id)
+      .def_property_readonly("ok", [](const SubscriberOutcome& o) { return o.status.ok(); })
+      .def_property_readonly("error", [](const SubscriberOutcome& o) { return o.status.ok() ? "" : o.status.to_string(); })
+      .def_readonly("mismatches", &SubscriberOutcome::mismatches)
+      .def_readonly("bytes", &SubscriberOutcome::bytes)
+      .def("__repr__", [](const SubscriberOutcome& o) {
+        return "<SubscriberOutcome " + o.worker_id + " " + (o.status.ok() ? "applied" : o.status.to_string()) + ">";
+      });
+  py::class_<UpdateResult>(m, "UpdateResult")
+      .def_property_readonly("ok", &UpdateResult::ok)
+      .def_property_readonly("error", [](const UpdateResult& r) { return r.ok() ? "" : r.status.to_string(); })
+      .def_property_readonly("code", [](const UpdateResult& r) { return std::string(code_name(r.status.code())); })
+      .def_readonly("version", &UpdateResult::version)
+      .def_readonly("epoch", &UpdateResult::epoch)
+      .def_readonly("bytes", &UpdateResult::bytes)
+      .def_readonly("tensors", &UpdateResult::tensors)
+      .def_readonly("buckets", &UpdateResult::buckets)
+      .def_readonly("seconds", &UpdateResult::seconds)
+      .def_property_readonly("gbps", &UpdateResult::gbps)
+      .def_readonly("subscribers", &UpdateResult::subscribers)
+      .def_readonly("missing", &UpdateResult::missing)
+      .def_readonly("precommitted", &UpdateResult::precommitted)
+      .def_property_readonly("mismatches", [](const UpdateResult& r) {
+        py::list out;  // (worker, Mismatch) over every subscriber
+        for (const auto& o : r.subscribers)
+          for (const auto& x : o.mismatches) out.append(py::make_tuple(o.worker_id, x));
+        return out;
+      })
+      .def("__repr__", [](const UpdateResult& r) {
+        return "<UpdateResult v" + std::to_string(r.version) + " " + (r.ok() ? "ok" : r.status.to_string()) + ">";
+      });
+}
+
+}  // namespace
+
+void bind_publisher(py::module_& m) {
+  bind_results(m);
+  py::class_<UpdateHandle, std::shared_ptr<UpdateHandle>>(m, "UpdateHandle")
+      .def("wait", &UpdateHandle::wait, py::arg("seconds"))
+      .def("result", &UpdateHandle::result, py::return_value_policy::copy);
+  py::class_<PyPublisher>(m, "Publisher")
+      .def(py::init<const Config&>(), py::arg("config"))
+      .def_property_readonly("endpoint", &PyPublisher::endpoint)
+      .def("start", &PyPublisher::start)
+      .def("submit", &PyPublisher::submit, py::arg("items"), py::arg("version"), py::arg("after_stream"))
+      .def("stats", &PyPublisher::stats)
+      .def("poll_event", &PyPublisher::poll_event)
+      .def("close", &PyPublisher::close);
+}
+
+}  // namespace paramcast::python

@@ -1,0 +1,111 @@
+"""Engine processes for the Python API's tests, and their test configuration.
+
+Each engine is a separate process (multiprocessing, spawn) holding a tiny
+transformer and a paramcast.Subscriber; the test drives it over a pipe.
+"""
+
+import multiprocessing
+import time
+
+import torch
+
+
+def config_dict(endpoint="tcp://127.0.0.1:*", subscribers=3):
+    """Short heartbeats and deadlines that still hold on a loaded 2-core machine."""
+    return {
+        "control": {"endpoint": endpoint, "heartbeat_interval": "100ms", "heartbeat_timeout": "1500ms",
+                    "join_timeout": "60s", "reconnect_backoff_max": "500ms"},
+        "data_plane": {"backend": "gloo", "bucket_size": "64KiB", "direct_min_size": "16KiB",
+                       "checksum": "xxh64", "timeout": "10s", "init_timeout": "30s"},
+        "publisher": {"subscribers": subscribers, "update_timeout": "60s"},
+        "logging": {"level": "warn"},
+    }
+
+
+def _engine_main(conn, endpoint, worker_id, mode, dtype, seed):
+    import paramcast
+    import tinylm as tinymodel
+
+    torch.set_num_threads(1)
+    model = (tinymodel.FusedTinyLM if mode == "fused" else tinymodel.TinyLM)(seed, getattr(torch, dtype))
+    ctl = {"raise_in": None, "sleep_begin": 0.0, "sleep_once": 0.0}
+    events, shards = [], {}
+
+    sub = paramcast.Subscriber(config_dict(endpoint), worker_id)
+    if mode == "fused":
+        def load_weights(weights):
+            if ctl["raise_in"] == "on_weights":
+                raise KeyError(f"{worker_id} cannot load")
+            shards.setdefault(current[0], []).extend(model.load_weights(weights))
+        sub.on_weights(load_weights)
+    else:
+        sub.register(model.named_parameters())
+    current = [0]
+
+    @sub.on_update_begin
+    def begin(version):
+        current[0] = version
+        events.append(("begin", version))
+        time.sleep(ctl["sleep_begin"] + ctl["sleep_once"])
+        ctl["sleep_once"] = 0.0
+        if ctl["raise_in"] == "on_update_begin":
+            raise RuntimeError(f"{worker_id} cannot pause")
+
+    @sub.on_update_end
+    def end(version, error):
+        events.append(("end", version, error))
+
+    with sub:
+        sub.start()
+        conn.send("ready")
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "stop":
+                break
+            if cmd == "logits":
+                conn.send(tinymodel.logits(model))
+            elif cmd == "state":
+                conn.send((sub.state, sub.version))
+            elif cmd == "wait":
+                conn.send(sub.wait_for_version(*args))
+            elif cmd == "set":
+                ctl[args[0]] = args[1]
+                conn.send(None)
+            elif cmd == "events":
+                conn.send(list(events))
+            elif cmd == "shards":
+                conn.send(shards.get(args[0], []))
+    conn.send("stopped")
+
+
+class Engine:
+    """One engine process: mode "inplace" (register) or "fused" (on_weights + load_weights)."""
+
+    def __init__(self, endpoint, worker_id, mode="inplace", dtype="float32", seed=1):
+        ctx = multiprocessing.get_context("spawn")
+        self.worker_id = worker_id
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_engine_main, args=(child, endpoint, worker_id, mode, dtype, seed),
+                                name=worker_id, daemon=True)
+        self.proc.start()
+
+    def wait_ready(self, timeout=120):
+        assert self.conn.poll(timeout), f"{self.worker_id} did not start within {timeout}s"
+        assert self.conn.recv() == "ready"
+
+    def call(self, *cmd, timeout=60):
+        self.conn.send(cmd)
+        assert self.conn.poll(timeout), f"{self.worker_id}: no answer to {cmd[0]} within {timeout}s"
+        return self.conn.recv()
+
+    def close(self):
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+                self.conn.poll(20)
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(20)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
