@@ -1,18 +1,45 @@
-// Gloo data plane. One worker thread per communicator runs Gloo's blocking
-// broadcast for each queued operation in order, so that callers get an
-// asynchronous Work and the control thread is never blocked by data.
+// Gloo data plane. One runner thread per communicator executes Gloo's
+// blocking broadcast for each queued operation in order, so that callers get
+// an asynchronous Work and the control thread is never blocked by data.
+//
+// An abort that wins. Gloo's TCP pairs fail a pending wait only for some
+// failures, and a wait whose send is already on the wire sleeps until Gloo's
+// own timeout. So:
+//  - abort() (and any failure seen by this rank) signals every pair with an
+//    exception (as Gloo does on a timeout): each pair's socket is closed under
+//    the pair's lock and every buffer with a pending receive or queued send
+//    is woken. After abort()
+//    returns, no Gloo I/O reads into or writes from an operation's memory.
+//    Closing our sockets also fails the peers' pairs, so one rank's failure
+//    cascades to every rank of the group.
+//  - a watcher thread polls, every kWatchInterval, one sentinel receive per
+//    peer that is never matched: a pair that failed (RST, EOF, a peer's abort)
+//    fails its sentinel. When that peer is the running broadcast's parent or
+//    child and the broadcast is still running an interval later, the watcher
+//    aborts the communicator naming that rank. This catches a peer's failure
+//    while our own wait is parked on an in-flight send that Gloo never wakes.
+//  - after an abort, the watcher (and the destructor) kick the running
+//    operation's buffer (abortWaitRecv/abortWaitSend) until Gloo's call
+//    returns: its Work already completed with the error when abort() ran.
+// The destructor therefore ends within a few watch intervals; it is still run
+// on a reaper thread (common/data/reaper.h), never by a control thread.
+//
+// Threads: runner_ owns the Gloo calls; watcher_ polls sentinels; mu_ guards
+// the queue, the running operation and the error. Locks: mu_ may be held while
+// calling a Gloo buffer's abortWait*; Gloo never calls back into this class.
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
 
 #include <atomic>
 #include <deque>
 #include <thread>
 
 #include "common/data/gloo/gloo_factory.h"
+#include "common/data/gloo/gloo_store_adapter.h"
 #include "common/data/work_state.h"
 #include "common/log.h"
 
@@ -21,46 +48,32 @@ namespace {
 
 using data_internal::WorkState;
 
-// Presents a ParamCast Store to Gloo, which reports failures by exception.
-class StoreAdapter : public ::gloo::rendezvous::Store {
- public:
-  StoreAdapter(paramcast::Store& store, std::chrono::milliseconds timeout) : store_(store), timeout_(timeout) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    Status s = store_.set(key, std::string(data.begin(), data.end()));
-    if (!s.ok()) throw ::gloo::IoException("store set '" + key + "': " + s.to_string());
-  }
-  std::vector<char> get(const std::string& key) override {
-    auto v = store_.get(key, timeout_);
-    if (!v.ok()) throw ::gloo::IoException("store get '" + key + "': " + v.status().to_string());
-    return std::vector<char>(v->begin(), v->end());
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    for (const auto& key : keys) {
-      auto v = store_.get(key, timeout);
-      if (!v.ok()) throw ::gloo::IoException("store wait '" + key + "': " + v.status().to_string());
-    }
-  }
-
- private:
-  paramcast::Store& store_;
-  std::chrono::milliseconds timeout_;
-};
+// How often the watcher looks for failed pairs and kicks an aborted operation.
+constexpr auto kWatchInterval = std::chrono::milliseconds(50);
+// A slot no Gloo collective uses (collectives use prefixes 0x01-0x08).
+constexpr uint8_t kSentinelSlotPrefix = 0x7e;
 
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(const GroupOptions& options, std::shared_ptr<::gloo::rendezvous::Context> context)
-      : options_(options), context_(std::move(context)), thread_([this] { run(); }) {}
+      : options_(options), context_(std::move(context)) {
+    arm_sentinels();
+    runner_ = std::thread([this] { run(); });
+    watcher_ = std::thread([this] { watch(); });
+  }
 
   ~GlooCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
     abort("communicator destroyed");
-    thread_.join();
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+    while (!runner_done_) {
+      kick_locked();
+      cv_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    lock.unlock();
+    runner_.join();
+    watcher_.join();
   }
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
@@ -80,24 +93,7 @@ class GlooCommunicator : public Communicator {
     return work;
   }
 
-  void abort(const std::string& reason) override {
-    std::deque<Op> dropped;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (error_.ok()) error_ = aborted(reason);
-      dropped.swap(queue_);
-      if (running_) running_->complete(aborted("operation aborted: " + reason));
-    }
-    for (auto& op : dropped) op.state->complete(aborted("operation aborted: " + reason));
-    // Closing the pairs wakes a Gloo call blocked on a peer that went silent.
-    if (!closed_.exchange(true)) {
-      try {
-        context_->closeConnections();
-      } catch (const std::exception& e) {
-        PC_DEBUG("gloo closeConnections: " << e.what());
-      }
-    }
-  }
+  void abort(const std::string& reason) override { fail(aborted(reason)); }
 
   Status async_error() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -133,6 +129,157 @@ class GlooCommunicator : public Communicator {
     std::shared_ptr<WorkState> state;
   };
 
+  // Records the first failure, fails every pending operation with it, then
+  // signals every pair (see the top of the file). Idempotent; every caller
+  // returns only once the pairs are signalled.
+  void fail(const Status& why) {
+    std::deque<Op> dropped;
+    Status first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_.ok()) error_ = why;
+      first = Status(error_.code(), "operation aborted: " + error_.message());
+      dropped.swap(queue_);
+      if (running_) running_->complete(first);
+    }
+    for (auto& op : dropped) op.state->complete(first);
+    {
+      std::lock_guard<std::mutex> lock(signal_mu_);
+      if (!signalled_) signal_pairs();
+      signalled_ = true;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    kick_locked();
+    cv_.notify_all();
+  }
+
+  // Gloo's TCP transport signals every pair of a context when a wait times
+  // out; a 1 ms wait on a buffer that nothing feeds is the public way to ask
+  // for that (its pair header is not installed by every distribution).
+  void signal_pairs() {
+    char byte = 0;
+    auto probe = context_->createUnboundBuffer(&byte, 1);
+    try {
+      probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+    } catch (const std::exception& e) {
+      PC_DEBUG("gloo epoch " << options_.epoch << ": pairs signalled (" << e.what() << ")");
+    }
+  }
+
+  // Wakes a Gloo wait of the running operation; only after a failure.
+  void kick_locked() {
+    if (error_.ok() || !running_buffer_) return;
+    running_buffer_->abortWaitRecv();
+    running_buffer_->abortWaitSend();
+  }
+
+  // One receive per peer on a slot that no one sends to: it fails exactly
+  // when that peer's pair fails.
+  void arm_sentinels() {
+    sentinel_bytes_.resize(options_.world_size);
+    for (int i = 0; i < options_.world_size; ++i) {
+      sentinels_.push_back(context_->createUnboundBuffer(&sentinel_bytes_[i], 1));
+      if (i != options_.rank) sentinels_.back()->recv(i, ::gloo::Slot::build(kSentinelSlotPrefix, 0));
+    }
+  }
+
+  // The ranks this rank exchanges bytes with in a broadcast from `root`: its
+  // parent and children in Gloo's binomial tree (gloo/broadcast.cc).
+  std::vector<int> tree_peers(int root) const {
+    std::vector<int> peers;
+    const size_t n = static_cast<size_t>(options_.world_size);
+    const size_t vrank = (static_cast<size_t>(options_.rank) + n - static_cast<size_t>(root)) % n;
+    size_t dim = 0;
+    while ((size_t(1) << dim) < n) ++dim;
+    size_t mask = (size_t(1) << dim) - 1;
+    for (size_t i = 0; i < dim; ++i) {
+      mask ^= size_t(1) << i;
+      if ((vrank & mask) != 0) continue;
+      const size_t vpeer = vrank ^ (size_t(1) << i);
+      if (vpeer < n) peers.push_back(static_cast<int>((vpeer + static_cast<size_t>(root)) % n));
+    }
+    return peers;
+  }
+
+  // The first of `peers` whose pair failed, with Gloo's reason; "" if none.
+  std::string failed_peer(const std::vector<int>& peers) {
+    for (int i : peers) {
+      auto& s = sentinels_[i];
+      s->abortWaitRecv();  // makes the wait below return at once unless the pair failed
+      try {
+        s->waitRecv(nullptr, std::chrono::hours(1));
+      } catch (const std::exception& e) {
+        return "rank " + std::to_string(i) + ": " + e.what();
+      }
+    }
+    return "";
+  }
+
+  // A peer of the running operation whose connection failed fails the
+  // operation, once the same operation is still running one interval later
+  // (a peer that sent its last bytes and left is not a failure: those bytes
+  // are read before its end of stream).
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    uint64_t suspect = 0;  // sequence number of the operation seen with a failed peer
+    while (!stop_) {
+      cv_.wait_for(lock, kWatchInterval);
+      if (stop_) break;
+      if (error_.ok() && running_) {
+        const uint64_t seq = running_seq_;
+        const auto peers = tree_peers(running_root_);
+        lock.unlock();
+        std::string peer = failed_peer(peers);
+        lock.lock();
+        if (peer.empty() || seq != running_seq_ || !running_) {
+          suspect = 0;
+        } else if (suspect != seq) {
+          suspect = seq;
+        } else {
+          lock.unlock();
+          fail(peer_lost("gloo group of epoch " + std::to_string(options_.epoch) + ": connection to " + peer));
+          lock.lock();
+        }
+      }
+      kick_locked();
+    }
+  }
+
+  Status run_one(const Op& op, uint32_t tag) {
+    try {
+      ::gloo::BroadcastOptions opts(context_);
+      auto buffer = context_->createUnboundBuffer(op.data, op.bytes);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_.ok()) return Status();  // aborted between dequeue and start; already completed
+        running_buffer_ = buffer.get();
+      }
+      opts.setOutput<uint8_t>(std::move(buffer));
+      opts.setRoot(op.root);
+      opts.setTag(tag);
+      opts.setTimeout(options_.op_timeout);
+      ::gloo::broadcast(opts);
+      std::lock_guard<std::mutex> lock(mu_);
+      running_buffer_ = nullptr;  // before opts destroys the buffer
+      return Status();
+    } catch (const ::gloo::IoException& e) {
+      clear_running_buffer();
+      const std::string what = e.what();
+      return what.find("imed out") != std::string::npos
+                 ? timeout_error("gloo broadcast timed out after " + std::to_string(options_.op_timeout.count()) +
+                                 "ms: " + what)
+                 : peer_lost("gloo broadcast failed (a peer closed its connection or died): " + what);
+    } catch (const std::exception& e) {
+      clear_running_buffer();
+      return internal_error(std::string("gloo broadcast failed: ") + e.what());
+    }
+  }
+
+  void clear_running_buffer() {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_buffer_ = nullptr;
+  }
+
   void run() {
     uint32_t tag = 0;
     for (;;) {
@@ -140,48 +287,45 @@ class GlooCommunicator : public Communicator {
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
+        if (queue_.empty()) break;
         op = std::move(queue_.front());
         queue_.pop_front();
         running_ = op.state;
+        running_root_ = op.root;
+        ++running_seq_;
       }
-      Status status;
-      try {
-        ::gloo::BroadcastOptions opts(context_);
-        opts.setOutput<uint8_t>(op.data, op.bytes);
-        opts.setRoot(op.root);
-        opts.setTag(tag++);
-        opts.setTimeout(options_.op_timeout);
-        ::gloo::broadcast(opts);
-      } catch (const ::gloo::IoException& e) {
-        const std::string what = e.what();
-        status = what.find("imed out") != std::string::npos
-                     ? timeout_error("gloo broadcast timed out after " + std::to_string(options_.op_timeout.count()) +
-                                     "ms: " + what)
-                     : peer_lost("gloo broadcast failed (a peer closed its connection or died): " + what);
-      } catch (const std::exception& e) {
-        status = internal_error(std::string("gloo broadcast failed: ") + e.what());
-      }
+      Status status = run_one(op, tag++);
       {
         std::lock_guard<std::mutex> lock(mu_);
         running_.reset();
-        if (!status.ok() && error_.ok()) error_ = status;
-        if (!error_.ok() && status.ok()) status = error_;  // aborted while running
+        if (!error_.ok()) status = Status(error_.code(), "operation aborted: " + error_.message());
       }
-      op.state->complete(status);
+      op.state->complete(status);  // no-op when fail() completed it first
+      if (!status.ok()) fail(status);
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    runner_done_ = true;
+    cv_.notify_all();
   }
 
   GroupOptions options_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
+  std::vector<char> sentinel_bytes_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sentinels_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
   std::shared_ptr<WorkState> running_;
+  int running_root_ = 0;
+  uint64_t running_seq_ = 0;
+  ::gloo::transport::UnboundBuffer* running_buffer_ = nullptr;  // owned by the runner's BroadcastOptions
   Status error_;
   bool stop_ = false;
-  std::atomic<bool> closed_{false};
-  std::thread thread_;
+  bool runner_done_ = false;
+  std::mutex signal_mu_;  // held while the pairs are signalled, so that every abort() returns after it
+  bool signalled_ = false;
+  std::thread runner_;
+  std::thread watcher_;
 };
 
 }  // namespace
