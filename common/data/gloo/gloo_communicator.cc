@@ -134,15 +134,16 @@ class GlooCommunicator : public Communicator {
   // returns only once the pairs are signalled.
   void fail(const Status& why) {
     std::deque<Op> dropped;
-    Status first;
+    Status pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (error_.ok()) error_ = why;
-      first = Status(error_.code(), "operation aborted: " + error_.message());
+      pending = aborted("operation aborted: " + error_.message());
       dropped.swap(queue_);
-      if (running_) running_->complete(first);
+      // The running operation fails with the cause; queued ones were aborted.
+      if (running_) running_->complete(Status(error_.code(), error_.message()));
     }
-    for (auto& op : dropped) op.state->complete(first);
+    for (auto& op : dropped) op.state->complete(pending);
     {
       std::lock_guard<std::mutex> lock(signal_mu_);
       if (!signalled_) signal_pairs();
@@ -298,7 +299,8 @@ class GlooCommunicator : public Communicator {
       {
         std::lock_guard<std::mutex> lock(mu_);
         running_.reset();
-        if (!error_.ok()) status = Status(error_.code(), "operation aborted: " + error_.message());
+        if (!status.ok() && error_.ok()) error_ = status;  // before the caller can issue the next one
+        if (!error_.ok()) status = Status(error_.code(), error_.message());
       }
       op.state->complete(status);  // no-op when fail() completed it first
       if (!status.ok()) fail(status);
