@@ -52,6 +52,8 @@ using data_internal::WorkState;
 constexpr auto kWatchInterval = std::chrono::milliseconds(50);
 // A slot no Gloo collective uses (collectives use prefixes 0x01-0x08).
 constexpr uint8_t kSentinelSlotPrefix = 0x7e;
+// The byte an aborting rank sends on that slot.
+constexpr char kAbortNotice = 1;
 
 class GlooCommunicator : public Communicator {
  public:
@@ -63,7 +65,14 @@ class GlooCommunicator : public Communicator {
   }
 
   ~GlooCommunicator() override {
-    abort("communicator destroyed");
+    // A healthy group is left quietly (peers may still be finishing the last
+    // broadcast); a failed one has told its peers already.
+    {
+      std::lock_guard<std::mutex> lock(signal_mu_);
+      if (!signalled_) signal_pairs();
+      signalled_ = true;
+    }
+    fail(aborted("communicator destroyed"), Notify::kNever);
     std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
     cv_.notify_all();
@@ -93,7 +102,7 @@ class GlooCommunicator : public Communicator {
     return work;
   }
 
-  void abort(const std::string& reason) override { fail(aborted(reason)); }
+  void abort(const std::string& reason) override { fail(aborted(reason), Notify::kIfBusy); }
 
   Status async_error() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -129,14 +138,21 @@ class GlooCommunicator : public Communicator {
     std::shared_ptr<WorkState> state;
   };
 
-  // Records the first failure, fails every pending operation with it, then
-  // signals every pair (see the top of the file). Idempotent; every caller
-  // returns only once the pairs are signalled.
-  void fail(const Status& why) {
+  // Whether an abort tells the peers. An abort() while no operation is queued
+  // or running stays local (kIfBusy): a member that leaves after its last
+  // broadcast must not break the peers still finishing theirs.
+  enum class Notify { kNever, kIfBusy, kAlways };
+
+  // Records the first failure, fails every pending operation with it, tells
+  // every peer (see `Notify`), then signals every pair (see the top of the
+  // file). Idempotent; every caller returns only once the pairs are signalled.
+  void fail(const Status& why, Notify mode) {
     std::deque<Op> dropped;
     Status pending;
+    bool notify = mode == Notify::kAlways;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (mode == Notify::kIfBusy && error_.ok()) notify = running_ || !queue_.empty();
       if (error_.ok()) error_ = why;
       pending = aborted("operation aborted: " + error_.message());
       dropped.swap(queue_);
@@ -146,7 +162,10 @@ class GlooCommunicator : public Communicator {
     for (auto& op : dropped) op.state->complete(pending);
     {
       std::lock_guard<std::mutex> lock(signal_mu_);
-      if (!signalled_) signal_pairs();
+      if (!signalled_) {
+        if (notify) send_abort_notices();
+        signal_pairs();
+      }
       signalled_ = true;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -167,6 +186,30 @@ class GlooCommunicator : public Communicator {
     }
   }
 
+  // One byte on each peer's sentinel slot says "this rank aborted the group".
+  // The peer's sentinel receive was posted when the group formed, so on an
+  // idle connection Gloo writes the byte at once, and closing the socket
+  // right after still delivers it (an orderly close). A peer not on the
+  // running broadcast's path learns of the abort this way.
+  void send_abort_notices() {
+    for (int i = 0; i < options_.world_size; ++i) {
+      if (i == options_.rank) continue;
+      try {
+        notice_->send(i, ::gloo::Slot::build(kSentinelSlotPrefix, 0));
+      } catch (const std::exception& e) {
+        PC_DEBUG("gloo abort notice to rank " << i << ": " << e.what());
+      }
+    }
+  }
+
+  // The first peer that sent an abort notice; -1 if none. The byte is
+  // written by Gloo's I/O thread into sentinel_bytes_, hence the atomic load.
+  int notifying_peer() {
+    for (int i = 0; i < options_.world_size; ++i)
+      if (i != options_.rank && __atomic_load_n(&sentinel_bytes_[i], __ATOMIC_ACQUIRE) == kAbortNotice) return i;
+    return -1;
+  }
+
   // Wakes a Gloo wait of the running operation; only after a failure.
   void kick_locked() {
     if (error_.ok() || !running_buffer_) return;
@@ -177,6 +220,7 @@ class GlooCommunicator : public Communicator {
   // One receive per peer on a slot that no one sends to: it fails exactly
   // when that peer's pair fails.
   void arm_sentinels() {
+    notice_ = context_->createUnboundBuffer(&notice_byte_, 1);
     sentinel_bytes_.resize(options_.world_size);
     for (int i = 0; i < options_.world_size; ++i) {
       sentinels_.push_back(context_->createUnboundBuffer(&sentinel_bytes_[i], 1));
@@ -226,6 +270,16 @@ class GlooCommunicator : public Communicator {
     while (!stop_) {
       cv_.wait_for(lock, kWatchInterval);
       if (stop_) break;
+      if (error_.ok()) {
+        const int notifier = notifying_peer();
+        if (notifier >= 0) {
+          lock.unlock();
+          fail(aborted("gloo group of epoch " + std::to_string(options_.epoch) + ": rank " + std::to_string(notifier) +
+                       " aborted the group"),
+               Notify::kNever);
+          lock.lock();
+        }
+      }
       if (error_.ok() && running_) {
         const uint64_t seq = running_seq_;
         const auto peers = tree_peers(running_root_);
@@ -238,7 +292,8 @@ class GlooCommunicator : public Communicator {
           suspect = seq;
         } else {
           lock.unlock();
-          fail(peer_lost("gloo group of epoch " + std::to_string(options_.epoch) + ": connection to " + peer));
+          fail(peer_lost("gloo group of epoch " + std::to_string(options_.epoch) + ": connection to " + peer),
+               Notify::kAlways);
           lock.lock();
         }
       }
@@ -246,39 +301,48 @@ class GlooCommunicator : public Communicator {
     }
   }
 
+  // Publishes the running operation's buffer to kick_locked() for as long as
+  // it lives. Declared after the BroadcastOptions that own the buffer, so
+  // that it is withdrawn before the buffer is freed, also while unwinding.
+  class RunningBuffer {
+   public:
+    RunningBuffer(GlooCommunicator* c, ::gloo::transport::UnboundBuffer* b) : c_(c) {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      armed_ = c_->error_.ok();
+      if (armed_) c_->running_buffer_ = b;
+    }
+    ~RunningBuffer() {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      c_->running_buffer_ = nullptr;
+    }
+    bool armed() const { return armed_; }
+
+   private:
+    GlooCommunicator* c_;
+    bool armed_ = false;
+  };
+
   Status run_one(const Op& op, uint32_t tag) {
     try {
       ::gloo::BroadcastOptions opts(context_);
       auto buffer = context_->createUnboundBuffer(op.data, op.bytes);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!error_.ok()) return Status();  // aborted between dequeue and start; already completed
-        running_buffer_ = buffer.get();
-      }
+      RunningBuffer running(this, buffer.get());
+      if (!running.armed()) return Status();  // aborted between dequeue and start; already completed
       opts.setOutput<uint8_t>(std::move(buffer));
       opts.setRoot(op.root);
       opts.setTag(tag);
       opts.setTimeout(options_.op_timeout);
       ::gloo::broadcast(opts);
-      std::lock_guard<std::mutex> lock(mu_);
-      running_buffer_ = nullptr;  // before opts destroys the buffer
       return Status();
     } catch (const ::gloo::IoException& e) {
-      clear_running_buffer();
       const std::string what = e.what();
       return what.find("imed out") != std::string::npos
                  ? timeout_error("gloo broadcast timed out after " + std::to_string(options_.op_timeout.count()) +
                                  "ms: " + what)
                  : peer_lost("gloo broadcast failed (a peer closed its connection or died): " + what);
     } catch (const std::exception& e) {
-      clear_running_buffer();
       return internal_error(std::string("gloo broadcast failed: ") + e.what());
     }
-  }
-
-  void clear_running_buffer() {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_buffer_ = nullptr;
   }
 
   void run() {
@@ -303,7 +367,7 @@ class GlooCommunicator : public Communicator {
         if (!error_.ok()) status = Status(error_.code(), error_.message());
       }
       op.state->complete(status);  // no-op when fail() completed it first
-      if (!status.ok()) fail(status);
+      if (!status.ok()) fail(status, Notify::kAlways);
     }
     std::lock_guard<std::mutex> lock(mu_);
     runner_done_ = true;
@@ -312,6 +376,8 @@ class GlooCommunicator : public Communicator {
 
   GroupOptions options_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
+  char notice_byte_ = kAbortNotice;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> notice_;
   std::vector<char> sentinel_bytes_;
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sentinels_;
   std::mutex mu_;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 #include <sstream>
 #include <vector>
 
@@ -50,6 +51,30 @@ int main(int argc, char** argv) {
   auto mem = create_device_memory(g.device).value();
   std::printf("rank %d: ready\n", g.rank);
   std::fflush(stdout);
+  // --abort-rank R --abort-after-ms T: rank R calls abort() T ms after
+  // "ready", from a second thread, while the root holds its first broadcast
+  // back (--root-idle-ms) so that every other rank is blocked receiving.
+  std::thread aborter;
+  if (f.has("abort-rank") && std::atoi(f.get("abort-rank").c_str()) == g.rank) {
+    const int after = std::atoi(f.get("abort-after-ms", "1000").c_str());
+    Communicator* c = comm.value().get();
+    aborter = std::thread([c, after, rank = g.rank] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(after));
+      const auto t0 = Clock::now();
+      c->abort("rank " + std::to_string(rank) + " was told to abort");
+      std::printf("rank %d: abort() returned in %.3f s\n", rank,
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+    });
+  }
+  if (g.rank == 0 && f.has("root-idle-ms"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(f.get("root-idle-ms").c_str())));
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      if (t.joinable()) t.join();
+    }
+  } joiner{aborter};
   for (uint64_t size : sizes) {
     std::vector<uint8_t> host(size);
     void* buf = size ? mem->allocate(size).value() : nullptr;
