@@ -5,19 +5,23 @@
 // An abort that wins. Gloo's TCP pairs fail a pending wait only for some
 // failures, and a wait whose send is already on the wire sleeps until Gloo's
 // own timeout. So:
-//  - abort() (and any failure seen by this rank) signals every pair with an
-//    exception (as Gloo does on a timeout): each pair's socket is closed under
-//    the pair's lock and every buffer with a pending receive or queued send
-//    is woken. After abort()
-//    returns, no Gloo I/O reads into or writes from an operation's memory.
-//    Closing our sockets also fails the peers' pairs, so one rank's failure
-//    cascades to every rank of the group.
-//  - a watcher thread polls, every kWatchInterval, one sentinel receive per
-//    peer that is never matched: a pair that failed (RST, EOF, a peer's abort)
-//    fails its sentinel. When that peer is the running broadcast's parent or
-//    child and the broadcast is still running an interval later, the watcher
-//    aborts the communicator naming that rank. This catches a peer's failure
-//    while our own wait is parked on an in-flight send that Gloo never wakes.
+//  - abort(), and any failure this rank sees, fails the pending Works at once
+//    and then signals every pair with an exception (as Gloo does on its own
+//    timeout): each pair's socket is closed under the pair's lock, and every
+//    buffer with a pending receive is woken. After abort() returns, no Gloo
+//    I/O reads into or writes from an operation's memory.
+//  - before it closes, a rank tells every peer why: one word on a sentinel
+//    slot (a slot no collective uses). Every rank posts one sentinel receive
+//    per peer when the group forms, so the word is written at once on an
+//    idle connection and arrives ahead of the close. The word names the rank
+//    blamed for an abort (an abort while an operation is queued or running,
+//    or a failed operation), or says goodbye (a rank leaving while idle:
+//    peers may still be finishing their last broadcast).
+//  - a watcher thread polls, every kWatchInterval, for abort notices, and,
+//    while an operation runs, for a connection to its parent or children in
+//    the broadcast tree that ended without a goodbye (the sentinel receive
+//    on that pair fails: a killed peer); either aborts the communicator
+//    naming the rank.
 //  - after an abort, the watcher (and the destructor) kick the running
 //    operation's buffer (abortWaitRecv/abortWaitSend) until Gloo's call
 //    returns: its Work already completed with the error when abort() ran.
@@ -34,9 +38,13 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <atomic>
 #include <deque>
 #include <thread>
+#include <tuple>
 
 #include "common/data/gloo/gloo_factory.h"
 #include "common/data/gloo/gloo_store_adapter.h"
@@ -52,27 +60,50 @@ using data_internal::WorkState;
 constexpr auto kWatchInterval = std::chrono::milliseconds(50);
 // A slot no Gloo collective uses (collectives use prefixes 0x01-0x08).
 constexpr uint8_t kSentinelSlotPrefix = 0x7e;
-// The byte an aborting rank sends on that slot.
-constexpr char kAbortNotice = 1;
+// The 32-bit word a rank sends on that slot before it closes: 1 + the rank
+// it blames for an abort, or kGoodbye when it leaves a healthy group.
+using NoticeWord = uint32_t;
+constexpr NoticeWord kGoodbye = ~NoticeWord(0);
+
+// Gloo writes with writev(), which raises SIGPIPE when the peer has closed;
+// that would kill the process. Threads that Gloo writes from are started
+// with SIGPIPE blocked (its I/O loop, the runner, the watcher), and a foreign
+// thread blocks it around its own writes; one raised meanwhile is consumed.
+class SigpipeBlocked {
+ public:
+  SigpipeBlocked() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeBlocked() {
+    if (!sigismember(&old_, SIGPIPE)) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) > 0) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlocked(const SigpipeBlocked&) = delete;
+  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+};
 
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(const GroupOptions& options, std::shared_ptr<::gloo::rendezvous::Context> context)
       : options_(options), context_(std::move(context)) {
+    SigpipeBlocked blocked;  // inherited by both threads
     arm_sentinels();
     runner_ = std::thread([this] { run(); });
     watcher_ = std::thread([this] { watch(); });
   }
 
   ~GlooCommunicator() override {
-    // A healthy group is left quietly (peers may still be finishing the last
-    // broadcast); a failed one has told its peers already.
-    {
-      std::lock_guard<std::mutex> lock(signal_mu_);
-      if (!signalled_) signal_pairs();
-      signalled_ = true;
-    }
-    fail(aborted("communicator destroyed"), Notify::kNever);
+    fail(aborted("communicator destroyed"), Notify::kIfBusy, options_.rank);
     std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
     cv_.notify_all();
@@ -102,7 +133,7 @@ class GlooCommunicator : public Communicator {
     return work;
   }
 
-  void abort(const std::string& reason) override { fail(aborted(reason), Notify::kIfBusy); }
+  void abort(const std::string& reason) override { fail(aborted(reason), Notify::kIfBusy, options_.rank); }
 
   Status async_error() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -138,21 +169,26 @@ class GlooCommunicator : public Communicator {
     std::shared_ptr<WorkState> state;
   };
 
-  // Whether an abort tells the peers. An abort() while no operation is queued
-  // or running stays local (kIfBusy): a member that leaves after its last
-  // broadcast must not break the peers still finishing theirs.
+  // What a rank tells its peers before it closes. kIfBusy: an abort if an
+  // operation is queued or running, else a goodbye (a member that leaves
+  // after its last broadcast must not break the peers still finishing
+  // theirs). kNever: nothing (the rank reacts to a peer's notice).
   enum class Notify { kNever, kIfBusy, kAlways };
 
   // Records the first failure, fails every pending operation with it, tells
   // every peer (see `Notify`), then signals every pair (see the top of the
   // file). Idempotent; every caller returns only once the pairs are signalled.
-  void fail(const Status& why, Notify mode) {
+  void fail(const Status& why, Notify mode, int blame) {
     std::deque<Op> dropped;
     Status pending;
     bool notify = mode == Notify::kAlways;
+    bool goodbye = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (mode == Notify::kIfBusy && error_.ok()) notify = running_ || !queue_.empty();
+      if (mode == Notify::kIfBusy && error_.ok()) {
+        notify = running_ || !queue_.empty();
+        goodbye = !notify;
+      }
       if (error_.ok()) error_ = why;
       pending = aborted("operation aborted: " + error_.message());
       dropped.swap(queue_);
@@ -163,7 +199,8 @@ class GlooCommunicator : public Communicator {
     {
       std::lock_guard<std::mutex> lock(signal_mu_);
       if (!signalled_) {
-        if (notify) send_abort_notices();
+        SigpipeBlocked blocked;
+        if (notify || goodbye) send_notices(notify ? static_cast<NoticeWord>(blame) + 1 : kGoodbye);
         signal_pairs();
       }
       signalled_ = true;
@@ -191,7 +228,8 @@ class GlooCommunicator : public Communicator {
   // idle connection Gloo writes the byte at once, and closing the socket
   // right after still delivers it (an orderly close). A peer not on the
   // running broadcast's path learns of the abort this way.
-  void send_abort_notices() {
+  void send_notices(NoticeWord word) {
+    notice_word_ = word;
     for (int i = 0; i < options_.world_size; ++i) {
       if (i == options_.rank) continue;
       try {
@@ -202,12 +240,26 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // The first peer that sent an abort notice; -1 if none. The byte is
-  // written by Gloo's I/O thread into sentinel_bytes_, hence the atomic load.
-  int notifying_peer() {
-    for (int i = 0; i < options_.world_size; ++i)
-      if (i != options_.rank && __atomic_load_n(&sentinel_bytes_[i], __ATOMIC_ACQUIRE) == kAbortNotice) return i;
-    return -1;
+  // The first peer that sent an abort notice, and the rank it blamed. The
+  // word is written by Gloo's I/O thread, hence the atomic load.
+  struct Notice {
+    int from = -1;
+    int blamed = -1;
+  };
+  Notice notice() {
+    for (int i = 0; i < options_.world_size; ++i) {
+      if (i == options_.rank) continue;
+      const NoticeWord w = __atomic_load_n(&sentinel_words_[i], __ATOMIC_ACQUIRE);
+      if (w != 0 && w != kGoodbye) return Notice{i, static_cast<int>(w - 1)};
+    }
+    return Notice{};
+  }
+
+  Status notice_status(const Notice& n) const {
+    const std::string group = "gloo group of epoch " + std::to_string(options_.epoch) + ": ";
+    if (n.blamed == n.from) return aborted(group + "rank " + std::to_string(n.from) + " aborted the group");
+    return peer_lost(group + "rank " + std::to_string(n.blamed) + " failed (reported by rank " +
+                     std::to_string(n.from) + ")");
   }
 
   // Wakes a Gloo wait of the running operation; only after a failure.
@@ -220,10 +272,10 @@ class GlooCommunicator : public Communicator {
   // One receive per peer on a slot that no one sends to: it fails exactly
   // when that peer's pair fails.
   void arm_sentinels() {
-    notice_ = context_->createUnboundBuffer(&notice_byte_, 1);
-    sentinel_bytes_.resize(options_.world_size);
+    notice_ = context_->createUnboundBuffer(&notice_word_, sizeof(NoticeWord));
+    sentinel_words_.assign(options_.world_size, 0);
     for (int i = 0; i < options_.world_size; ++i) {
-      sentinels_.push_back(context_->createUnboundBuffer(&sentinel_bytes_[i], 1));
+      sentinels_.push_back(context_->createUnboundBuffer(&sentinel_words_[i], sizeof(NoticeWord)));
       if (i != options_.rank) sentinels_.back()->recv(i, ::gloo::Slot::build(kSentinelSlotPrefix, 0));
     }
   }
@@ -246,59 +298,65 @@ class GlooCommunicator : public Communicator {
     return peers;
   }
 
-  // The first of `peers` whose pair failed, with Gloo's reason; "" if none.
-  std::string failed_peer(const std::vector<int>& peers) {
+  // The first of `peers` whose connection broke, and Gloo's reason; rank -1
+  // if none. A peer that said goodbye first is not counted: it left after
+  // its last broadcast (its goodbye precedes its end of stream on the same
+  // connection, so it is in place when the sentinel fails).
+  struct Broken {
+    int rank = -1;
+    std::string what;
+  };
+  Broken broken_peer(const std::vector<int>& peers) {
     for (int i : peers) {
       auto& s = sentinels_[i];
       s->abortWaitRecv();  // makes the wait below return at once unless the pair failed
       try {
         s->waitRecv(nullptr, std::chrono::hours(1));
       } catch (const std::exception& e) {
-        return "rank " + std::to_string(i) + ": " + e.what();
+        if (__atomic_load_n(&sentinel_words_[i], __ATOMIC_ACQUIRE) != kGoodbye) return Broken{i, e.what()};
       }
     }
-    return "";
+    return Broken{};
   }
 
-  // A peer of the running operation whose connection failed fails the
-  // operation, once the same operation is still running one interval later
-  // (a peer that sent its last bytes and left is not a failure: those bytes
-  // are read before its end of stream).
+  // Polls for abort notices and, while an operation runs, for a broken
+  // connection to its parent or children (Gloo never wakes a wait whose send
+  // to that peer is already on the wire). See the top of the file.
   void watch() {
     std::unique_lock<std::mutex> lock(mu_);
-    uint64_t suspect = 0;  // sequence number of the operation seen with a failed peer
     while (!stop_) {
       cv_.wait_for(lock, kWatchInterval);
       if (stop_) break;
       if (error_.ok()) {
-        const int notifier = notifying_peer();
-        if (notifier >= 0) {
-          lock.unlock();
-          fail(aborted("gloo group of epoch " + std::to_string(options_.epoch) + ": rank " + std::to_string(notifier) +
-                       " aborted the group"),
-               Notify::kNever);
-          lock.lock();
-        }
+        lock.unlock();
+        const Notice n = notice();
+        if (n.from >= 0) fail(notice_status(n), Notify::kNever, n.blamed);
+        lock.lock();
       }
       if (error_.ok() && running_) {
-        const uint64_t seq = running_seq_;
         const auto peers = tree_peers(running_root_);
         lock.unlock();
-        std::string peer = failed_peer(peers);
+        const Broken b = broken_peer(peers);
+        if (b.rank >= 0)
+          fail(peer_lost("gloo group of epoch " + std::to_string(options_.epoch) + ": connection to rank " +
+                         std::to_string(b.rank) + " broke: " + b.what),
+               Notify::kAlways, b.rank);
         lock.lock();
-        if (peer.empty() || seq != running_seq_ || !running_) {
-          suspect = 0;
-        } else if (suspect != seq) {
-          suspect = seq;
-        } else {
-          lock.unlock();
-          fail(peer_lost("gloo group of epoch " + std::to_string(options_.epoch) + ": connection to " + peer),
-               Notify::kAlways);
-          lock.lock();
-        }
       }
       kick_locked();
     }
+  }
+
+  // After a failed operation: the cause, preferring a peer's notice (which
+  // may trail the end of stream of a peer that gave up first by a few ms).
+  std::pair<Status, int> cause_of(const Status& failure, int root) {
+    for (int i = 0; i < 10; ++i) {
+      const Notice n = notice();
+      if (n.from >= 0) return {notice_status(n), -1};
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const Broken b = broken_peer(tree_peers(root));
+    return {failure, b.rank >= 0 ? b.rank : options_.rank};
   }
 
   // Publishes the running operation's buffer to kick_locked() for as long as
@@ -357,9 +415,17 @@ class GlooCommunicator : public Communicator {
         queue_.pop_front();
         running_ = op.state;
         running_root_ = op.root;
-        ++running_seq_;
       }
       Status status = run_one(op, tag++);
+      int blame = -1;  // -1: a peer's notice is the cause, nobody is told again
+      if (!status.ok()) {
+        bool aborted_here;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          aborted_here = !error_.ok();
+        }
+        if (!aborted_here) std::tie(status, blame) = cause_of(status, op.root);
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         running_.reset();
@@ -367,7 +433,7 @@ class GlooCommunicator : public Communicator {
         if (!error_.ok()) status = Status(error_.code(), error_.message());
       }
       op.state->complete(status);  // no-op when fail() completed it first
-      if (!status.ok()) fail(status, Notify::kAlways);
+      if (!status.ok()) fail(status, blame >= 0 ? Notify::kAlways : Notify::kNever, blame);
     }
     std::lock_guard<std::mutex> lock(mu_);
     runner_done_ = true;
@@ -376,16 +442,15 @@ class GlooCommunicator : public Communicator {
 
   GroupOptions options_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
-  char notice_byte_ = kAbortNotice;
+  NoticeWord notice_word_ = 0;
   std::unique_ptr<::gloo::transport::UnboundBuffer> notice_;
-  std::vector<char> sentinel_bytes_;
+  std::vector<NoticeWord> sentinel_words_;
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sentinels_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
   std::shared_ptr<WorkState> running_;
   int running_root_ = 0;
-  uint64_t running_seq_ = 0;
   ::gloo::transport::UnboundBuffer* running_buffer_ = nullptr;  // owned by the runner's BroadcastOptions
   Status error_;
   bool stop_ = false;
@@ -403,6 +468,7 @@ StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Stor
     return invalid_argument("gloo backend moves host memory; device " + options.device.to_string() +
                             " needs the nccl backend");
   try {
+    SigpipeBlocked blocked;  // inherited by Gloo's I/O loop thread, started here
     ::gloo::transport::tcp::attr attr;
     if (!options.gloo_interface.empty()) attr.iface = options.gloo_interface;
     else attr.hostname = options.gloo_hostname;
