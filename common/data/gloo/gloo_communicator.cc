@@ -5,11 +5,12 @@
 // An abort that wins. Gloo's TCP pairs fail a pending wait only for some
 // failures, and a wait whose send is already on the wire sleeps until Gloo's
 // own timeout. So:
-//  - abort(), and any failure this rank sees, fails the pending Works at once
-//    and then signals every pair with an exception (as Gloo does on its own
-//    timeout): each pair's socket is closed under the pair's lock, and every
-//    buffer with a pending receive is woken. After abort() returns, no Gloo
-//    I/O reads into or writes from an operation's memory.
+//  - abort(), and any failure this rank sees, signals every pair with an
+//    exception (as Gloo does on its own timeout): each pair's socket is
+//    closed under the pair's lock, and every buffer with a pending receive is
+//    woken. Only then do the pending Works complete with the error: once a
+//    Work reports the failure, or abort() returns, no Gloo I/O reads into or
+//    writes from an operation's memory, so its buffers may be freed.
 //  - before it closes, a rank tells every peer why: one word on a sentinel
 //    slot (a slot no collective uses). Every rank posts one sentinel receive
 //    per peer when the group forms, so the word is written at once on an
@@ -180,7 +181,8 @@ class GlooCommunicator : public Communicator {
   // file). Idempotent; every caller returns only once the pairs are signalled.
   void fail(const Status& why, Notify mode, int blame) {
     std::deque<Op> dropped;
-    Status pending;
+    std::shared_ptr<WorkState> running;
+    Status cause, pending;
     bool notify = mode == Notify::kAlways;
     bool goodbye = false;
     {
@@ -190,12 +192,11 @@ class GlooCommunicator : public Communicator {
         goodbye = !notify;
       }
       if (error_.ok()) error_ = why;
+      cause = Status(error_.code(), error_.message());
       pending = aborted("operation aborted: " + error_.message());
       dropped.swap(queue_);
-      // The running operation fails with the cause; queued ones were aborted.
-      if (running_) running_->complete(Status(error_.code(), error_.message()));
+      running = running_;
     }
-    for (auto& op : dropped) op.state->complete(pending);
     {
       std::lock_guard<std::mutex> lock(signal_mu_);
       if (!signalled_) {
@@ -205,6 +206,10 @@ class GlooCommunicator : public Communicator {
       }
       signalled_ = true;
     }
+    // Only now, with no Gloo I/O left on their memory, do the Works complete:
+    // a caller woken by them may free the buffers at once.
+    if (running) running->complete(cause);  // the running operation fails with the cause
+    for (auto& op : dropped) op.state->complete(pending);
     std::lock_guard<std::mutex> lock(mu_);
     kick_locked();
     cv_.notify_all();
@@ -432,8 +437,10 @@ class GlooCommunicator : public Communicator {
         if (!status.ok() && error_.ok()) error_ = status;  // before the caller can issue the next one
         if (!error_.ok()) status = Status(error_.code(), error_.message());
       }
-      op.state->complete(status);  // no-op when fail() completed it first
+      // Pairs signalled first: no Gloo I/O (a send still reading this buffer
+      // towards a child) outlives the Work's completion.
       if (!status.ok()) fail(status, blame >= 0 ? Notify::kAlways : Notify::kNever, blame);
+      op.state->complete(status);  // no-op when fail() completed it first
     }
     std::lock_guard<std::mutex> lock(mu_);
     runner_done_ = true;
