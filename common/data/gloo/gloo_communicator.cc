@@ -39,9 +39,6 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <atomic>
 #include <deque>
 #include <thread>
@@ -49,6 +46,7 @@
 
 #include "common/data/gloo/gloo_factory.h"
 #include "common/data/gloo/gloo_store_adapter.h"
+#include "common/data/gloo/sigpipe_blocked.h"
 #include "common/data/work_state.h"
 #include "common/log.h"
 
@@ -65,33 +63,6 @@ constexpr uint8_t kSentinelSlotPrefix = 0x7e;
 // it blames for an abort, or kGoodbye when it leaves a healthy group.
 using NoticeWord = uint32_t;
 constexpr NoticeWord kGoodbye = ~NoticeWord(0);
-
-// Gloo writes with writev(), which raises SIGPIPE when the peer has closed;
-// that would kill the process. Threads that Gloo writes from are started
-// with SIGPIPE blocked (its I/O loop, the runner, the watcher), and a foreign
-// thread blocks it around its own writes; one raised meanwhile is consumed.
-class SigpipeBlocked {
- public:
-  SigpipeBlocked() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
-  }
-  ~SigpipeBlocked() {
-    if (!sigismember(&old_, SIGPIPE)) {
-      const timespec zero{0, 0};
-      while (sigtimedwait(&pipe_, nullptr, &zero) > 0) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeBlocked(const SigpipeBlocked&) = delete;
-  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
-
- private:
-  sigset_t pipe_;
-  sigset_t old_;
-};
 
 class GlooCommunicator : public Communicator {
  public:
