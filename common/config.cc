@@ -54,6 +54,10 @@ class Loader {
     auto d = parse_duration(s);
     if (!d) fail(n, path, "bad value '" + s + "': expected a duration like 500ms or 10s (units ns, us, ms, s, m, h)");
     if (!allow_zero && d->count() <= 0) fail(n, path, "bad value '" + s + "': expected a positive duration");
+    // Durations are kept in milliseconds: a fraction would be cut off silently
+    // (500us would become 0, a busy loop), so it is refused.
+    if (*d % Millis(1) != std::chrono::nanoseconds(0))
+      fail(n, path, "bad value '" + s + "': not a whole number of milliseconds (durations here have 1ms resolution)");
     return std::chrono::duration_cast<Millis>(*d);
   }
 
@@ -106,9 +110,14 @@ class Loader {
   void map(const YAML::Node& n, const std::string& path,
            const std::map<std::string, std::function<void(const YAML::Node&, const std::string&)>>& fields) const {
     if (!n.IsMap()) fail(n, path.empty() ? "<top level>" : path, std::string("expected a mapping, got a ") + kind(n));
+    std::map<std::string, YAML::Mark> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
       const std::string key = it->first.as<std::string>();
       const std::string sub = path.empty() ? key : path + "." + key;
+      auto [first, fresh] = seen.emplace(key, it->first.Mark());
+      if (!fresh)
+        fail(it->first, sub, "given twice (first at line " + std::to_string(first->second.line + 1) + ", again at line " +
+                                 std::to_string(it->first.Mark().line + 1) + ")");
       auto f = fields.find(key);
       if (f == fields.end()) {
         std::string known;

@@ -305,8 +305,8 @@ void SubscriberImpl::on_commit(uint64_t epoch, uint64_t version) {
   push_job(std::move(job));
 }
 
-// Aborts the current communicator without holding mu_ (Gloo's close may wait
-// for its I/O thread, and the control thread must keep heartbeating).
+// Aborts the current communicator without holding mu_ (an abort signals the
+// backend's connections; the control thread must keep heartbeating).
 void SubscriberImpl::abort_comm(const std::string& why, uint64_t only_version) {
   std::shared_ptr<Communicator> c;
   {
@@ -352,7 +352,7 @@ void SubscriberImpl::join(const Job& job) {
     std::lock_guard<std::mutex> lock(mu_);
     old.swap(comm_);
   }
-  old.reset();  // joins its I/O thread outside mu_
+  old.reset();  // outside mu_; its teardown runs on the reaper thread
   auto comm = group_->join(job.group);
   if (!comm.ok()) return;
   std::lock_guard<std::mutex> lock(mu_);

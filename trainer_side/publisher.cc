@@ -97,7 +97,7 @@ Status PublisherImpl::form_group() {
     needs_reform_ = true;
     return comm.status();
   }
-  comm_ = std::move(comm.value());
+  comm_ = reaper_.adopt(std::move(comm.value()));
   return Status();
 }
 

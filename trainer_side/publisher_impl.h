@@ -27,6 +27,7 @@
 #include "common/control/control_server.h"
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
+#include "common/data/reaper.h"
 #include "common/group/group_host.h"
 #include "common/transfer/bucket_sender.h"
 #include "trainer_side/publisher.h"
@@ -73,6 +74,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   uint64_t highest_member_version(std::string& who) const;
 
   const Config cfg_;
+  Reaper reaper_;  // releases communicators off the control thread and the caller (declared first: outlives them)
   control::ControlServer server_;
   group::GroupHost groups_;
   std::unique_ptr<DeviceMemory> mem_;

@@ -51,7 +51,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
   PC_INFO(id_ << ": rank " << options.rank << " of " << options.world_size << " in group epoch " << options.epoch);
   client_.send(control::make_message(options.epoch, client_.incarnation(),
                                      [&](auto b) { b.initGroupReady().setRank(rank); }));
-  return std::shared_ptr<Communicator>(std::move(comm.value()));
+  return reaper_.adopt(std::move(comm.value()));
 }
 
 }  // namespace paramcast::group

@@ -16,6 +16,7 @@
 
 #include "common/control/control_client.h"
 #include "common/data/communicator.h"
+#include "common/data/reaper.h"
 #include "common/group/rendezvous_store.h"
 
 namespace paramcast::group {
@@ -25,7 +26,8 @@ class GroupMember {
   GroupMember(std::string worker_id, control::ControlClient& client);
 
   // Creates the communicator of `options.epoch` and says GroupReady, or says
-  // GroupFailed with the reason and returns it.
+  // GroupFailed with the reason and returns it. The communicator is released
+  // on this member's reaper thread when its last owner drops it.
   StatusOr<std::shared_ptr<Communicator>> join(const GroupOptions& options);
 
   void on_store_value(uint64_t request_id, std::string value) { store_.deliver(request_id, std::move(value)); }
@@ -37,6 +39,7 @@ class GroupMember {
   void abandon_formations(uint64_t epoch, const std::string& why);
 
  private:
+  Reaper reaper_;  // declared first: outlives the store and the client calls
   const std::string id_;
   control::ControlClient& client_;
   std::atomic<uint64_t> epoch_{0};  // the epoch being joined, stamped on store messages

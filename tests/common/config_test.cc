@@ -59,6 +59,13 @@ TEST(ConfigTest, EmptyFileIsAllDefaults) {
   EXPECT_EQ(c->data_plane.bucket_bytes, 256ull << 20);
 }
 
+TEST(ConfigTest, WholeMillisecondsInAnyUnitAreAccepted) {
+  auto c = load_config_string("control:\n  heartbeat_interval: 250000us\n  heartbeat_timeout: 3000000000ns\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->control.heartbeat_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(c->control.heartbeat_timeout, std::chrono::milliseconds(3000));
+}
+
 TEST(ConfigTest, MissingFileNamesIt) {
   auto c = load_config_file("/nonexistent/paramcast.yaml");
   ASSERT_FALSE(c.ok());
@@ -119,7 +126,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"section_not_map", "control: 5\n", "key 'control': expected a mapping, got a scalar"},
         BadCase{"list_for_scalar", "control:\n  endpoint: [a, b]\n", "expected an endpoint like tcp://host:port, got a list"},
         BadCase{"yaml_syntax", "control:\n  endpoint: [unclosed\n", "bad.yaml:3:1: YAML syntax error"},
-        BadCase{"bad_bool_updates", "trainer:\n  updates: many\n", "bad value 'many': expected an integer"}),
+        BadCase{"bad_bool_updates", "trainer:\n  updates: many\n", "bad value 'many': expected an integer"},
+        BadCase{"sub_millisecond_duration", "control:\n  heartbeat_interval: 500us\n",
+                "bad.yaml:2:23: key 'control.heartbeat_interval': bad value '500us': not a whole number of milliseconds"},
+        BadCase{"fractional_millisecond_duration", "data_plane:\n  timeout: 1500500us\n",
+                "key 'data_plane.timeout': bad value '1500500us': not a whole number of milliseconds"},
+        BadCase{"zero_update_timeout", "publisher:\n  update_timeout: 0ms\n",
+                "key 'publisher.update_timeout': bad value '0ms': expected a positive duration"},
+        BadCase{"key_given_twice", "control:\n  heartbeat_interval: 1s\n  join_timeout: 5s\n  heartbeat_interval: 2s\n",
+                "bad.yaml:4:3: key 'control.heartbeat_interval': given twice (first at line 2, again at line 4)"},
+        BadCase{"section_given_twice", "control:\n  join_timeout: 5s\ndata_plane:\n  timeout: 9s\ncontrol:\n  join_timeout: 6s\n",
+                "bad.yaml:5:1: key 'control': given twice (first at line 1, again at line 5)"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -5,7 +5,9 @@
 // communicator then refused further work as it must), 4 it did not.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <thread>
 #include <sstream>
 #include <vector>
 
@@ -50,6 +52,52 @@ int main(int argc, char** argv) {
   auto mem = create_device_memory(g.device).value();
   std::printf("rank %d: ready\n", g.rank);
   std::fflush(stdout);
+  // --abort-rank R --abort-after-ms T: rank R calls abort() T ms after
+  // "ready", from a second thread, while the root holds its first broadcast
+  // back (--root-idle-ms) so that every other rank is blocked receiving.
+  std::thread aborter;
+  if (f.has("abort-rank") && std::atoi(f.get("abort-rank").c_str()) == g.rank) {
+    const int after = std::atoi(f.get("abort-after-ms", "1000").c_str());
+    Communicator* c = comm.value().get();
+    aborter = std::thread([c, after, rank = g.rank] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(after));
+      const auto t0 = Clock::now();
+      c->abort("rank " + std::to_string(rank) + " was told to abort");
+      std::printf("rank %d: abort() returned in %.3f s\n", rank,
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+    });
+  }
+  if (g.rank == 0 && f.has("root-idle-ms"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(f.get("root-idle-ms").c_str())));
+  // Prints when the communicator first reports an error, on the machine's
+  // monotonic clock, so a test can time the data plane itself, whatever the
+  // main thread is busy with.
+  std::atomic<bool> done{false};
+  std::thread monitor([&, c = comm.value().get()] {
+    for (;;) {
+      const bool last = done;  // one more look after the main thread is done
+      Status e = c->async_error();
+      if (!e.ok()) {
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+        std::printf("rank %d: async error at %lld ns\n", g.rank, static_cast<long long>(ns));
+        std::fflush(stdout);
+        return;
+      }
+      if (last) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  struct Joiner {
+    std::thread& t;
+    std::thread& m;
+    std::atomic<bool>& done;
+    ~Joiner() {
+      done = true;
+      if (t.joinable()) t.join();
+      if (m.joinable()) m.join();
+    }
+  } joiner{aborter, monitor, done};
   for (uint64_t size : sizes) {
     std::vector<uint8_t> host(size);
     void* buf = size ? mem->allocate(size).value() : nullptr;
