@@ -166,7 +166,7 @@ Config parse(const YAML::Node& root, const std::string& file) {
         {"bucket_size", [&](N v, P q) { c.data_plane.bucket_bytes = L.size(v, q, 4096); }},
         {"direct_min_size", [&](N v, P q) { c.data_plane.direct_min_bytes = L.size(v, q, 1); }},
         {"checksum", [&](N v, P q) {
-          c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}});
+          c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}, {"xxh64-blocks", Checksum::kXxh64Blocks}});
         }},
         {"timeout", [&](N v, P q) { c.data_plane.timeout = L.duration(v, q); }},
         {"init_timeout", [&](N v, P q) { c.data_plane.init_timeout = L.duration(v, q); }},

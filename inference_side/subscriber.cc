@@ -409,7 +409,7 @@ StatusOr<uint64_t> SubscriberImpl::expected_checksum(uint64_t version, size_t bu
 }
 
 uint64_t SubscriberImpl::combined_checksum(const UpdatePlan& plan) {
-  if (plan.checksum != Checksum::kXxh64) return 0;
+  if (plan.checksum == Checksum::kNone) return 0;
   Xxh64 h;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
