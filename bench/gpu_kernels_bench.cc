@@ -5,6 +5,7 @@
 // sender's host overhead per bucket on a one-rank NCCL communicator.
 // Targets: checksum >= 100 GB/s (H100), pack/unpack >= 0.8 x memcpy.
 //   usage: paramcast-gpu-bench [--size 256MiB] [--repeats 10] [--json FILE]
+//          paramcast-gpu-bench --devices   (prints the CUDA runtime's device count)
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -91,7 +92,13 @@ double per_bucket_us(DeviceMemory& mem, uint8_t* src, int buckets) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags f = parse_flags(argc, argv, 1);
+  Flags f = parse_flags(argc, argv, 1, std::vector<std::string>{"devices"});
+  if (f.has("devices")) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    std::printf("%d\n", n);
+    return 0;
+  }
   const uint64_t size = parse_size(f.get("size", "256MiB")).value_or(0);
   if (size < (16u << 20)) {
     std::fprintf(stderr, "paramcast-gpu-bench: --size must be at least 16MiB\n");
