@@ -96,9 +96,9 @@ class Loader {
   }
 
   Device device(const YAML::Node& n, const std::string& path) const {
-    const std::string s = scalar(n, path, "a device like cpu or cuda:1");
+    const std::string s = scalar(n, path, "a device like cpu, cuda:1 or cuda:GPU-<uuid>");
     auto d = parse_device(s);
-    if (!d.ok()) fail(n, path, "bad value '" + s + "': expected cpu, cuda or cuda:N");
+    if (!d.ok()) fail(n, path, "bad value '" + s + "': expected cpu, cuda, cuda:N or cuda:GPU-<uuid>");
     return *d;
   }
 

@@ -54,7 +54,7 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
 SubscriberImpl::SubscriberImpl(const Config& cfg, std::string id)
     : cfg_(cfg),
       id_(std::move(id)),
-      device_(cfg.device_for_worker(id_)),
+      device_(resolve_device_or_keep(cfg.device_for_worker(id_))),  // a GPU named by UUID
       client_(std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, false), this)),
       group_(std::make_unique<group::GroupMember>(id_, *client_)),
       faults_(transfer::FaultInjection::from_env()) {}

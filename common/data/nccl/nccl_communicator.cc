@@ -29,6 +29,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/data/device_memory.h"
 #include "common/data/nccl/abort_reaper.h"
 #include "common/data/nccl/device_guard.h"
 #include "common/data/nccl/nccl_check.h"
@@ -291,7 +292,11 @@ StatusOr<std::string> unique_id() {
   return std::string(reinterpret_cast<const char*>(&id), sizeof id);
 }
 
-StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& /*store*/) {
+StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& group, Store& /*store*/) {
+  GroupOptions options = group;
+  auto resolved = resolve_device(options.device);  // a GPU named by UUID
+  if (!resolved.ok()) return resolved.status();
+  options.device = *resolved;
   if (!options.device.is_cuda())
     return invalid_argument("nccl backend needs a cuda device, got " + options.device.to_string());
   const int count = cuda_device_count();
