@@ -11,6 +11,7 @@
 # The folder must stay under 64 MiB. Test binaries find their helpers next
 # to themselves (/proc/self/exe), so the folder runs from anywhere.
 #   usage: tests/gpu/pack.sh [PACK_DIR] [BUILD_DIR]    (default build-gpu/pack, build-gpu)
+#          PACK_NO_BUILD=1 tests/gpu/pack.sh PACK_DIR BUILD_DIR   (pack what BUILD_DIR holds)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 pack="${1:-$root/build-gpu/pack}"
@@ -19,8 +20,10 @@ limit=$((64 * 1024 * 1024))
 targets=(data_pieces_test cuda_memory_test communicator_test dataplane_rank bucket_pipeline_test transfer_rank
          paramcast-bench paramcast-gpu-bench)
 
-bash "$root/deploy/build.sh" "$build" -DPARAMCAST_WITH_NCCL=ON -DCMAKE_BUILD_TYPE=Release \
-  -DPARAMCAST_BUILD_TESTS=ON -DPARAMCAST_BUILD_BENCH=ON -- "${targets[@]}"
+if [ "${PACK_NO_BUILD:-0}" != 1 ]; then  # PACK_NO_BUILD=1: pack an existing build (tests/gpu/pack_test.sh)
+  bash "$root/deploy/build.sh" "$build" -DPARAMCAST_WITH_NCCL=ON -DCMAKE_BUILD_TYPE=Release \
+    -DPARAMCAST_BUILD_TESTS=ON -DPARAMCAST_BUILD_BENCH=ON -- "${targets[@]}"
+fi
 
 rm -rf "$pack"
 mkdir -p "$pack/bin" "$pack/lib"

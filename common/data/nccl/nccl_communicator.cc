@@ -246,7 +246,9 @@ Status NcclCommunicator::async_error() {
   }
   ncclResult_t async = ncclSuccess;
   {
-    std::lock_guard<std::mutex> lock(comm_mu_);
+    // Never waits: while an enqueue holds the lock there is nothing new to say.
+    std::unique_lock<std::mutex> lock(comm_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return Status();
     if (gone_) return unusable();
     if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) return Status();
   }
