@@ -73,7 +73,11 @@ double per_bucket_us(DeviceMemory& mem, uint8_t* src, int buckets) {
     return -1;
   }
   std::vector<TensorSpec> specs;
-  for (int i = 0; i < buckets; ++i) specs.push_back({"t" + std::to_string(i), DType::kU8, {4096}});
+  for (int i = 0; i < buckets; ++i) {
+    std::string name = "t";  // not "t" + ...: GCC 12's -Wrestrict false positive at -O3
+    name += std::to_string(i);
+    specs.push_back({name, DType::kU8, {4096}});
+  }
   DataPlaneOptions o;
   o.bucket_bytes = 4096;
   o.direct_min_bytes = 1 << 30;
