@@ -98,7 +98,7 @@ class Loader {
   Device device(const YAML::Node& n, const std::string& path) const {
     const std::string s = scalar(n, path, "a device like cpu, cuda:1 or cuda:GPU-<uuid>");
     auto d = parse_device(s);
-    if (!d.ok()) fail(n, path, "bad value '" + s + "': expected cpu, cuda, cuda:N or cuda:GPU-<uuid>");
+    if (!d.ok()) fail(n, path, "bad value '" + s + "': expected cpu, cuda or cuda:N, or cuda:GPU-<uuid>");
     return *d;
   }
 

@@ -56,7 +56,7 @@ StatusOr<Device> parse_device(std::string_view text) {
       return d;
     }
   }
-  return invalid_argument("bad device '" + std::string(text) + "': expected cpu, cuda, cuda:N or cuda:GPU-<uuid>");
+  return invalid_argument("bad device '" + std::string(text) + "': expected cpu, cuda or cuda:N, or cuda:GPU-<uuid>");
 }
 
 std::optional<uint64_t> checked_mul(uint64_t a, uint64_t b) {
