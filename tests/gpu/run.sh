@@ -7,7 +7,8 @@
 # Stages, each bounded and run even when an earlier one failed:
 #   gpu_info      the CUDA runtime's device count (not nvidia-smi), nvidia-smi -L
 #   data_pieces   host logic of the pipeline (checksums, pool, reaper, ordering)
-#   cuda_memory   device checksum vs host, 10,000-piece gather, stream ordering
+#   cuda_memory   device checksum vs host, 10,000-piece gather, stream ordering,
+#                 one-rank NCCL communicator (warm-up, order_after, abort)
 #   gloo_suite    data-plane conformance on Gloo (the pack itself works)
 #   nccl_suite    data-plane conformance on NCCL, 8 ranks (NCCL_DEBUG=INFO)
 #   gpu_bench     memcpy vs pack/unpack, xxh64-blocks rate, per-bucket overhead
