@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "common/cli.h"
+#include "common/data/bucket_checksum.h"
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
 #include "common/data/file_store.h"
@@ -227,9 +228,12 @@ int run_root(Options o, const std::string& self) {
         {"--role", "receiver", "--rank", std::to_string(r), "--dir", o.dir, "--backend", backend_name(o.backend),
          "--world", std::to_string(o.world), "--size", std::to_string(o.size), "--counts", counts, "--repeats",
          std::to_string(o.repeats), "--latency-updates", std::to_string(o.latency_updates), "--bucket",
-         std::to_string(o.bucket), "--checksum", o.checksum == Checksum::kXxh64 ? "xxh64" : "none", "--gpus",
+         std::to_string(o.bucket), "--checksum", checksum_name(o.checksum), "--gpus",
          std::to_string(o.gpus), "--layout", o.arena ? "arena" : "separate"},
-        {"NCCL_HOSTID=paramcast-bench-" + std::to_string(r)}));
+        // Ranks sharing a GPU must look like separate hosts to NCCL; on a
+        // node with a GPU per rank NCCL must see one host (NVLink, P2P).
+        o.gpus < o.world ? std::vector<std::string>{"NCCL_HOSTID=paramcast-bench-" + std::to_string(r)}
+                         : std::vector<std::string>{}));
   auto fail = [&](const std::string& what) {
     std::fprintf(stderr, "paramcast-bench: %s\n", what.c_str());
     for (auto& p : receivers) std::fprintf(stderr, "%s", p->output().c_str());
@@ -361,7 +365,7 @@ int run_root(Options o, const std::string& self) {
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   std::printf("paramcast-bench  %s  %s, %ld cores  backend %s  world %d  S=%s  bucket %s  checksum %s  layout %s\n",
               date, u.machine, cores, backend_name(o.backend), o.world, format_bytes(o.size).c_str(),
-              format_bytes(o.bucket).c_str(), o.checksum == Checksum::kXxh64 ? "xxh64" : "none",
+              format_bytes(o.bucket).c_str(), checksum_name(o.checksum),
               o.arena ? "arena" : "separate");
   std::printf("  raw broadcast            %7.3f GB/s (min %.3f, max %.3f)\n", rs.median, rs.min, rs.max);
   for (const auto& p : phases)
@@ -389,7 +393,7 @@ int run_root(Options o, const std::string& self) {
     std::ofstream j(o.json);
     j << "{\"date\":\"" << date << "\",\"host\":\"" << host << "\",\"machine\":\"" << u.machine << " " << cores
       << " cores\",\"backend\":\"" << backend_name(o.backend) << "\",\"world\":" << o.world << ",\"bytes\":" << o.size
-      << ",\"bucket_bytes\":" << o.bucket << ",\"checksum\":\"" << (o.checksum == Checksum::kXxh64 ? "xxh64" : "none")
+      << ",\"bucket_bytes\":" << o.bucket << ",\"checksum\":\"" << (checksum_name(o.checksum))
       << "\",\"layout\":\"" << (o.arena ? "arena" : "separate") << "\",\"raw_gbps\":{\"min\":" << rs.min << ",\"median\":" << rs.median << ",\"max\":" << rs.max
       << "},\"updates\":[";
     for (size_t i = 0; i < phases.size(); ++i) {
@@ -411,7 +415,7 @@ const Tool kTool{
     .name = "paramcast-bench",
     .usage = "usage: paramcast-bench [--backend gloo|nccl] [--world 8] [--size 1GiB] [--counts 1,291,10000]\n"
              "                       [--repeats 3] [--latency-updates 200] [--bucket 256MiB]\n"
-             "                       [--checksum none|xxh64] [--layout separate|arena] [--gpus N]\n"
+             "                       [--checksum none|xxh64|xxh64-blocks] [--layout separate|arena] [--gpus N]\n"
              "                       [--json FILE]\n"
              "\n"
              "weight_update against the raw backend broadcast of the same bytes, on one\n"
@@ -447,7 +451,10 @@ int main(int argc, char** argv) {
   o.repeats = std::atoi(f.get("repeats", "3").c_str());
   o.latency_updates = std::atoi(f.get("latency-updates", "200").c_str());
   o.bucket = parse_size(f.get("bucket", "256MiB")).value_or(256ull << 20);
-  o.checksum = f.get("checksum", "none") == "xxh64" ? Checksum::kXxh64 : Checksum::kNone;
+  const std::string checksum = f.get("checksum", "none");
+  o.checksum = checksum == "xxh64"          ? Checksum::kXxh64
+               : checksum == "xxh64-blocks" ? Checksum::kXxh64Blocks
+                                            : Checksum::kNone;
   o.json = f.get("json");
   o.gpus = std::atoi(f.get("gpus", "1").c_str());
   o.arena = f.get("layout", "separate") == "arena";

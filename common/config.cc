@@ -100,9 +100,9 @@ class Loader {
   }
 
   Device device(const YAML::Node& n, const std::string& path) const {
-    const std::string s = scalar(n, path, "a device like cpu or cuda:1");
+    const std::string s = scalar(n, path, "a device like cpu, cuda:1 or cuda:GPU-<uuid>");
     auto d = parse_device(s);
-    if (!d.ok()) fail(n, path, "bad value '" + s + "': expected cpu, cuda or cuda:N");
+    if (!d.ok()) fail(n, path, "bad value '" + s + "': expected cpu, cuda or cuda:N, or cuda:GPU-<uuid>");
     return *d;
   }
 
@@ -175,7 +175,7 @@ Config parse(const YAML::Node& root, const std::string& file) {
         {"bucket_size", [&](N v, P q) { c.data_plane.bucket_bytes = L.size(v, q, 4096); }},
         {"direct_min_size", [&](N v, P q) { c.data_plane.direct_min_bytes = L.size(v, q, 1); }},
         {"checksum", [&](N v, P q) {
-          c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}});
+          c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}, {"xxh64-blocks", Checksum::kXxh64Blocks}});
         }},
         {"timeout", [&](N v, P q) { c.data_plane.timeout = L.duration(v, q); }},
         {"init_timeout", [&](N v, P q) { c.data_plane.init_timeout = L.duration(v, q); }},

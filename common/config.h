@@ -41,7 +41,7 @@ struct ControlOptions {
 enum class Backend { kGloo, kNccl };
 const char* backend_name(Backend b);
 
-enum class Checksum { kNone, kXxh64 };
+enum class Checksum { kNone, kXxh64, kXxh64Blocks };  // see common/data/bucket_checksum.h
 
 struct DataPlaneOptions {
   // Default: gloo
@@ -56,9 +56,10 @@ struct DataPlaneOptions {
   // Tensors at least this large skip staging and move straight between the
   // caller's buffers. Default: 1MiB
   uint64_t direct_min_bytes = 1ull << 20;
-  // Per-bucket integrity check (xxh64 of every bucket, verified before unpack).
-  // Off by default: it costs a pass over the bytes on every rank, and on CUDA
-  // it is computed on the host for now. Default: none
+  // Per-bucket integrity check, verified before unpack: xxh64 (sequential;
+  // on CUDA hashed on the host) or xxh64-blocks (4 KiB blocks hashed in
+  // parallel, on the GPU for CUDA memory; common/data/bucket_checksum.h).
+  // Off by default: it costs a pass over the bytes on every rank. Default: none
   Checksum checksum = Checksum::kNone;
   // Deadline of one collective (one bucket's broadcast). Default: 60s
   Millis timeout{60000};

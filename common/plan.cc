@@ -112,7 +112,9 @@ void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
   out.setVersion(plan.version);
   out.setManifestHash(plan.manifest_hash);
   out.setTotalBytes(plan.total_bytes);
-  out.setChecksum(plan.checksum == Checksum::kXxh64 ? proto::ChecksumKind::XXH64 : proto::ChecksumKind::NONE);
+  out.setChecksum(plan.checksum == Checksum::kXxh64         ? proto::ChecksumKind::XXH64
+                  : plan.checksum == Checksum::kXxh64Blocks ? proto::ChecksumKind::XXH64_BLOCKS
+                                                            : proto::ChecksumKind::NONE);
   auto tensors = out.initTensors(static_cast<unsigned>(plan.tensors.size()));
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const auto& t = plan.tensors[i];
@@ -144,7 +146,15 @@ StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
   UpdatePlan plan;
   plan.version = in.getVersion();
   plan.manifest_hash = in.getManifestHash();
-  plan.checksum = in.getChecksum() == proto::ChecksumKind::XXH64 ? Checksum::kXxh64 : Checksum::kNone;
+  switch (in.getChecksum()) {
+    case proto::ChecksumKind::NONE: plan.checksum = Checksum::kNone; break;
+    case proto::ChecksumKind::XXH64: plan.checksum = Checksum::kXxh64; break;
+    case proto::ChecksumKind::XXH64_BLOCKS: plan.checksum = Checksum::kXxh64Blocks; break;
+    default:
+      return invalid_argument("plan v" + std::to_string(in.getVersion()) + " names checksum kind " +
+                              std::to_string(static_cast<unsigned>(in.getChecksum())) +
+                              ", this build knows none, xxh64 and xxh64-blocks");
+  }
   for (auto e : in.getTensors()) {
     TensorSpec t;
     t.name = e.getName().cStr();

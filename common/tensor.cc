@@ -1,5 +1,7 @@
 #include "common/tensor.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <limits>
 
@@ -31,7 +33,8 @@ std::vector<DType> all_dtypes() {
 }
 
 std::string Device::to_string() const {
-  return is_cuda() ? "cuda:" + std::to_string(index) : std::string("cpu");
+  if (!is_cuda()) return "cpu";
+  return "cuda:" + (uuid.empty() ? std::to_string(index) : uuid);
 }
 
 StatusOr<Device> parse_device(std::string_view text) {
@@ -43,8 +46,17 @@ StatusOr<Device> parse_device(std::string_view text) {
     auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), index);
     if (ec == std::errc() && p == num.data() + num.size() && index >= 0 && !num.empty())
       return Device::cuda(index);
+    const bool named = num.starts_with("GPU-") || num.starts_with("MIG-");
+    const bool clean = num.size() > 4 && num.size() <= 96 && std::all_of(num.begin() + 4, num.end(), [](char c) {
+      return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' || c == '/';
+    });
+    if (named && clean) {
+      Device d = Device::cuda(-1);
+      d.uuid = std::string(num);
+      return d;
+    }
   }
-  return invalid_argument("bad device '" + std::string(text) + "': expected cpu, cuda or cuda:N");
+  return invalid_argument("bad device '" + std::string(text) + "': expected cpu, cuda or cuda:N, or cuda:GPU-<uuid>");
 }
 
 std::optional<uint64_t> checked_mul(uint64_t a, uint64_t b) {

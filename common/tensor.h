@@ -34,15 +34,19 @@ struct Device {
   enum class Kind : uint8_t { kCpu = 0, kCuda = 1 };
   Kind kind = Kind::kCpu;
   int index = 0;  // CUDA ordinal; 0 for cpu
+  // A GPU named by UUID ("GPU-..." or "MIG-..." as nvidia-smi -L prints it),
+  // resolved to the ordinal the process sees by resolve_device()
+  // (data/device_memory.h). Empty when named by ordinal.
+  std::string uuid;
 
   static Device cpu() { return {}; }
-  static Device cuda(int index) { return {Kind::kCuda, index}; }
+  static Device cuda(int index) { return {Kind::kCuda, index, {}}; }
   bool is_cuda() const { return kind == Kind::kCuda; }
   std::string to_string() const;
   bool operator==(const Device&) const = default;
 };
 
-// Parses "cpu", "cuda", "cuda:N".
+// Parses "cpu", "cuda", "cuda:N", "cuda:GPU-<uuid>", "cuda:MIG-<uuid>".
 StatusOr<Device> parse_device(std::string_view text);
 
 struct TensorSpec {

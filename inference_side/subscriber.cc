@@ -54,7 +54,7 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
 SubscriberImpl::SubscriberImpl(const Config& cfg, std::string id)
     : cfg_(cfg),
       id_(std::move(id)),
-      device_(cfg.device_for_worker(id_)),
+      device_(resolve_device_or_keep(cfg.device_for_worker(id_))),  // a GPU named by UUID
       client_(std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, false), this)),
       group_(std::make_unique<group::GroupMember>(id_, *client_)),
       faults_(transfer::FaultInjection::from_env()),
@@ -432,7 +432,7 @@ StatusOr<uint64_t> SubscriberImpl::expected_checksum(uint64_t version, size_t bu
 }
 
 uint64_t SubscriberImpl::combined_checksum(const UpdatePlan& plan) {
-  if (plan.checksum != Checksum::kXxh64) return 0;
+  if (plan.checksum == Checksum::kNone) return 0;
   Xxh64 h;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t k = 0; k < plan.buckets.size(); ++k) {

@@ -70,6 +70,8 @@ class Subscriber {
   ~Subscriber();
 
   // A destination buffer, written in place by every update that names it.
+  // CUDA destinations are complete (device work synchronised) before
+  // on_update_end runs and before Applied is sent.
   Status register_tensor(const TensorView& destination);
   void on_tensor(TensorCallback callback);
   void on_update_begin(UpdateBeginHook hook);

@@ -222,6 +222,9 @@ struct Bucket {
 enum ChecksumKind {
   none @0;
   xxh64 @1;
+  xxh64Blocks @2;
+  # XXH64 of each 4 KiB block, then XXH64 (seed = bucket bytes) of the block
+  # digests: computed in parallel on a GPU (common/data/bucket_checksum.h).
 }
 
 struct Plan {

@@ -23,7 +23,13 @@ control::ServerOptions server_options(const Config& cfg) {
 }  // namespace
 
 PublisherImpl::PublisherImpl(const Config& config)
-    : cfg_(config), server_(server_options(config)), groups_(config, server_) {}
+    : cfg_([&] {
+        Config c = config;
+        c.publisher.device = resolve_device_or_keep(c.publisher.device);  // a GPU named by UUID
+        return c;
+      }()),
+      server_(server_options(config)),
+      groups_(config, server_) {}
 
 PublisherImpl::~PublisherImpl() { shutdown(); }
 

@@ -48,6 +48,10 @@ class Work {
   // Waits until the operation finished or `deadline` passed. On deadline the
   // communicator is aborted (a half-done collective cannot be resumed).
   virtual Status wait(Deadline deadline) = 0;
+  // After wait() returned: whether the operation can no longer touch its
+  // buffer (false only while a backend's abort is still tearing down work
+  // that may write it; such a buffer must be let go, not reused).
+  virtual bool settled() { return true; }
 };
 
 class Communicator {
@@ -59,7 +63,16 @@ class Communicator {
   // the returned Work completes. Zero bytes completes at once.
   virtual std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) = 0;
 
-  // Makes every pending and later operation fail fast with kAborted.
+  // Orders later broadcasts after everything queued so far on `stream` (a
+  // cudaStream_t; nullptr = the legacy default stream), on the device,
+  // without a host wait. Host backends have no streams: no-op.
+  virtual Status order_after(void* stream) {
+    (void)stream;
+    return Status();
+  }
+
+  // Makes every pending and later operation fail fast with kAborted. Never
+  // blocks on the backend: a control thread may call it.
   virtual void abort(const std::string& reason) = 0;
 
   // The first asynchronous failure seen, or OK.

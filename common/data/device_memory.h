@@ -1,6 +1,9 @@
 // DeviceMemory: staging buffers, copies and checksums on one device, so that
 // the bucket pipeline (trainer_side / inference_side) is written once for
-// host memory (Gloo) and CUDA memory (NCCL).
+// host memory (Gloo) and CUDA memory (NCCL). On CUDA, copies and checksums
+// run on one copy stream owned by the object, ordered after the caller's
+// stream by order_after(); the communicator orders its broadcasts after the
+// copy stream (Communicator::order_after(stream())).
 //
 // Thread-safety: one instance per pipeline thread; allocated() and peak()
 // may be read from any thread.
@@ -12,34 +15,57 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/config.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
 namespace paramcast {
 
+// Released staging kept for reuse by each DeviceMemory (data/block_pool.h).
+inline constexpr uint64_t kStagingCacheBytes = 2ull << 30;
+
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
+  // From the pool (data/block_pool.h): no allocator call once warm.
   virtual StatusOr<void*> allocate(size_t bytes) = 0;
+  // Back to the pool. The caller guarantees no queued work touches it.
   virtual void release(void* ptr) = 0;
   // Copies and waits until the copy is complete.
   virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
-  // Many copies, waited on once (one stream sync on CUDA): bucket packing.
+  // Many copies (bucket packing and unpacking) queued as one batch on the
+  // copy stream without a host wait (one gather kernel per batch on CUDA);
+  // synchronize() or a later order_after(stream()) waits for them.
   struct CopyOp {
     void* dst;
     const void* src;
     size_t bytes;
   };
   virtual Status copy_many(const std::vector<CopyOp>& ops) = 0;
-  // xxh64 of the bytes (device bytes are hashed on the host for now).
-  virtual StatusOr<uint64_t> checksum(const void* ptr, size_t bytes) = 0;
-  // Orders this memory's later copies (and the communicator work that
-  // follows them) after everything queued on `stream` (a cudaStream_t;
-  // nullptr = the legacy default stream). Host memory has no streams: no-op.
+  // Waits until everything queued on the copy stream is complete.
+  virtual Status synchronize() { return Status(); }
+  // The bucket checksum (data/bucket_checksum.h) of device bytes, waited on.
+  virtual StatusOr<uint64_t> checksum(const void* ptr, size_t bytes, Checksum kind) = 0;
+  // The same, split: checksum_start queues it on the copy stream (after the
+  // copies queued so far) in one of two slots; checksum_result waits for
+  // it. The bytes must stay unchanged until the result is taken.
+  virtual Status checksum_start(int slot, const void* ptr, size_t bytes, Checksum kind) {
+    auto sum = checksum(ptr, bytes, kind);
+    if (!sum.ok()) return sum.status();
+    pending_[slot & 1] = *sum;
+    return Status();
+  }
+  virtual StatusOr<uint64_t> checksum_result(int slot) { return pending_[slot & 1]; }
+  // Orders this memory's later copies after everything queued on `stream`
+  // (a cudaStream_t; nullptr = the legacy default stream). Host memory has
+  // no streams: no-op.
   virtual Status order_after(void* stream) {
     (void)stream;
     return Status();
   }
+  // The copy stream (a cudaStream_t), for a Communicator's order_after;
+  // nullptr for host memory.
+  virtual void* stream() const { return nullptr; }
   // Bytes currently allocated through this object, and the peak.
   // Readable from any thread (stats); written by the owning thread.
   uint64_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
@@ -60,15 +86,23 @@ class DeviceMemory {
     sizes_.erase(it);
     return true;
   }
-  const std::unordered_map<void*, size_t>& allocations() const { return sizes_; }
 
  private:
   std::unordered_map<void*, size_t> sizes_;
   std::atomic<uint64_t> allocated_{0};
   std::atomic<uint64_t> peak_{0};
+  uint64_t pending_[2] = {0, 0};
 };
 
 StatusOr<std::unique_ptr<DeviceMemory>> create_device_memory(Device device);
+
+// A CUDA device named by UUID, as the ordinal this process sees (after
+// CUDA_VISIBLE_DEVICES: a worker that sees one GPU has it as cuda:0); any
+// other device as it is. The error lists the UUIDs the process does see.
+StatusOr<Device> resolve_device(const Device& device);
+// resolve_device, or `device` unchanged when it cannot be resolved (the
+// later create_device_memory then reports why).
+Device resolve_device_or_keep(const Device& device);
 
 // A buffer from a DeviceMemory, released on destruction.
 class StagingBuffer {
@@ -87,6 +121,9 @@ class StagingBuffer {
     if (mem_ && ptr_) mem_->release(ptr_);
     mem_ = nullptr; ptr_ = nullptr; bytes_ = 0;
   }
+  // Lets go without releasing: for a buffer that device work may still
+  // write after an abort that did not finish (leaked rather than reused).
+  void abandon() { mem_ = nullptr; ptr_ = nullptr; bytes_ = 0; }
   uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
   size_t size() const { return bytes_; }
 
@@ -115,6 +152,9 @@ class StagingPair {
   uint8_t* slot(size_t bucket) const { return slots_[bucket % 2].data(); }
   void reset() {
     for (auto& s : slots_) s.reset();
+  }
+  void abandon() {
+    for (auto& s : slots_) s.abandon();
   }
 
  private:

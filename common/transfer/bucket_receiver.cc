@@ -42,17 +42,45 @@ Status BucketReceiver::receive(const UpdatePlan& plan, const std::vector<const T
     if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
   }
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, staging_bytes));
-  if (n > 0) PC_RETURN_IF_ERROR(issue(u, 0));
   for (size_t k = 0; k < n; ++k) {
-    if (k + 1 < n) PC_RETURN_IF_ERROR(issue(u, k + 1));
-    PC_RETURN_IF_ERROR(finish(u, k));
+    Status s;
+    if (k == 0) s = issue(u, 0);
+    if (s.ok() && k + 1 < n) s = issue(u, k + 1);
+    if (s.ok()) s = finish(u, k);
+    if (!s.ok()) return settle(u, s);
     if (faults_.stalls_after(plan.version, k)) {
       PC_WARN("subscriber: fault injection: stalling after bucket " << k << " of v" << plan.version);
       while (!stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      return aborted("subscriber stopped mid-update (fault injection)");
+      return settle(u, aborted("subscriber stopped mid-update (fault injection)"));
     }
   }
-  return Status();
+  // Unpacks are queued on the copy stream: the registered destinations are
+  // complete when receive() returns (before on_update_end and Applied).
+  Status s = mem_->synchronize();
+  return s.ok() ? s : settle(u, s.with_context("unpacking v" + std::to_string(plan.version)));
+}
+
+// A failed receive waits out every issued broadcast (at most one bucket
+// ahead; the root sends it regardless) before the staging and assembly
+// buffers may be reused: a deadline aborts the communicator, and a Work of an
+// aborted communicator waits for the abort to finish. If that cannot be
+// confirmed, the buffers are let go instead. The caller then abandons the
+// communicator (the collective is half-done).
+Status BucketReceiver::settle(Update& u, Status failure) {
+  bool quiet = true;
+  for (auto& w : u.works) {
+    if (!w) continue;
+    (void)w->wait(Clock::now() + op_timeout_);
+    if (!w->settled()) quiet = false;
+    w.reset();
+  }
+  if (!mem_->synchronize().ok()) quiet = false;
+  if (!quiet) {
+    PC_WARN("subscriber: in-flight work did not settle after a failure; its buffers are let go, not reused");
+    staging_.abandon();
+    for (auto& [t, buf] : u.assembly) buf.abandon();
+  }
+  return failure;
 }
 
 // Chooses where bucket k lands and issues its broadcast.
@@ -74,6 +102,8 @@ Status BucketReceiver::issue(Update& u, size_t k) {
     u.in_place[k] = true;
   } else {
     u.where[k] = staging_.slot(k);
+    // The slot's previous bucket may still be unpacking on the copy stream.
+    if (mem_->stream()) PC_RETURN_IF_ERROR(u.comm.order_after(mem_->stream()));
   }
   u.works[k] = u.comm.broadcast(u.where[k], b.bytes, 0);
   return Status();
@@ -81,7 +111,9 @@ Status BucketReceiver::issue(Update& u, size_t k) {
 
 Status BucketReceiver::finish(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
-  PC_RETURN_IF_ERROR(u.works[k]->wait(Clock::now() + op_timeout_).with_context(u.bucket_name(k)));
+  Status landed = u.works[k]->wait(Clock::now() + op_timeout_);
+  u.works[k].reset();
+  PC_RETURN_IF_ERROR(landed.with_context(u.bucket_name(k)));
   if (faults_.corrupt_bucket == static_cast<int64_t>(k) && b.bytes > 0) {
     faults_.corrupt_bucket = -1;  // once
     uint8_t byte;
@@ -89,7 +121,7 @@ Status BucketReceiver::finish(Update& u, size_t k) {
     byte ^= 0x01;
     PC_RETURN_IF_ERROR(mem_->copy(u.where[k], &byte, 1));
   }
-  if (u.plan.checksum == Checksum::kXxh64) PC_RETURN_IF_ERROR(verify(u, k));
+  if (u.plan.checksum != Checksum::kNone) PC_RETURN_IF_ERROR(verify(u, k));
   std::vector<DeviceMemory::CopyOp> unpack;
   if (!b.direct && !u.in_place[k])
     for (const auto& p : b.pieces)
@@ -102,7 +134,7 @@ Status BucketReceiver::finish(Update& u, size_t k) {
 
 Status BucketReceiver::verify(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
-  auto got = mem_->checksum(u.where[k], b.bytes);
+  auto got = mem_->checksum(u.where[k], b.bytes, u.plan.checksum);
   if (!got.ok()) return got.status();
   if (!u.hooks.expected_checksum) return internal_error("checksums are on but no source of expected checksums");
   auto expected = u.hooks.expected_checksum(k);

@@ -8,7 +8,10 @@
 // destination), or in a staging slot that is then unpacked. Every tensor
 // without a destination is handed to on_tensor once complete. With checksums
 // on, each bucket is verified against expected_checksum(k) before unpack; a
-// mismatch names the bucket and its tensors. drop() follows the collective
+// mismatch names the bucket and its tensors. On any failure the
+// communicator is aborted and the issued broadcasts settle before a buffer
+// is released; on success every registered destination is complete when
+// receive() returns (copies synchronised). drop() follows the collective
 // into staging only (a plan this rank refused) so the others complete.
 //
 // Thread-safety: one call at a time (the subscriber's data thread).
@@ -50,6 +53,7 @@ class BucketReceiver {
   Status finish(Update& u, size_t k);
   Status verify(Update& u, size_t k);
   Status deliver(Update& u, size_t k);
+  Status settle(Update& u, Status failure);
 
   DeviceMemory* const mem_;
   const Device device_;

@@ -11,7 +11,10 @@ BucketSender::BucketSender(DeviceMemory* memory, std::chrono::milliseconds op_ti
 
 Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
                           const Hooks& hooks, void* after_stream) {
+  // Packing (copy stream) and direct/in-place broadcasts (the communicator's
+  // stream) both read the caller's tensors: both wait for the caller's stream.
   PC_RETURN_IF_ERROR(mem_->order_after(after_stream));
+  PC_RETURN_IF_ERROR(comm.order_after(after_stream));
   const size_t n = plan.buckets.size();
   auto source = [&](uint32_t t) { return tensors[t].data; };
   std::vector<uint8_t*> in_place_at(n, nullptr);
@@ -25,28 +28,46 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
   std::vector<std::shared_ptr<Work>> works(n);
   uint64_t sent = 0;
   for (size_t k = 0; k < n; ++k) {
-    if (k >= 2) PC_RETURN_IF_ERROR(finish(plan, k - 2, *works[k - 2], hooks, sent));
-    auto ptr = stage(plan, k, tensors, in_place_at[k]);
-    if (!ptr.ok()) return ptr.status();
-    if (plan.checksum == Checksum::kXxh64) {
-      auto sum = mem_->checksum(*ptr, plan.buckets[k].bytes);
-      if (!sum.ok()) return sum.status();
-      if (hooks.on_checksum) hooks.on_checksum(k, *sum);
-    }
-    works[k] = comm.broadcast(*ptr, plan.buckets[k].bytes, 0);
+    Status s;
+    if (k >= 2) s = finish(plan, k - 2, *works[k - 2], hooks, sent);
+    if (s.ok()) s = issue(plan, k, tensors, in_place_at[k], comm, hooks, works[k]);
+    if (!s.ok()) return settle(comm, works, s);
     if (faults_.stalls_after(plan.version, k)) {
       // Hang mid-update, as a wedged trainer would, until stopped.
       PC_WARN("publisher: fault injection: stalling after bucket " << k << " of v" << plan.version);
       while (!stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      return aborted("publisher stopped mid-update (fault injection)");
+      return settle(comm, works, aborted("publisher stopped mid-update (fault injection)"));
     }
   }
-  for (size_t k = n >= 2 ? n - 2 : 0; k < n; ++k) PC_RETURN_IF_ERROR(finish(plan, k, *works[k], hooks, sent));
+  for (size_t k = n >= 2 ? n - 2 : 0; k < n; ++k) {
+    Status s = finish(plan, k, *works[k], hooks, sent);
+    if (!s.ok()) return settle(comm, works, s);
+  }
+  return Status();
+}
+
+// Stages bucket k, starts its checksum, and broadcasts it once packed: the
+// broadcast waits on the device for the packing only, so the checksum runs
+// beside it. The checksum is handed on as soon as it is known.
+Status BucketSender::issue(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
+                           uint8_t* in_place, Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work) {
+  auto ptr = stage(plan, k, tensors, in_place);
+  if (!ptr.ok()) return ptr.status();
+  if (mem_->stream()) PC_RETURN_IF_ERROR(comm.order_after(mem_->stream()));
+  const uint64_t bytes = plan.buckets[k].bytes;
+  const int slot = static_cast<int>(k % 2);
+  if (plan.checksum != Checksum::kNone) PC_RETURN_IF_ERROR(mem_->checksum_start(slot, *ptr, bytes, plan.checksum));
+  work = comm.broadcast(*ptr, bytes, 0);
+  if (plan.checksum != Checksum::kNone) {
+    auto sum = mem_->checksum_result(slot);
+    if (!sum.ok()) return sum.status().with_context("checksum of bucket " + std::to_string(k));
+    if (hooks.on_checksum) hooks.on_checksum(k, *sum);
+  }
   return Status();
 }
 
 // Where bucket k's bytes are sent from: the tensor itself (direct), the
-// tensors in place, or a staging slot packed now.
+// tensors in place, or a staging slot packed now (queued, not waited on).
 StatusOr<uint8_t*> BucketSender::stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
                                        uint8_t* in_place) {
   const auto& b = plan.buckets[k];
@@ -71,6 +92,28 @@ Status BucketSender::finish(const UpdatePlan& plan, size_t k, Work& work, const 
   sent += plan.buckets[k].bytes;
   if (hooks.on_progress) hooks.on_progress(std::min(sent, plan.total_bytes), plan.total_bytes);
   return Status();
+}
+
+// A failed send leaves the collective half-done: the communicator is aborted
+// (the group must re-form anyway), and the send returns only once no issued
+// broadcast or queued copy still reads the staging slots (a Work waits for
+// its communicator's abort to finish). If that cannot be confirmed before
+// the deadline, the slots are let go, not reused.
+Status BucketSender::settle(Communicator& comm, std::vector<std::shared_ptr<Work>>& works, Status failure) {
+  comm.abort(failure.message());
+  bool quiet = true;
+  for (auto& w : works) {
+    if (!w) continue;
+    (void)w->wait(Clock::now() + op_timeout_);
+    if (!w->settled()) quiet = false;
+    w.reset();
+  }
+  if (!mem_->synchronize().ok()) quiet = false;
+  if (!quiet) {
+    PC_WARN("publisher: in-flight work did not settle after a failure; its staging buffers are let go, not reused");
+    staging_.abandon();
+  }
+  return failure;
 }
 
 }  // namespace paramcast::transfer

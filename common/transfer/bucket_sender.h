@@ -5,8 +5,12 @@
 // staging slots, at most two broadcasts in flight). A direct bucket goes
 // straight from the tensor's buffer; a packed bucket whose tensors lie back
 // to back in memory (a flat parameter buffer, a weight arena) goes in place.
-// With checksums on, each bucket's xxh64 is handed to on_checksum before the
-// bucket is broadcast. Written once for host and CUDA memory (DeviceMemory).
+// With checksums on, each bucket's checksum (data/bucket_checksum.h) is
+// computed beside its broadcast (on the copy stream for CUDA) and handed to
+// on_checksum once known. Written once for host and CUDA memory
+// (DeviceMemory). Ordering: packing and broadcasts wait, on the device, for
+// `after_stream`; a broadcast waits for its bucket's packing; no host wait
+// per pack. A failing send returns only after its in-flight work settled.
 //
 // Thread-safety: one send() at a time; stop() from any thread ends a stall
 // injected for tests.
@@ -27,7 +31,8 @@ namespace paramcast::transfer {
 class BucketSender {
  public:
   struct Hooks {
-    // Bucket k's checksum (checksums on), before its broadcast is issued.
+    // Bucket k's checksum (checksums on), once computed (after its broadcast
+    // was issued).
     std::function<void(size_t bucket, uint64_t checksum)> on_checksum;
     // Bucket k has left this rank: bytes sent so far of the update's total.
     std::function<void(uint64_t sent, uint64_t total)> on_progress;
@@ -43,6 +48,9 @@ class BucketSender {
   void stop() { stopping_ = true; }
 
  private:
+  Status issue(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, uint8_t* in_place,
+               Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work);
+  Status settle(Communicator& comm, std::vector<std::shared_ptr<Work>>& works, Status failure);
   StatusOr<uint8_t*> stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
                            uint8_t* in_place);
   Status finish(const UpdatePlan& plan, size_t k, Work& work, const Hooks& hooks, uint64_t& sent);

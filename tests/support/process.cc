@@ -108,7 +108,14 @@ std::string Process::output() {
   return out_;
 }
 
-std::string binary(const std::string& name) { return std::string(PARAMCAST_BIN_DIR) + "/" + name; }
+// Next to the running test binary first (a packed folder, tests/gpu/pack.sh),
+// else the build tree's bin directory.
+std::string binary(const std::string& name) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::filesystem::exists(self.parent_path() / name)) return (self.parent_path() / name).string();
+  return std::string(PARAMCAST_BIN_DIR) + "/" + name;
+}
 
 std::string make_temp_dir(const std::string& prefix) {
   std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();

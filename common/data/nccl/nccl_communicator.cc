@@ -1,22 +1,47 @@
 // NCCL data plane. The communicator is created non-blocking
 // (ncclCommInitRankConfig with blocking = 0) so that creation and every
-// collective are bounded by deadlines: we poll ncclCommGetAsyncError and call
-// ncclCommAbort when a deadline passes or abort() is requested. Each
-// communicator owns one CUDA stream; a Work is a CUDA event on it.
+// collective are bounded by deadlines, and a 1-byte warm-up broadcast inside
+// creation sets up NCCL's lazily connected channels under init_timeout.
+//
+// Streams: each communicator owns one non-blocking CUDA stream. order_after
+// makes it wait (cudaStreamWaitEvent) for a caller's stream or the copy
+// stream. A Work completes when a host function queued after its broadcast
+// (cudaLaunchHostFunc) runs; the waiting thread sleeps on a condition and
+// wakes every millisecond only to look for an asynchronous error or abort.
+//
+// Failure: any error or deadline leads to abort(), which marks the
+// communicator failed at once and hands ncclCommAbort to an AbortReaper
+// thread: it never blocks the caller (a control thread). A Work of an
+// aborted communicator waits (bounded) for that teardown, so its buffer is
+// not reused under a running kernel. ncclCommFinalize is only called on an
+// idle, healthy communicator at destruction.
+//
+// Thread-safety: broadcast/order_after from one thread at a time; abort and
+// async_error from any thread. comm_mu_ guards every call on comm_, and
+// gone_ (set under it) ends them before the reaper frees the communicator.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
+#include "common/data/device_memory.h"
+#include "common/data/nccl/abort_reaper.h"
+#include "common/data/nccl/device_guard.h"
 #include "common/data/nccl/nccl_check.h"
 #include "common/data/nccl/nccl_factory.h"
 #include "common/log.h"
 
 namespace paramcast::nccl_backend {
 namespace {
+
+constexpr auto kErrorPoll = std::chrono::milliseconds(1);
+// How long a Work of an aborted communicator waits for ncclCommAbort.
+constexpr auto kAbortGrace = std::chrono::seconds(10);
 
 // Polls until the communicator leaves ncclInProgress or the deadline passes.
 Status poll_comm(ncclComm_t comm, Deadline deadline, const std::atomic<bool>* aborted, const char* what) {
@@ -31,115 +56,226 @@ Status poll_comm(ncclComm_t comm, Deadline deadline, const std::atomic<bool>* ab
   }
 }
 
+// Set by a host function queued on the stream after a broadcast.
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  static void CUDART_CB fire(void* arg) {
+    auto* self = static_cast<std::shared_ptr<Completion>*>(arg);
+    {
+      std::lock_guard<std::mutex> lock((*self)->mu);
+      (*self)->done = true;
+    }
+    (*self)->cv.notify_all();
+    delete self;
+  }
+  bool wait_until(Deadline until) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_until(lock, until, [&] { return done; });
+  }
+  bool is_done() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+};
+
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(const GroupOptions& options, ncclComm_t comm, cudaStream_t stream)
-      : options_(options), comm_(comm), stream_(stream) {}
+  NcclCommunicator(const GroupOptions& options, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ordered)
+      : options_(options), comm_(comm), stream_(stream), ordered_(ordered) {}
+  ~NcclCommunicator() override;
 
-  ~NcclCommunicator() override {
-    cudaSetDevice(options_.device.index);
-    if (!aborted_.load()) {
-      // Finalize flushes outstanding work; bounded, then abort if stuck.
-      const ncclResult_t r = ncclCommFinalize(comm_);
-      if ((r == ncclSuccess || r == ncclInProgress) &&
-          poll_comm(comm_, Clock::now() + std::chrono::seconds(5), nullptr, "ncclCommFinalize").ok())
-        ncclCommDestroy(comm_);
-      else
-        ncclCommAbort(comm_);
-    } else if (!comm_aborted_.exchange(true)) {
-      ncclCommAbort(comm_);
-    }
-    cudaStreamDestroy(stream_);
-  }
-
-  std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
-    auto work = std::make_shared<Event>(this);
-    if (bytes == 0) return work;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.ok()) {
-      work->status = aborted("communicator of epoch " + std::to_string(options_.epoch) +
-                             " is unusable: " + error_.to_string());
-      return work;
-    }
-    cudaSetDevice(options_.device.index);
-    Status s = nccl_status(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast", comm_);
-    if (s.ok()) s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclBroadcast enqueue");
-    if (s.ok()) s = cuda_status(cudaEventCreateWithFlags(&work->event, cudaEventDisableTiming), "cudaEventCreate");
-    if (s.ok()) s = cuda_status(cudaEventRecord(work->event, stream_), "cudaEventRecord");
-    if (!s.ok()) {
-      error_ = s;
-      work->status = s;
-    }
-    return work;
-  }
-
-  void abort(const std::string& reason) override {
-    // First the flag: a broadcast() polling its enqueue under mu_ sees it and
-    // returns, so the lock below is not held for a whole deadline.
-    aborted_.store(true);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (error_.ok()) error_ = aborted(reason);
-    }
-    if (!comm_aborted_.exchange(true)) {
-      cudaSetDevice(options_.device.index);
-      ncclCommAbort(comm_);
-    }
-  }
-
-  Status async_error() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.ok() || comm_aborted_.load()) return error_;
-    ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
-      error_ = nccl_status(async, "asynchronous NCCL error", comm_);
-    return error_;
-  }
+  std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override;
+  Status order_after(void* stream) override;
+  void abort(const std::string& reason) override;
+  Status async_error() override;
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   Device device() const override { return options_.device; }
 
  private:
-  struct Event : Work {
-    explicit Event(NcclCommunicator* c) : comm(c) {}
-    ~Event() override {
-      if (event) cudaEventDestroy(event);
-    }
-    Status wait(Deadline deadline) override {
-      if (!status.ok() || !event) return status;
-      for (;;) {
-        cudaError_t e = cudaEventQuery(event);
-        if (e == cudaSuccess) return Status();
-        if (e != cudaErrorNotReady) return cuda_status(e, "cudaEventQuery");
-        if (comm->aborted_.load()) return aborted("broadcast aborted: " + comm->async_error().message());
-        Status async = comm->async_error();
-        if (!async.ok()) {
-          comm->abort(async.message());
-          return async;
-        }
-        if (Clock::now() >= deadline) {
-          comm->abort("broadcast deadline passed");
-          return timeout_error("ncclBroadcast did not finish before its deadline (epoch " +
-                               std::to_string(comm->options_.epoch) + ", rank " +
-                               std::to_string(comm->options_.rank) + "); ncclCommAbort called");
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
-    NcclCommunicator* comm;
-    cudaEvent_t event = nullptr;
-    Status status;
-  };
+  struct Event;
+  Status unusable() {
+    std::lock_guard<std::mutex> lock(err_mu_);
+    return aborted("communicator of epoch " + std::to_string(options_.epoch) + " is unusable: " +
+                   (error_.ok() ? std::string("aborted") : error_.to_string()));
+  }
+  void fail(const Status& s) {
+    std::lock_guard<std::mutex> lock(err_mu_);
+    if (error_.ok()) error_ = s;
+  }
+  std::string where() const {
+    return "epoch " + std::to_string(options_.epoch) + ", rank " + std::to_string(options_.rank);
+  }
 
-  GroupOptions options_;
-  ncclComm_t comm_;
-  cudaStream_t stream_;
-  std::mutex mu_;
-  Status error_;
+  const GroupOptions options_;
+  const ncclComm_t comm_;
+  const cudaStream_t stream_;
+  const cudaEvent_t ordered_;
+  std::mutex comm_mu_;
+  bool gone_ = false;  // comm_ handed to the reaper (guarded by comm_mu_)
   std::atomic<bool> aborted_{false};
-  std::atomic<bool> comm_aborted_{false};
+  std::mutex err_mu_;
+  Status error_;
+  std::shared_ptr<Completion> last_;  // the latest broadcast's (issuing thread)
+  AbortReaper reaper_;
 };
+
+struct NcclCommunicator::Event : Work {
+  Event(NcclCommunicator* c, std::shared_ptr<Completion> d) : comm(c), done(std::move(d)) {}
+  Status wait(Deadline deadline) override;
+  bool settled() override { return !done || done->is_done() || comm->reaper_.finished(); }
+  NcclCommunicator* comm;
+  std::shared_ptr<Completion> done;  // null: nothing was issued
+  Status status;
+};
+
+Status NcclCommunicator::Event::wait(Deadline deadline) {
+  if (!status.ok() || !done) return status;
+  for (;;) {
+    if (done->wait_until(std::min(deadline, Clock::now() + kErrorPoll))) return Status();
+    Status failure;
+    if (comm->aborted_.load()) {
+      failure = comm->unusable();
+    } else if (Status async = comm->async_error(); !async.ok()) {
+      comm->abort(async.message());
+      failure = async;
+    } else if (Clock::now() >= deadline) {
+      comm->abort("broadcast deadline passed");
+      failure = timeout_error("ncclBroadcast did not finish before its deadline (" + comm->where() +
+                              "); ncclCommAbort called");
+    } else {
+      continue;
+    }
+    // The broadcast's kernel may still write its buffer until the abort ends.
+    if (!done->is_done() && !comm->reaper_.wait_for(kAbortGrace))
+      PC_WARN("nccl (" << comm->where() << "): ncclCommAbort still running after "
+                       << std::chrono::seconds(kAbortGrace).count() << "s; the broadcast's buffer is let go");
+    return failure;
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  DeviceGuard g(options_.device.index);
+  bool finalize = false;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (!gone_) {
+      ncclResult_t async = ncclSuccess;
+      finalize = (!last_ || last_->is_done()) && ncclCommGetAsyncError(comm_, &async) == ncclSuccess &&
+                 async == ncclSuccess;
+      if (finalize) gone_ = true;
+    }
+  }
+  if (finalize) {
+    // Idle and healthy: flush and destroy, bounded; abort if that stalls.
+    const ncclResult_t r = ncclCommFinalize(comm_);
+    if ((r == ncclSuccess || r == ncclInProgress) &&
+        poll_comm(comm_, Clock::now() + std::chrono::seconds(5), nullptr, "ncclCommFinalize").ok()) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+    cudaEventDestroy(ordered_);
+    cudaStreamDestroy(stream_);
+    return;
+  }
+  abort("communicator destroyed");  // work in progress or failed: never Finalize
+}
+
+std::shared_ptr<Work> NcclCommunicator::broadcast(void* data, size_t bytes, int root) {
+  if (bytes == 0) return std::make_shared<Event>(this, nullptr);
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  auto work = std::make_shared<Event>(this, nullptr);
+  if (gone_ || aborted_.load()) {
+    work->status = unusable();
+    return work;
+  }
+  DeviceGuard g(options_.device.index);
+  auto done = std::make_shared<Completion>();
+  Status s = nccl_status(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast", comm_);
+  if (s.ok()) s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclBroadcast enqueue");
+  if (s.ok()) {
+    auto* arg = new std::shared_ptr<Completion>(done);
+    s = cuda_status(cudaLaunchHostFunc(stream_, &Completion::fire, arg), "cudaLaunchHostFunc");
+    if (!s.ok()) delete arg;
+  }
+  if (!s.ok()) {
+    fail(s);
+    work->status = s;
+    return work;
+  }
+  last_ = done;
+  work->done = std::move(done);
+  return work;
+}
+
+Status NcclCommunicator::order_after(void* stream) {
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  if (gone_ || aborted_.load()) return unusable();
+  DeviceGuard g(options_.device.index);
+  cudaStream_t other = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+  PC_CUDA_RETURN(cudaEventRecord(ordered_, other));
+  PC_CUDA_RETURN(cudaStreamWaitEvent(stream_, ordered_, 0));
+  return Status();
+}
+
+void NcclCommunicator::abort(const std::string& reason) {
+  // The flag first: an enqueue polling under comm_mu_ sees it and returns,
+  // so the lock below waits at most one poll.
+  aborted_.store(true);
+  fail(aborted(reason));
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  if (gone_) return;
+  gone_ = true;
+  reaper_.start([comm = comm_, stream = stream_, event = ordered_, index = options_.device.index, w = where()] {
+    DeviceGuard g(index);
+    const ncclResult_t r = ncclCommAbort(comm);
+    if (r != ncclSuccess) PC_WARN("nccl (" << w << "): ncclCommAbort: " << ncclGetErrorString(r));
+    cudaEventDestroy(event);
+    cudaStreamDestroy(stream);
+  });
+}
+
+Status NcclCommunicator::async_error() {
+  {
+    std::lock_guard<std::mutex> lock(err_mu_);
+    if (!error_.ok()) return error_;
+  }
+  ncclResult_t async = ncclSuccess;
+  {
+    // Never waits: while an enqueue holds the lock there is nothing new to say.
+    std::unique_lock<std::mutex> lock(comm_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return Status();
+    if (gone_) return unusable();
+    if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) return Status();
+  }
+  if (async == ncclSuccess || async == ncclInProgress) return Status();
+  fail(nccl_status(async, "asynchronous NCCL error", comm_));
+  std::lock_guard<std::mutex> lock(err_mu_);
+  return error_;
+}
+
+// Connects NCCL's channels now (a 1-byte broadcast), under the init deadline,
+// so that the first bucket's deadline does not include lazy connection setup.
+Status warm_up(ncclComm_t comm, cudaStream_t stream, Deadline deadline) {
+  void* byte = nullptr;
+  PC_CUDA_RETURN(cudaMalloc(&byte, 1));
+  Status s = nccl_status(ncclBroadcast(byte, byte, 1, ncclUint8, 0, comm, stream), "warm-up ncclBroadcast", comm);
+  if (s.ok()) s = poll_comm(comm, deadline, nullptr, "warm-up ncclBroadcast enqueue");
+  while (s.ok()) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) s = cuda_status(e, "warm-up cudaStreamQuery");
+    else if (Status a = poll_comm(comm, deadline, nullptr, "warm-up ncclBroadcast"); !a.ok()) s = a;
+    else if (Clock::now() >= deadline) s = timeout_error("warm-up broadcast did not finish within init_timeout");
+    else std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (s.ok()) cudaFree(byte);  // else the comm is aborted first (the kernel may still run): let it go
+  return s;
+}
 
 }  // namespace
 
@@ -158,34 +294,47 @@ StatusOr<std::string> unique_id() {
   return std::string(reinterpret_cast<const char*>(&id), sizeof id);
 }
 
-StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& /*store*/) {
+StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& group, Store& /*store*/) {
+  GroupOptions options = group;
+  auto resolved = resolve_device(options.device);  // a GPU named by UUID
+  if (!resolved.ok()) return resolved.status();
+  options.device = *resolved;
   if (!options.device.is_cuda())
     return invalid_argument("nccl backend needs a cuda device, got " + options.device.to_string());
   const int count = cuda_device_count();
   if (options.device.index >= count)
-    return unavailable("no CUDA device " + options.device.to_string() + " (this machine has " +
-                       std::to_string(count) + " visible)");
+    return unavailable("no CUDA device " + options.device.to_string() + " (this process sees " +
+                       std::to_string(count) + "; CUDA_VISIBLE_DEVICES renumbers them from 0)");
   if (options.bootstrap.size() != sizeof(ncclUniqueId))
     return invalid_argument("nccl bootstrap is " + std::to_string(options.bootstrap.size()) +
                             " bytes, expected an ncclUniqueId of " + std::to_string(sizeof(ncclUniqueId)));
+  if (const char* b = std::getenv("NCCL_COMM_BLOCKING"); b && std::strcmp(b, "1") == 0)
+    PC_WARN("NCCL_COMM_BLOCKING=1 overrides ParamCast's non-blocking NCCL communicators: creation and broadcasts "
+            "can no longer be bounded by init_timeout/timeout nor aborted; unset it");
   ncclUniqueId id;
   std::memcpy(&id, options.bootstrap.data(), sizeof id);
-  PC_CUDA_RETURN(cudaSetDevice(options.device.index));
+  DeviceGuard g(options.device.index);
   cudaStream_t stream;
   PC_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t ordered = nullptr;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  Status s = nccl_status(ncclCommInitRankConfig(&comm, options.world_size, id, options.rank, &config),
-                         "ncclCommInitRankConfig");
-  if (s.ok() && comm) s = poll_comm(comm, Clock::now() + options.init_timeout, nullptr, "ncclCommInitRankConfig");
+  const Deadline deadline = Clock::now() + options.init_timeout;
+  Status s = cuda_status(cudaEventCreateWithFlags(&ordered, cudaEventDisableTiming), "cudaEventCreate");
+  if (s.ok())
+    s = nccl_status(ncclCommInitRankConfig(&comm, options.world_size, id, options.rank, &config),
+                    "ncclCommInitRankConfig");
+  if (s.ok() && comm) s = poll_comm(comm, deadline, nullptr, "ncclCommInitRankConfig");
+  if (s.ok() && comm) s = warm_up(comm, stream, deadline);
   if (!s.ok()) {
-    if (comm) ncclCommAbort(comm);
+    if (comm) ncclCommAbort(comm);  // creation is a data-thread call: it may wait for the abort
+    if (ordered) cudaEventDestroy(ordered);
     cudaStreamDestroy(stream);
     return s.with_context("nccl group of epoch " + std::to_string(options.epoch) + " (rank " +
                           std::to_string(options.rank) + " of " + std::to_string(options.world_size) + ")");
   }
-  return std::unique_ptr<Communicator>(new NcclCommunicator(options, comm, stream));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(options, comm, stream, ordered));
 }
 
 }  // namespace paramcast::nccl_backend

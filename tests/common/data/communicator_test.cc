@@ -42,9 +42,11 @@ class CommunicatorTest : public ::testing::TestWithParam<Backend> {
     EXPECT_TRUE(bootstrap.ok());
     std::vector<std::unique_ptr<Process>> ranks;
     for (int r = 0; r < world; ++r) {
-      // Several ranks may share one GPU: each then reports its own host to NCCL.
-      std::vector<std::string> env = {"NCCL_HOSTID=paramcast-test-rank-" + std::to_string(r)};
+      // Ranks sharing one GPU each report their own host to NCCL; with a GPU
+      // per rank NCCL must see one host (NVLink/P2P), so no NCCL_HOSTID.
       const int gpus = std::max(1, test::cuda_devices());
+      std::vector<std::string> env;
+      if (gpus < world) env.push_back("NCCL_HOSTID=paramcast-test-rank-" + std::to_string(r));
       const std::string device = GetParam() == Backend::kNccl ? "cuda:" + std::to_string(r % gpus) : "cpu";
       std::vector<std::string> args = {"--backend", backend_name(GetParam()), "--rank", std::to_string(r), "--world",
                                        std::to_string(world), "--store", dir_, "--bootstrap", hex(*bootstrap),

@@ -1,0 +1,79 @@
+// AbortReaper: runs a communicator's teardown (ncclCommAbort, which joins
+// NCCL's proxy threads, frees its memory and can hang on a wedged peer) on a
+// thread of its own, so that abort() returns at once on any thread — a
+// control thread keeps its heartbeats flowing.
+//
+// start() runs the function once (later calls are ignored) and returns
+// without waiting. wait_for() lets a data thread wait, bounded, for the
+// teardown to finish before it reuses memory that the aborted work wrote.
+// The destructor never blocks: a finished thread is joined, an unfinished
+// one is detached (it owns everything it touches through the shared state
+// and the function's own captures).
+//
+// Thread-safety: every member may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace paramcast::nccl_backend {
+
+class AbortReaper {
+ public:
+  AbortReaper() = default;
+  AbortReaper(const AbortReaper&) = delete;
+  AbortReaper& operator=(const AbortReaper&) = delete;
+  ~AbortReaper() {
+    std::lock_guard<std::mutex> lock(thread_mu_);
+    if (!thread_.joinable()) return;
+    if (finished()) thread_.join();
+    else thread_.detach();
+  }
+
+  // Runs `teardown` on the reaper thread; true if this call started it.
+  bool start(std::function<void()> teardown) {
+    std::lock_guard<std::mutex> lock(thread_mu_);
+    if (thread_.joinable() || state_->started) return false;
+    state_->started = true;
+    thread_ = std::thread([state = state_, fn = std::move(teardown)] {
+      fn();
+      {
+        std::lock_guard<std::mutex> l(state->mu);
+        state->finished = true;
+      }
+      state->cv.notify_all();
+    });
+    return true;
+  }
+
+  bool started() const {
+    std::lock_guard<std::mutex> lock(thread_mu_);
+    return state_->started;
+  }
+  bool finished() const {
+    std::lock_guard<std::mutex> l(state_->mu);
+    return state_->finished;
+  }
+  // True once the teardown has finished; false if `timeout` passed first.
+  bool wait_for(std::chrono::nanoseconds timeout) const {
+    std::unique_lock<std::mutex> l(state_->mu);
+    return state_->cv.wait_for(l, timeout, [&] { return state_->finished; });
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    bool started = false;  // guarded by the reaper's thread_mu_
+  };
+  mutable std::mutex thread_mu_;
+  std::thread thread_;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+}  // namespace paramcast::nccl_backend
