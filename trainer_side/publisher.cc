@@ -300,7 +300,13 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
     std::lock_guard<std::mutex> lock(mu_);
     active_comm_.reset();
   }
-  if (!data.ok()) comm_->abort(data.message());
+  if (!data.ok()) {
+    comm_->abort(data.message());
+    // Members blocked behind a stopped or dead peer give up now, not when
+    // their own data plane notices.
+    std::lock_guard<std::mutex> lock(mu_);
+    abandon_locked(plan.version, "publisher data plane failed: " + data.message());
+  }
   return data;
 }
 
