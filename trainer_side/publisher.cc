@@ -18,6 +18,7 @@ control::ServerOptions server_options(const Config& cfg) {
   o.subscriber_ids = cfg.publisher.subscriber_ids;
   o.subscriber_count = cfg.expected_count();
   o.backend = cfg.data_plane.backend;
+  o.auth = cfg.auth;
   return o;
 }
 }  // namespace

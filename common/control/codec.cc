@@ -1,8 +1,106 @@
 #include "common/control/codec.h"
 
+#include <capnp/dynamic.h>
+
 #include <cstring>
+#include <string_view>
+
+#include "common/control/log_guard.h"
 
 namespace paramcast::control {
+namespace {
+
+// Length limits of text fields, by field name (see docs/protocol.md).
+size_t text_limit(std::string_view field) {
+  static constexpr std::string_view kNames[] = {"workerId", "engineId", "host",  "pciBusId",
+                                                "key",      "dtype",    "members", "capabilities"};
+  for (auto n : kNames)
+    if (n == field) return kMaxIdBytes;
+  if (field == "name") return kMaxNameBytes;
+  return kMaxTextBytes;
+}
+
+void check_text(capnp::Text::Reader t, std::string_view field, std::string& problem) {
+  if (problem.empty() && t.size() > text_limit(field))
+    problem = "text field '" + std::string(field) + "' of " + std::to_string(t.size()) + " bytes exceeds its limit of " +
+              std::to_string(text_limit(field)) + " (starts '" + printable({t.cStr(), std::min<size_t>(t.size(), 32)}, 32) + "')";
+}
+
+void check_struct(capnp::DynamicStruct::Reader s, std::string& problem);
+
+void check_value(capnp::DynamicValue::Reader v, std::string_view field, std::string& problem) {
+  switch (v.getType()) {
+    case capnp::DynamicValue::TEXT: check_text(v.as<capnp::Text>(), field, problem); break;
+    case capnp::DynamicValue::STRUCT: check_struct(v.as<capnp::DynamicStruct>(), problem); break;
+    case capnp::DynamicValue::LIST:
+      for (auto e : v.as<capnp::DynamicList>()) {
+        if (!problem.empty()) return;
+        check_value(e, field, problem);
+      }
+      break;
+    default: break;
+  }
+}
+
+void check_struct(capnp::DynamicStruct::Reader s, std::string& problem) {
+  auto visit = [&](capnp::StructSchema::Field f) {
+    if (!problem.empty() || !s.has(f)) return;
+    const auto which = f.getType().which();
+    if (which == capnp::schema::Type::TEXT || which == capnp::schema::Type::STRUCT ||
+        which == capnp::schema::Type::LIST)
+      check_value(s.get(f), f.getProto().getName().cStr(), problem);
+  };
+  for (auto f : s.getSchema().getNonUnionFields()) visit(f);
+  KJ_IF_MAYBE(f, s.which()) { visit(*f); }
+}
+
+// Sender side: cuts a too-long text to its limit on a UTF-8 boundary.
+std::string clamped(capnp::Text::Reader t, std::string_view field) {
+  size_t n = text_limit(field) - 3;
+  while (n > 0 && (static_cast<unsigned char>(t.cStr()[n]) & 0xc0) == 0x80) --n;
+  return std::string(t.cStr(), n) + "...";
+}
+
+void clamp_struct(capnp::DynamicStruct::Builder s) {
+  auto visit = [&](capnp::StructSchema::Field f) {
+    if (!s.has(f)) return;
+    const std::string_view name = f.getProto().getName().cStr();
+    switch (f.getType().which()) {
+      case capnp::schema::Type::TEXT: {
+        auto t = s.get(f).as<capnp::Text>().asReader();
+        if (t.size() > text_limit(name)) s.set(f, capnp::Text::Reader(clamped(t, name)));
+        break;
+      }
+      case capnp::schema::Type::STRUCT: clamp_struct(s.get(f).as<capnp::DynamicStruct>()); break;
+      case capnp::schema::Type::LIST: {
+        auto list = s.get(f).as<capnp::DynamicList>();
+        for (unsigned i = 0; i < list.size(); ++i) {
+          auto e = list[i];
+          if (e.getType() == capnp::DynamicValue::TEXT) {
+            auto t = e.as<capnp::Text>().asReader();
+            if (t.size() > text_limit(name)) list.set(i, capnp::Text::Reader(clamped(t, name)));
+          } else if (e.getType() == capnp::DynamicValue::STRUCT) {
+            clamp_struct(e.as<capnp::DynamicStruct>());
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+  };
+  for (auto f : s.getSchema().getNonUnionFields()) visit(f);
+  KJ_IF_MAYBE(f, s.which()) { visit(*f); }
+}
+
+}  // namespace
+
+void clamp_text_fields(proto::Envelope::Builder envelope) { clamp_struct(capnp::toDynamic(envelope)); }
+
+std::string check_text_limits(proto::Envelope::Reader envelope) {
+  std::string problem;
+  check_struct(capnp::toDynamic(envelope), problem);
+  return problem;
+}
 
 zmq::message_t encode(capnp::MessageBuilder& message) {
   kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);
@@ -28,6 +126,7 @@ StatusOr<std::unique_ptr<Decoded>> decode(const void* data, size_t size, const D
     out->envelope_ = out->reader_->getRoot<proto::Envelope>();
     // Touch the union discriminant so that a broken root pointer fails here.
     (void)out->envelope_.getBody().which();
+    if (std::string problem = check_text_limits(out->envelope_); !problem.empty()) return protocol_error(problem);
   } catch (const kj::Exception& e) {
     return protocol_error(std::string("undecodable frame: ") + e.getDescription().cStr());
   }

@@ -26,7 +26,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     ready_.clear();
     failed_.clear();
   }
-  store_.clear();  // keys of earlier epochs are never read again
+  store_.begin_epoch(epoch);  // keys of earlier epochs are dropped, and members write only this one's
   server_.set_epoch(epoch);
   server_.assign_ranks(members);
   auto bootstrap = announce(epoch, members);
@@ -44,6 +44,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.gloo_interface = cfg_.data_plane.gloo_interface;
   auto comm = create_communicator(go, store_);
   std::vector<std::string> problems = wait_for_members(members);
+  store_.end_epoch();  // formed or failed: no rank reads the addresses again
   if (!comm.ok()) problems.push_back("publisher: " + comm.status().message());
   if (!problems.empty()) {
     std::string msg = "group of epoch " + std::to_string(epoch) + " failed to form: ";
@@ -117,13 +118,19 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
     }
     case B::STORE_SET: {
       auto s = body.getStoreSet();
-      store_.remote_set(s.getKey().cStr(),
-                        std::string(reinterpret_cast<const char*>(s.getValue().begin()), s.getValue().size()));
+      const auto m = server_.member(id);
+      Status st = store_.remote_set(id, m ? m->rank : -1, s.getKey().cStr(),
+                                    std::string(reinterpret_cast<const char*>(s.getValue().begin()), s.getValue().size()));
+      if (!st.ok()) server_.note_dropped(id, st.message());
       return true;
     }
-    case B::STORE_GET:
-      store_.remote_get(id, body.getStoreGet().getRequestId(), body.getStoreGet().getKey().cStr());
+    case B::STORE_GET: {
+      const auto m = server_.member(id);
+      Status st = store_.remote_get(id, m ? m->rank : -1, body.getStoreGet().getRequestId(),
+                                    body.getStoreGet().getKey().cStr());
+      if (!st.ok()) server_.note_dropped(id, st.message());
       return true;
+    }
     default:
       return false;
   }

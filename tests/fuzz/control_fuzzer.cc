@@ -31,7 +31,7 @@ struct Targets {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Targets* t = new Targets();
   // The first byte picks the peer, so that member and stranger paths both run.
-  const char* peer = size > 0 && (data[0] & 1) ? "worker-1" : "probe/worker-2/0000000000000001";
+  const char* peer = size > 0 && (data[0] & 1) ? "member/worker-1/0000000000000001" : "probe/worker-2/0000000000000001";
   t->publisher->inject_control_frame(peer, data, size);
   t->subscriber->inject_control_frame(data, size);
   return 0;
