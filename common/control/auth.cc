@@ -68,8 +68,8 @@ StatusOr<KeyPair> read_key_file(const std::string& path, bool need_secret) {
   KeyPair k;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    line = trim(line.substr(0, line.find('#')));
-    if (line.empty()) continue;
+    line = trim(line);  // '#' is a Z85 character: only whole lines are comments
+    if (line.empty() || line[0] == '#') continue;
     const auto eq = line.find('=');
     const std::string name = eq == std::string::npos ? "" : trim(line.substr(0, eq));
     const std::string value = eq == std::string::npos ? "" : trim(line.substr(eq + 1));
@@ -103,11 +103,12 @@ StatusOr<std::map<std::string, std::string>> read_authorized_keys(const std::str
   std::map<std::string, std::string> users;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    line = trim(line.substr(0, line.find('#')));
-    if (line.empty()) continue;
+    line = trim(line);
+    if (line.empty() || line[0] == '#') continue;
     std::istringstream is(line);
     std::string name, key, extra;
     is >> name >> key >> extra;
+    if (!extra.empty() && extra[0] == '#') extra.clear();  // "NAME KEY  # comment"
     const std::string where = path + ":" + std::to_string(n) + ": ";
     if (key.empty() || !extra.empty()) return invalid_argument(where + "expected 'NAME PUBLIC-KEY'");
     if (!valid_z85_key(key)) return invalid_argument(where + "'" + printable(key, 64) + "' is not a 40-character Z85 public key");

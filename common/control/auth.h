@@ -4,7 +4,9 @@
 //   public-key = <40 characters>
 //   secret-key = <40 characters>     (only in NAME.key, mode 0600)
 // An authorized-keys file binds one name per line to a public key:
-//   <worker-id> <public key>         # comment
+//   <worker-id> <public key>   [# comment after whitespace]
+// ('#' is a Z85 character: a comment is a whole line starting with '#', or
+// what follows the key after whitespace).
 // The publisher's ZapHandler answers ZeroMQ's handshake requests
 // (inproc://zeromq.zap.01): a key listed in the workers' file is admitted with
 // User-Id = the worker id, a key in the status file with User-Id

@@ -33,7 +33,7 @@ Route parse_route(const std::string& r) {
   Route out;
   const auto first = r.find('/');
   const auto last = r.rfind('/');
-  if (first == std::string::npos || last == first || last + 1 == r.size()) return out;
+  if (first == std::string::npos || last <= first + 1 || last + 1 == r.size()) return out;
   const std::string kind = r.substr(0, first);
   if (kind != "probe" && kind != "member") return out;
   out.kind = kind == "probe" ? Route::Kind::kProbe : Route::Kind::kMember;
