@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "common/control/log_guard.h"
 
@@ -20,76 +22,116 @@ size_t text_limit(std::string_view field) {
   return kMaxTextBytes;
 }
 
-void check_text(capnp::Text::Reader t, std::string_view field, std::string& problem) {
-  if (problem.empty() && t.size() > text_limit(field))
-    problem = "text field '" + std::string(field) + "' of " + std::to_string(t.size()) + " bytes exceeds its limit of " +
-              std::to_string(text_limit(field)) + " (starts '" + printable({t.cStr(), std::min<size_t>(t.size(), 32)}, 32) + "')";
+// The fields of a struct type worth visiting (texts, structs, lists), with
+// their limits: computed once per type and thread, since schema lookups are
+// slow next to reading a message.
+struct FieldInfo {
+  capnp::StructSchema::Field field;
+  capnp::schema::Type::Which type;
+  std::string_view name;
+  size_t limit;
+};
+struct StructInfo {
+  std::vector<FieldInfo> plain;
+  std::unordered_map<uint16_t, FieldInfo> in_union;  // by field index
+};
+
+const StructInfo& info_for(capnp::StructSchema schema) {
+  thread_local std::unordered_map<uint64_t, StructInfo> cache;
+  auto [it, fresh] = cache.try_emplace(schema.getProto().getId());
+  if (!fresh) return it->second;
+  auto add = [](capnp::StructSchema::Field f, auto&& put) {
+    const auto which = f.getType().which();
+    if (which != capnp::schema::Type::TEXT && which != capnp::schema::Type::STRUCT && which != capnp::schema::Type::LIST)
+      return;
+    const std::string_view name = f.getProto().getName().cStr();
+    put(FieldInfo{f, which, name, text_limit(name)});
+  };
+  for (auto f : schema.getNonUnionFields()) add(f, [&](FieldInfo i) { it->second.plain.push_back(i); });
+  for (auto f : schema.getUnionFields()) add(f, [&](FieldInfo i) { it->second.in_union.emplace(i.field.getIndex(), i); });
+  return it->second;
+}
+
+// Calls visit(FieldInfo) for every set field of `s` worth visiting.
+template <typename S, typename V>
+void for_each_field(S s, V&& visit) {
+  const StructInfo& info = info_for(s.getSchema());
+  for (const auto& f : info.plain)
+    if (s.has(f.field)) visit(f);
+  if (info.in_union.empty()) return;
+  KJ_IF_MAYBE(active, s.which()) {
+    auto u = info.in_union.find(active->getIndex());
+    if (u != info.in_union.end() && s.has(u->second.field)) visit(u->second);
+  }
+}
+
+void check_text(capnp::Text::Reader t, const FieldInfo& f, std::string& problem) {
+  if (problem.empty() && t.size() > f.limit)
+    problem = "text field '" + std::string(f.name) + "' of " + std::to_string(t.size()) + " bytes exceeds its limit of " +
+              std::to_string(f.limit) + " (starts '" + printable({t.cStr(), std::min<size_t>(t.size(), 32)}, 32) + "')";
 }
 
 void check_struct(capnp::DynamicStruct::Reader s, std::string& problem);
 
-void check_value(capnp::DynamicValue::Reader v, std::string_view field, std::string& problem) {
+void check_value(capnp::DynamicValue::Reader v, const FieldInfo& f, std::string& problem) {
   switch (v.getType()) {
-    case capnp::DynamicValue::TEXT: check_text(v.as<capnp::Text>(), field, problem); break;
+    case capnp::DynamicValue::TEXT: check_text(v.as<capnp::Text>(), f, problem); break;
     case capnp::DynamicValue::STRUCT: check_struct(v.as<capnp::DynamicStruct>(), problem); break;
-    case capnp::DynamicValue::LIST:
-      for (auto e : v.as<capnp::DynamicList>()) {
+    case capnp::DynamicValue::LIST: {
+      auto list = v.as<capnp::DynamicList>();
+      const auto elem = list.getSchema().whichElementType();
+      if (elem != capnp::schema::Type::TEXT && elem != capnp::schema::Type::STRUCT && elem != capnp::schema::Type::LIST)
+        break;  // numbers and enums: nothing to check
+      for (auto e : list) {
         if (!problem.empty()) return;
-        check_value(e, field, problem);
+        check_value(e, f, problem);
       }
       break;
+    }
     default: break;
   }
 }
 
 void check_struct(capnp::DynamicStruct::Reader s, std::string& problem) {
-  auto visit = [&](capnp::StructSchema::Field f) {
-    if (!problem.empty() || !s.has(f)) return;
-    const auto which = f.getType().which();
-    if (which == capnp::schema::Type::TEXT || which == capnp::schema::Type::STRUCT ||
-        which == capnp::schema::Type::LIST)
-      check_value(s.get(f), f.getProto().getName().cStr(), problem);
-  };
-  for (auto f : s.getSchema().getNonUnionFields()) visit(f);
-  KJ_IF_MAYBE(f, s.which()) { visit(*f); }
+  for_each_field(s, [&](const FieldInfo& f) {
+    if (problem.empty()) check_value(s.get(f.field), f, problem);
+  });
 }
 
 // Sender side: cuts a too-long text to its limit on a UTF-8 boundary.
-std::string clamped(capnp::Text::Reader t, std::string_view field) {
-  size_t n = text_limit(field) - 3;
+std::string clamped(capnp::Text::Reader t, size_t limit) {
+  size_t n = limit - 3;
   while (n > 0 && (static_cast<unsigned char>(t.cStr()[n]) & 0xc0) == 0x80) --n;
   return std::string(t.cStr(), n) + "...";
 }
 
 void clamp_struct(capnp::DynamicStruct::Builder s) {
-  auto visit = [&](capnp::StructSchema::Field f) {
-    if (!s.has(f)) return;
-    const std::string_view name = f.getProto().getName().cStr();
-    switch (f.getType().which()) {
+  for_each_field(s, [&](const FieldInfo& f) {
+    switch (f.type) {
       case capnp::schema::Type::TEXT: {
-        auto t = s.get(f).as<capnp::Text>().asReader();
-        if (t.size() > text_limit(name)) s.set(f, capnp::Text::Reader(clamped(t, name)));
+        auto t = s.get(f.field).as<capnp::Text>().asReader();
+        if (t.size() > f.limit) s.set(f.field, capnp::Text::Reader(clamped(t, f.limit)));
         break;
       }
-      case capnp::schema::Type::STRUCT: clamp_struct(s.get(f).as<capnp::DynamicStruct>()); break;
+      case capnp::schema::Type::STRUCT: clamp_struct(s.get(f.field).as<capnp::DynamicStruct>()); break;
       case capnp::schema::Type::LIST: {
-        auto list = s.get(f).as<capnp::DynamicList>();
+        auto list = s.get(f.field).as<capnp::DynamicList>();
+        const auto elem = list.getSchema().whichElementType();
         for (unsigned i = 0; i < list.size(); ++i) {
-          auto e = list[i];
-          if (e.getType() == capnp::DynamicValue::TEXT) {
-            auto t = e.as<capnp::Text>().asReader();
-            if (t.size() > text_limit(name)) list.set(i, capnp::Text::Reader(clamped(t, name)));
-          } else if (e.getType() == capnp::DynamicValue::STRUCT) {
-            clamp_struct(e.as<capnp::DynamicStruct>());
+          if (elem == capnp::schema::Type::TEXT) {
+            auto t = list[i].as<capnp::Text>().asReader();
+            if (t.size() > f.limit) list.set(i, capnp::Text::Reader(clamped(t, f.limit)));
+          } else if (elem == capnp::schema::Type::STRUCT) {
+            clamp_struct(list[i].as<capnp::DynamicStruct>());
+          } else {
+            break;
           }
         }
         break;
       }
       default: break;
     }
-  };
-  for (auto f : s.getSchema().getNonUnionFields()) visit(f);
-  KJ_IF_MAYBE(f, s.which()) { visit(*f); }
+  });
 }
 
 }  // namespace
