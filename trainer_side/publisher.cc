@@ -358,8 +358,8 @@ PublisherStats PublisherImpl::stats() const {
   return s;
 }
 
-void PublisherImpl::inject(const std::string& peer, const void* data, size_t size) {
-  server_.inject(peer, data, size);
+void PublisherImpl::inject(const std::string& peer, const void* data, size_t size, const std::string& user) {
+  server_.inject(peer, data, size, user);
   std::lock_guard<std::mutex> lock(mu_);
   if (events_.size() > 1024) events_.clear();
 }
@@ -404,8 +404,9 @@ void Publisher::on_progress(std::function<void(uint64_t, uint64_t, uint64_t)> ca
 }
 PublisherStats Publisher::stats() const { return impl_->stats(); }
 void Publisher::shutdown() { impl_->shutdown(); }
-void Publisher::inject_control_frame(const std::string& peer, const void* data, size_t size) {
-  impl_->inject(peer, data, size);
+void Publisher::inject_control_frame(const std::string& peer, const void* data, size_t size,
+                                     const std::string& user) {
+  impl_->inject(peer, data, size, user);
 }
 
 }  // namespace paramcast

@@ -47,7 +47,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::optional<MemberEvent> poll_event();
   PublisherStats stats() const;
   void shutdown();
-  void inject(const std::string& peer, const void* data, size_t size);
+  void inject(const std::string& peer, const void* data, size_t size, const std::string& user);
 
   // control::ControlServer::Listener (control thread)
   void on_member_message(const std::string& id, proto::Envelope::Reader envelope) override;

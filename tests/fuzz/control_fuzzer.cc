@@ -1,6 +1,8 @@
 // libFuzzer target: arbitrary bytes as one inbound control frame, fed to the
 // decoder and dispatcher of both the publisher (as if from a subscriber) and
-// the subscriber (as if from the publisher). Any crash, sanitizer report or
+// the subscriber (as if from the publisher), and of a second publisher in
+// auth.mode curve, whose frames claim a matching, a foreign or no key (the
+// User-Id the ZAP handler would attach). Any crash, sanitizer report or
 // hang is a bug; each one found becomes a test in tests/fuzz/regressions/.
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +17,7 @@ using namespace paramcast;
 namespace {
 struct Targets {
   std::unique_ptr<Publisher> publisher;
+  std::unique_ptr<Publisher> curve_publisher;  // auth.mode curve: frames carry a User-Id
   std::unique_ptr<Subscriber> subscriber;
   Targets() {
     set_log_level(LogLevel::kOff);
@@ -24,6 +27,8 @@ struct Targets {
     cfg.publisher.subscriber_count = 2;
     publisher = std::move(Publisher::create(cfg).value());
     subscriber = std::move(Subscriber::create(cfg, "worker-1").value());
+    cfg.auth.mode = AuthMode::kCurve;
+    curve_publisher = std::move(Publisher::create(cfg).value());
   }
 };
 }  // namespace
@@ -33,6 +38,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The first byte picks the peer, so that member and stranger paths both run.
   const char* peer = size > 0 && (data[0] & 1) ? "member/worker-1/0000000000000001" : "probe/worker-2/0000000000000001";
   t->publisher->inject_control_frame(peer, data, size);
+  // With CURVE: the key matches the claimed id, belongs to another worker, or is absent.
+  const char* users[] = {"worker-1", "worker-2", "", "status:ops"};
+  t->curve_publisher->inject_control_frame(peer, data, size, users[size > 0 ? (data[0] >> 1) & 3 : 0]);
   t->subscriber->inject_control_frame(data, size);
   return 0;
 }
