@@ -38,8 +38,9 @@ struct StructInfo {
 
 const StructInfo& info_for(capnp::StructSchema schema) {
   thread_local std::unordered_map<uint64_t, StructInfo> cache;
-  auto [it, fresh] = cache.try_emplace(schema.getProto().getId());
-  if (!fresh) return it->second;
+  auto found = cache.try_emplace(schema.getProto().getId());
+  StructInfo& info = found.first->second;
+  if (!found.second) return info;
   auto add = [](capnp::StructSchema::Field f, auto&& put) {
     const auto which = f.getType().which();
     if (which != capnp::schema::Type::TEXT && which != capnp::schema::Type::STRUCT && which != capnp::schema::Type::LIST)
@@ -47,9 +48,9 @@ const StructInfo& info_for(capnp::StructSchema schema) {
     const std::string_view name = f.getProto().getName().cStr();
     put(FieldInfo{f, which, name, text_limit(name)});
   };
-  for (auto f : schema.getNonUnionFields()) add(f, [&](FieldInfo i) { it->second.plain.push_back(i); });
-  for (auto f : schema.getUnionFields()) add(f, [&](FieldInfo i) { it->second.in_union.emplace(i.field.getIndex(), i); });
-  return it->second;
+  for (auto f : schema.getNonUnionFields()) add(f, [&](FieldInfo i) { info.plain.push_back(i); });
+  for (auto f : schema.getUnionFields()) add(f, [&](FieldInfo i) { info.in_union.emplace(i.field.getIndex(), i); });
+  return info;
 }
 
 // Calls visit(FieldInfo) for every set field of `s` worth visiting.

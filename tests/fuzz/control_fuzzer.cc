@@ -6,7 +6,11 @@
 // hang is a bug; each one found becomes a test in tests/fuzz/regressions/.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
+
+#include "common/control/auth.h"
 
 #include "common/log.h"
 #include "inference_side/subscriber.h"
@@ -15,6 +19,25 @@
 using namespace paramcast;
 
 namespace {
+// Key files for a publisher and worker-1/worker-2, in a fresh directory.
+AuthOptions curve_keys() {
+  char dir[] = "/tmp/paramcast-fuzz-keysXXXXXX";
+  if (!mkdtemp(dir)) std::abort();
+  AuthOptions a;
+  a.mode = AuthMode::kCurve;
+  std::string authorized;
+  for (const char* name : {"publisher", "worker-1", "worker-2"}) {
+    auto keys = control::generate_key_pair();
+    if (!keys.ok() || !control::write_key_pair(std::string(dir) + "/" + name, *keys).ok()) std::abort();
+    if (std::string(name) != "publisher") authorized += std::string(name) + " " + keys->public_key + "\n";
+  }
+  std::ofstream(std::string(dir) + "/authorized_keys") << authorized;
+  a.publisher_key = std::string(dir) + "/publisher.key";
+  a.publisher_public_key = std::string(dir) + "/publisher.pub";
+  a.authorized_keys = std::string(dir) + "/authorized_keys";
+  return a;
+}
+
 struct Targets {
   std::unique_ptr<Publisher> publisher;
   std::unique_ptr<Publisher> curve_publisher;  // auth.mode curve: frames carry a User-Id
@@ -27,7 +50,7 @@ struct Targets {
     cfg.publisher.subscriber_count = 2;
     publisher = std::move(Publisher::create(cfg).value());
     subscriber = std::move(Subscriber::create(cfg, "worker-1").value());
-    cfg.auth.mode = AuthMode::kCurve;
+    cfg.auth = curve_keys();
     curve_publisher = std::move(Publisher::create(cfg).value());
   }
 };
