@@ -4,7 +4,14 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <thread>
+
 #include "common/config.h"
+#include "common/data/communicator.h"
 #include "common/control/auth.h"
 #include "common/control/control_server.h"
 #include "common/control/log_guard.h"
@@ -183,6 +190,42 @@ TEST_F(StoreScopeTest, QuotaPerMemberAndEverythingDroppedWhenTheEpochEnds) {
   EXPECT_FALSE(store_.remote_set("w2", 2, "paramcast/epoch-1/rank_2", "late").ok()) << "between epochs: nothing";
   store_.begin_epoch(2);
   EXPECT_TRUE(store_.remote_set("w2", 2, "paramcast/epoch-2/2", big.substr(0, 1000)).ok()) << "quota is per epoch";
+}
+
+// What Gloo writes to the store for a group of two: every address record has
+// the bytes past its sockaddr zeroed, so no uninitialised memory reaches a peer.
+TEST(GlooAddressBlobs, CarryNoUnsetBytes) {
+  group::HostedStore store([](const std::string&, uint64_t, const std::string&, const std::string&) {});
+  std::vector<std::thread> ranks;
+  std::vector<Status> results(2);
+  std::vector<std::unique_ptr<Communicator>> comms(2);
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      GroupOptions o;
+      o.epoch = 1;
+      o.rank = r;
+      o.world_size = 2;
+      o.bootstrap = "paramcast/epoch-1";
+      o.init_timeout = std::chrono::seconds(30);
+      auto c = create_communicator(o, store);
+      results[r] = c.status();
+      if (c.ok()) comms[r] = std::move(c.value());
+    });
+  for (auto& t : ranks) t.join();
+  for (const auto& s : results) ASSERT_TRUE(s.ok()) << s.to_string();
+  for (const char* key : {"paramcast/epoch-1/0", "paramcast/epoch-1/1"}) {
+    auto blob = store.get(key, std::chrono::seconds(1));
+    ASSERT_TRUE(blob.ok()) << key;
+    constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(ssize_t);
+    ASSERT_EQ(blob->size() % kRecord, 0u) << key << ": " << blob->size() << " bytes";
+    for (size_t at = 0; at < blob->size(); at += kRecord) {
+      sockaddr_storage ss;
+      std::memcpy(&ss, blob->data() + at, sizeof ss);
+      ASSERT_EQ(ss.ss_family, AF_INET) << key;
+      const auto* tail = reinterpret_cast<const unsigned char*>(&ss) + sizeof(sockaddr_in) - 8;  // sin_zero on
+      for (size_t i = 0; i < sizeof ss - (sizeof(sockaddr_in) - 8); ++i) EXPECT_EQ(tail[i], 0) << key << " byte " << i;
+    }
+  }
 }
 
 }  // namespace
