@@ -74,7 +74,7 @@ void ControlClient::flush_outbox() {
     std::lock_guard<std::mutex> lock(mu_);
     out.swap(outbox_);
   }
-  // Before the first probe answer there is no worker-id connection, and nothing to say.
+  // Before the first probe answer there is no member connection, and nothing to say.
   if (dealer_)
     for (auto& f : out) send_on(*dealer_, std::move(f));
 }
@@ -99,7 +99,7 @@ zmq::message_t ControlClient::hello_message() {
 }
 
 void ControlClient::loop() {
-  // The worker-id connection opens only once a probe was answered, so a
+  // The member connection opens only once a probe was answered, so a
   // duplicate never connects under an id that a live member holds.
   probe_ = make_socket(identity("probe", opt_.worker_id));
   phase_ = Phase::kProbing;

@@ -89,7 +89,7 @@ class ControlClient {
   // The epoch stamped on heartbeats and Leave; set by the owner.
   void set_epoch(uint64_t epoch) { epoch_ = epoch; }
 
-  // Queues a frame for the worker-id connection (dropped while not joined).
+  // Queues a frame for the member connection (dropped while not joined).
   void send(zmq::message_t frame);
 
   // For the fuzzer and tests, before start(): one frame on this thread.
