@@ -101,17 +101,12 @@ void ControlServer::admit_locked(const Sender& from, uint64_t inc, proto::Hello:
     return;
   }
   probed_.erase(probed);
-  if (it != members_.end() && it->second.incarnation == inc && !it->second.lost) {
-    // The same process on a fresh connection (it lost us and came back).
-    PC_INFO("publisher: subscriber '" << id << "' reconnected on a new connection");
-    it->second.route = peer;
-    it->second.last_seen = now;
-    welcome_locked(peer, inc, false);
-    return;
-  }
   MemberEvent::Kind kind = MemberEvent::Kind::kJoined;
   int old_rank = -1;
   if (it != members_.end()) {
+    // A restart (new incarnation), a return after being declared lost, or
+    // the same process on a fresh connection after it lost us: either way it
+    // left its group, so the next update re-forms one with it.
     kind = MemberEvent::Kind::kRejoined;
     old_rank = it->second.rank;
   } else if (opt_.subscriber_ids.empty() && !has_free_slot_locked()) {
