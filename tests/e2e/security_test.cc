@@ -148,6 +148,35 @@ TEST_F(SecurityTest, KeyBoundToWorker1CannotActAsWorker3) {
   EXPECT_EQ(fake->output().find("verified"), std::string::npos) << fake->output();
 }
 
+int free_port();
+size_t count(const std::string& text, const std::string& needle);
+
+// The publisher as a process, so that its log can be read: a foreign key is
+// named by its fingerprint, a few times per window, then counted.
+TEST_F(SecurityTest, ForeignKeyIsLoggedByFingerprintAndRateLimited) {
+  REQUIRE_CURVE();
+  keys_ = keygen({"publisher", "worker-1", "worker-3", "status"});
+  std::string yaml = curve_yaml(2, {"worker-1", "worker-3"});
+  yaml.replace(yaml.find("  subscribers: 2\n"), 16, "  subscribers: [worker-1, worker-3]\n");
+  yaml.replace(yaml.find("tcp://127.0.0.1:*"), 17, "tcp://127.0.0.1:" + std::to_string(free_port()));
+  const std::string path = test::write_file(dir_, "deploy.yaml", yaml);
+  copy_key("worker-1", "borrowed", "worker-3");
+  std::string fake_yaml = yaml;
+  fake_yaml.replace(fake_yaml.find("keys/{id}.key"), 13, "borrowed/{id}.key");
+  const std::string fake_path = test::write_file(dir_, "fake.yaml", fake_yaml);
+  auto trainer = Process::start(test::binary("paramcast-trainer"), {"--config", path});
+  auto fake = Process::start(test::binary("paramcast-worker"), {"--config", fake_path, "--id", "worker-3"});
+  const std::string line = "key " + control::key_fingerprint(keys_.at("worker-1")) +
+                           " is bound to 'worker-1', not to the worker id this hello claims ('worker-3')";
+  ASSERT_TRUE(trainer->wait_for_output(line, 20s)) << trainer->output();
+  std::this_thread::sleep_for(4s);  // the fake keeps saying Hello, with backoff
+  const std::string out = trainer->output();
+  EXPECT_LE(count(out, line), 5u) << out;
+  EXPECT_EQ(fake->output().find("joined publisher"), std::string::npos) << fake->output();
+  trainer->kill(SIGTERM);
+  fake->kill(SIGTERM);
+}
+
 // ---------------------------------------------------------------- plain mode
 
 // A DEALER that speaks the protocol by hand.
