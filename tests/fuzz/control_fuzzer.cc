@@ -6,6 +6,9 @@
 // hang is a bug; each one found becomes a test in tests/fuzz/regressions/.
 #include <cstddef>
 #include <cstdint>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -20,9 +23,18 @@ using namespace paramcast;
 
 namespace {
 // Key files for a publisher and worker-1/worker-2, in a fresh directory.
+// Removed again when the fuzzer exits.
+char dir[] = "/tmp/paramcast-fuzz-keysXXXXXX";
+void remove_keys() {
+  for (const char* f : {"publisher.key", "publisher.pub", "worker-1.key", "worker-1.pub", "worker-2.key",
+                        "worker-2.pub", "authorized_keys"})
+    std::remove((std::string(dir) + "/" + f).c_str());
+  rmdir(dir);
+}
+
 AuthOptions curve_keys() {
-  char dir[] = "/tmp/paramcast-fuzz-keysXXXXXX";
   if (!mkdtemp(dir)) std::abort();
+  std::atexit(remove_keys);
   AuthOptions a;
   a.mode = AuthMode::kCurve;
   std::string authorized;
