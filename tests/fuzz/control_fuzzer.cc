@@ -4,10 +4,10 @@
 // auth.mode curve, whose frames claim a matching, a foreign or no key (the
 // User-Id the ZAP handler would attach). Any crash, sanitizer report or
 // hang is a bug; each one found becomes a test in tests/fuzz/regressions/.
-#include <cstddef>
-#include <cstdint>
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
