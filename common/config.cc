@@ -15,6 +15,13 @@ namespace paramcast {
 
 const char* backend_name(Backend b) { return b == Backend::kNccl ? "nccl" : "gloo"; }
 
+bool valid_worker_id(const std::string& id) {
+  if (id.empty() || id.size() > 64 || id == "publisher") return false;
+  for (char c : id)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+  return true;
+}
+
 namespace {
 
 // Thrown inside the loader only, turned into a Status at its boundary.
@@ -132,11 +139,51 @@ class Loader {
   std::string file_;
 };
 
-bool valid_worker_id(const std::string& id) {
-  if (id.empty() || id.size() > 64) return false;
-  for (char c : id)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
-  return true;
+// ---- auth block (docs/security.md)
+
+std::string relative_to(const std::string& file, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const auto slash = file.rfind('/');
+  return slash == std::string::npos ? path : file.substr(0, slash + 1) + path;
+}
+
+void parse_auth(const Loader& L, const YAML::Node& n, const std::string& p, const std::string& file, AuthOptions& a) {
+  using N = const YAML::Node&;
+  using P = const std::string&;
+  auto path = [&](N v, P q) { return relative_to(file, L.scalar(v, q, "a file path")); };
+  L.map(n, p, {
+    {"mode", [&](N v, P q) {
+      a.mode = L.choice<AuthMode>(v, q, {{"plain", AuthMode::kPlain}, {"curve", AuthMode::kCurve}});
+      a.mode_given = true;
+    }},
+    {"publisher_key", [&](N v, P q) { a.publisher_key = path(v, q); }},
+    {"publisher_public_key", [&](N v, P q) { a.publisher_public_key = path(v, q); }},
+    {"authorized_keys", [&](N v, P q) { a.authorized_keys = path(v, q); }},
+    {"status_keys", [&](N v, P q) { a.status_keys = path(v, q); }},
+    {"worker_key", [&](N v, P q) { a.worker_key = path(v, q); }},
+    {"status_key", [&](N v, P q) { a.status_key = path(v, q); }},
+  });
+  if (a.mode != AuthMode::kCurve) return;
+  for (auto [key, value] : {std::pair<const char*, std::string*>{"publisher_public_key", &a.publisher_public_key},
+                            {"authorized_keys", &a.authorized_keys}})
+    if (value->empty()) L.fail(n, p + "." + key, "auth.mode curve needs this file (see docs/security.md)");
+}
+
+bool loopback_endpoint(const std::string& endpoint) {
+  if (endpoint.starts_with("ipc://")) return true;
+  const std::string host = endpoint.substr(6, endpoint.rfind(':') == std::string::npos ? std::string::npos
+                                                                                      : endpoint.rfind(':') - 6);
+  return host == "localhost" || host.starts_with("127.") || host == "[::1]" || host == "::1";
+}
+
+// Plain mode is for loopback development: anywhere else it must be chosen in writing.
+void check_auth_for_endpoint(const Loader& L, const YAML::Node& root, const Config& c) {
+  if (c.auth.mode_given || loopback_endpoint(c.control.endpoint)) return;
+  const YAML::Node at = root["control"]["endpoint"].IsDefined() ? root["control"]["endpoint"] : root;
+  L.fail(at, "auth.mode",
+         "control.endpoint " + c.control.endpoint +
+             " is not a loopback address: set auth.mode: curve (see docs/security.md), or auth.mode: plain to "
+             "run unauthenticated on a trusted network");
 }
 
 Config parse(const YAML::Node& root, const std::string& file) {
@@ -191,7 +238,7 @@ Config parse(const YAML::Node& root, const std::string& file) {
               const std::string qi = q + "[" + std::to_string(i) + "]";
               std::string id = L.scalar(v[i], qi, "a worker id");
               if (!valid_worker_id(id))
-                L.fail(v[i], qi, "bad worker id '" + id + "': expected 1-64 of [A-Za-z0-9._-]");
+                L.fail(v[i], qi, "bad worker id '" + id + "': expected 1-64 of [A-Za-z0-9._-], not 'publisher' (reserved)");
               if (!seen.insert(id).second) L.fail(v[i], qi, "duplicate worker id '" + id + "'");
               c.publisher.subscriber_ids.push_back(id);
             }
@@ -240,6 +287,7 @@ Config parse(const YAML::Node& root, const std::string& file) {
         {"seed", [&](N v, P q) { c.trainer.seed = static_cast<uint64_t>(L.integer(v, q, 0, INT64_MAX)); }},
       });
     }},
+    {"auth", [&](N n, P p) { parse_auth(L, n, p, file, c.auth); }},
     {"logging", [&](N n, P p) {
       L.map(n, p, {
         {"level", [&](N v, P q) {
@@ -251,6 +299,7 @@ Config parse(const YAML::Node& root, const std::string& file) {
     }},
   });
   // Cross-field checks.
+  check_auth_for_endpoint(L, root, c);
   const auto& dev = c.subscriber.devices;
   if (dev.size() > 1 && static_cast<int>(dev.size()) != c.publisher.subscriber_count)
     L.fail(root["subscriber"]["devices"], "subscriber.devices",

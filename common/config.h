@@ -114,6 +114,32 @@ struct TrainerJobOptions {
   uint64_t seed = 1;
 };
 
+// Authentication of the control channel; see docs/security.md. File paths are
+// relative to the config file's directory.
+enum class AuthMode { kPlain, kCurve };
+struct AuthOptions {
+  // plain: anyone who reaches the endpoint may join (loopback development;
+  // must be written out for any other endpoint). curve: ZeroMQ CURVE with the
+  // keys below. Default: plain, allowed only on loopback endpoints
+  AuthMode mode = AuthMode::kPlain;
+  bool mode_given = false;
+  // Publisher's key pair (read by the publisher only). Default: unset
+  std::string publisher_key;
+  // Publisher's public key (read by subscribers and `paramcast status`). Default: unset
+  std::string publisher_public_key;
+  // "<worker-id> <public key>" per line: who may join, under which id. Default: unset
+  std::string authorized_keys;
+  // "<name> <public key>" per line: who may read status only. Default: unset
+  std::string status_keys;
+  // Each subscriber's key pair; "{id}" stands for its worker id. Default: unset
+  std::string worker_key;
+  // Key pair `paramcast status` uses. Default: unset
+  std::string status_key;
+};
+
+// A worker id: 1-64 of [A-Za-z0-9._-], not a reserved name ("publisher").
+bool valid_worker_id(const std::string& id);
+
 struct Config {
   std::string source;  // file the config came from, for messages
   ControlOptions control;
@@ -121,6 +147,7 @@ struct Config {
   PublisherOptions publisher;
   SubscriberOptions subscriber;
   TrainerJobOptions trainer;
+  AuthOptions auth;
   LogLevel log_level = LogLevel::kInfo;
 
   // Ids of the workers a deployment runs: the listed ids, or worker-1..N.

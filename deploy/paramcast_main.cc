@@ -1,10 +1,12 @@
 // paramcast: operator commands.
 //   paramcast launch FILE.yaml   run every role of a single-host deployment
 //   paramcast status ENDPOINT    ask a running publisher for its members
+//   paramcast keygen NAME...     write CURVE key pairs (docs/security.md)
 //   paramcast [COMMAND] --help   usage
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +21,8 @@
 
 #include "common/cli.h"
 #include "common/config.h"
+#include "common/control/auth.h"
+#include "common/control/log_guard.h"
 #include "common/control/messages.h"
 #include "common/units.h"
 
@@ -32,13 +36,29 @@ const Tool kMain{
              "\n"
              "commands:\n"
              "  launch FILE.yaml                      run every role of a single-host deployment\n"
-             "  status tcp://HOST:PORT [--json] [--timeout 2s]\n"
+             "  status [tcp://HOST:PORT] [--config FILE.yaml] [--key FILE] [--json] [--timeout 2s]\n"
              "                                        members, ranks, epoch, versions of a publisher\n"
+             "  keygen NAME... [--dir DIR]            write CURVE key pairs DIR/NAME.key and DIR/NAME.pub\n"
              "\n"
              "  -h, --help  print this and exit; `paramcast COMMAND --help` describes one command\n",
     // Every command's flags, to find the command among them (see main).
-    .value_flags = {"timeout"},
+    .value_flags = {"timeout", "config", "key", "dir"},
     .bool_flags = {"json"},
+};
+
+const Tool kKeygen{
+    .name = "paramcast keygen",
+    .usage = "usage: paramcast keygen NAME... [--dir DIR]\n"
+             "\n"
+             "Writes one CURVE key pair per NAME: DIR/NAME.key (public and secret half,\n"
+             "mode 0600; give it only to the process that is NAME) and DIR/NAME.pub (public\n"
+             "half). Existing files are never overwritten. Prints one line \"NAME PUBLIC-KEY\"\n"
+             "per pair, the format of auth.authorized_keys and auth.status_keys.\n"
+             "Typical: paramcast keygen --dir keys publisher worker-1 worker-2 status\n"
+             "\n"
+             "  --dir DIR   where to write the files (default: the current directory; created)\n"
+             "  -h, --help  print this and exit\n",
+    .value_flags = {"dir"},
 };
 
 const Tool kLaunch{
@@ -54,15 +74,18 @@ const Tool kLaunch{
 
 const Tool kStatus{
     .name = "paramcast status",
-    .usage = "usage: paramcast status tcp://HOST:PORT [--json] [--timeout 2s]\n"
+    .usage = "usage: paramcast status [tcp://HOST:PORT] [--config FILE.yaml] [--key FILE] [--json] [--timeout 2s]\n"
              "\n"
              "Asks the publisher at tcp://HOST:PORT for its members: rank, weight version,\n"
              "state, heartbeat age, device, host and pid of each, and the group's epoch.\n"
+             "With auth.mode curve the publisher answers only an authorized key.\n"
              "\n"
+             "  --config FILE   deployment file: its endpoint (unless given) and auth block\n"
+             "  --key FILE      key pair to authenticate with (default: auth.status_key)\n"
              "  --json          one JSON object instead of a table\n"
              "  --timeout DUR   how long to wait for an answer (default 2s)\n"
              "  -h, --help      print this and exit\n",
-    .value_flags = {"timeout"},
+    .value_flags = {"timeout", "config", "key"},
     .bool_flags = {"json"},
 };
 
@@ -225,13 +248,51 @@ int launch(const Flags& flags) {
   return failed;
 }
 
+int keygen(const Flags& flags) {
+  if (flags.positional.size() < 2) return usage_error(kKeygen, "missing NAME");
+  const std::string dir = flags.get("dir", ".");
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "paramcast keygen: cannot create %s: %s\n", dir.c_str(), std::strerror(errno));
+    return 1;
+  }
+  for (size_t i = 1; i < flags.positional.size(); ++i) {
+    const std::string& name = flags.positional[i];
+    if (name != "publisher" && name != "status" && !valid_worker_id(name))
+      return usage_error(kKeygen, "'" + name + "' is not a worker id (1-64 of [A-Za-z0-9._-]), publisher or status");
+    auto keys = control::generate_key_pair();
+    Status st = keys.ok() ? control::write_key_pair(dir + "/" + name, *keys) : keys.status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "paramcast keygen: %s\n", st.message().c_str());
+      return 1;
+    }
+    std::printf("%s %s\n", name.c_str(), keys->public_key.c_str());
+  }
+  return 0;
+}
+
 int status(const Flags& flags) {
-  if (flags.positional.size() < 2) return usage_error(kStatus, "missing tcp://HOST:PORT");
   if (flags.positional.size() > 2) return usage_error(kStatus, "unexpected argument '" + flags.positional[2] + "'");
-  const std::string endpoint = flags.positional[1];
+  Config cfg;
+  if (flags.has("config")) {
+    auto loaded = load_config_file(flags.get("config"));
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "paramcast status: %s\n", loaded.status().message().c_str());
+      return 2;
+    }
+    cfg = *loaded;
+  }
+  if (flags.positional.size() < 2 && !flags.has("config"))
+    return usage_error(kStatus, "missing tcp://HOST:PORT (or --config FILE.yaml)");
+  const std::string endpoint = flags.positional.size() >= 2 ? flags.positional[1] : cfg.control.endpoint;
   auto timeout = parse_duration(flags.get("timeout", "2s")).value_or(std::chrono::seconds(2));
+  auto auth = control::client_auth(cfg.auth, "status", flags.get("key", cfg.auth.status_key));
+  if (!auth.ok()) {
+    std::fprintf(stderr, "paramcast status: %s\n", auth.status().message().c_str());
+    return 2;
+  }
   zmq::context_t ctx;
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  control::apply_client_auth(s, *auth);
   s.set(zmq::sockopt::routing_id, "status-" + std::to_string(getpid()));
   s.set(zmq::sockopt::linger, 0);
   s.connect(endpoint);
@@ -258,7 +319,7 @@ int status(const Flags& flags) {
                     "\"host\":\"%s\",\"pid\":%u,\"device\":\"%s\",\"lost\":%s}",
                     first ? "" : ",", m.getWorkerId().cStr(), m.getRank(),
                     static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()),
-                    static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()), m.getHost().cStr(), m.getPid(),
+                    static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()), control::printable(m.getHost().cStr()).c_str(), m.getPid(),
                     control::get_device(m.getDevice()).to_string().c_str(), m.getLost() ? "true" : "false");
         first = false;
       }
@@ -275,7 +336,7 @@ int status(const Flags& flags) {
         std::printf("%-16s %5s %8llu %-11s %10s  %-8s %s/%u\n", m.getWorkerId().cStr(),
                     m.getLost() ? "lost" : m.getRank() < 0 ? "-" : std::to_string(m.getRank()).c_str(),
                     static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()), age,
-                    control::get_device(m.getDevice()).to_string().c_str(), m.getHost().cStr(), m.getPid());
+                    control::get_device(m.getDevice()).to_string().c_str(), control::printable(m.getHost().cStr()).c_str(), m.getPid());
       }
     }
     return 0;
@@ -292,11 +353,11 @@ int main(int argc, char** argv) {
   // before it); then the command's own Tool checks the flags.
   const Flags any = parse_flags(argc, argv, 1, kMain);
   const std::string cmd = any.positional.empty() ? "" : any.positional[0];
-  if (cmd == "launch" || cmd == "status") {
-    const Tool& tool = cmd == "launch" ? kLaunch : kStatus;
+  if (cmd == "launch" || cmd == "status" || cmd == "keygen") {
+    const Tool& tool = cmd == "launch" ? kLaunch : cmd == "status" ? kStatus : kKeygen;
     const Flags flags = parse_flags(argc, argv, 1, tool);
     if (auto code = finish_flags(flags, tool)) return *code;
-    return cmd == "launch" ? launch(flags) : status(flags);
+    return cmd == "launch" ? launch(flags) : cmd == "status" ? status(flags) : keygen(flags);
   }
   if (auto code = finish_flags(any, kMain)) return *code;
   return usage_error(kMain, cmd.empty() ? "missing COMMAND" : "unknown command '" + cmd + "'");

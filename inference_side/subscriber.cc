@@ -38,8 +38,10 @@ proto::WeightState to_proto(WeightStateKind k) {
   return proto::WeightState::EMPTY;
 }
 
-control::ClientOptions client_options(const Config& cfg, const std::string& id, Device device, bool callback) {
+control::ClientOptions client_options(const Config& cfg, const std::string& id, Device device, bool callback,
+                                      control::ClientAuth auth = {}) {
   control::ClientOptions o;
+  o.auth = std::move(auth);
   o.control = cfg.control;
   o.worker_id = id;
   o.device = device;
@@ -79,8 +81,10 @@ Status SubscriberImpl::start() {
   if (!mem.ok()) return mem.status();
   mem_ = std::move(mem.value());
   receiver_ = std::make_unique<transfer::BucketReceiver>(mem_.get(), device_, cfg_.data_plane.timeout, faults_);
+  auto auth = control::client_auth(cfg_.auth, id_);
+  if (!auth.ok()) return auth.status();
   // The capabilities are known now that the callbacks are set.
-  client_ = std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, bool(callback_)), this);
+  client_ = std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, bool(callback_), *auth), this);
   group_ = std::make_unique<group::GroupMember>(id_, *client_);
   data_thread_ = std::thread([this] { data_loop(); });
   client_->start();

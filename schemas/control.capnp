@@ -9,8 +9,10 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("paramcast::proto");
 
-const protocolVersion :UInt32 = 1;
+const protocolVersion :UInt32 = 2;
 # Bumped on any change that an older peer cannot understand.
+# 2: member connections are "member/<id>/<nonce>" (no longer the bare worker
+#    id); a member Hello is taken only after its probe; text length limits.
 
 enum DeviceKind {
   cpu @0;
@@ -48,11 +50,14 @@ struct DeviceInfo {
 struct Hello {
   # Sent twice on every join: first from a throw-away "probe/<id>/<nonce>"
   # identity, which the publisher can always answer (it rejects a worker id
-  # that a live connection still holds), then from the worker-id identity.
+  # that a live connection still holds), then from the member connection
+  # "member/<id>/<nonce>" of the same incarnation. Nonces are fresh per
+  # connection.
   protocolVersion @0 :UInt32;
   # The sender's protocolVersion constant.
   workerId @1 :Text;
-  # Stable id of the subscriber; also its ZeroMQ routing identity.
+  # Stable id of the subscriber (1-64 of [A-Za-z0-9._-]; "publisher" is
+  # reserved); also the <id> of its routing identities.
   engineId @2 :Text;
   # Free-form id of the inference engine instance (for operators).
   host @3 :Text;

@@ -18,6 +18,7 @@ control::ServerOptions server_options(const Config& cfg) {
   o.subscriber_ids = cfg.publisher.subscriber_ids;
   o.subscriber_count = cfg.expected_count();
   o.backend = cfg.data_plane.backend;
+  o.auth = cfg.auth;
   return o;
 }
 }  // namespace
@@ -436,8 +437,8 @@ PublisherStats PublisherImpl::stats() const {
   return s;
 }
 
-void PublisherImpl::inject(const std::string& peer, const void* data, size_t size) {
-  server_.inject(peer, data, size);
+void PublisherImpl::inject(const std::string& peer, const void* data, size_t size, const std::string& user) {
+  server_.inject(peer, data, size, user);
   std::lock_guard<std::mutex> lock(mu_);
   if (events_.size() > 1024) events_.clear();
 }
@@ -483,8 +484,9 @@ void Publisher::on_progress(std::function<void(uint64_t, uint64_t, uint64_t)> ca
 }
 PublisherStats Publisher::stats() const { return impl_->stats(); }
 void Publisher::shutdown() { impl_->shutdown(); }
-void Publisher::inject_control_frame(const std::string& peer, const void* data, size_t size) {
-  impl_->inject(peer, data, size);
+void Publisher::inject_control_frame(const std::string& peer, const void* data, size_t size,
+                                     const std::string& user) {
+  impl_->inject(peer, data, size, user);
 }
 
 }  // namespace paramcast

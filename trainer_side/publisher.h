@@ -118,7 +118,8 @@ class Publisher {
 
   // For the fuzzer and tests: runs one inbound control frame from `peer`
   // through the decoder and dispatcher on the calling thread.
-  void inject_control_frame(const std::string& peer, const void* data, size_t size);
+  // `user`: in curve mode, the User-Id the frame arrives with (empty: no key).
+  void inject_control_frame(const std::string& peer, const void* data, size_t size, const std::string& user = "");
 
  private:
   explicit Publisher(std::unique_ptr<PublisherImpl> impl);

@@ -49,7 +49,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   PublisherStats stats() const;
   uint64_t next_version();
   void shutdown();
-  void inject(const std::string& peer, const void* data, size_t size);
+  void inject(const std::string& peer, const void* data, size_t size, const std::string& user);
 
   // control::ControlServer::Listener (control thread)
   void on_member_message(const std::string& id, proto::Envelope::Reader envelope) override;

@@ -1,8 +1,149 @@
 #include "common/control/codec.h"
 
+#include <capnp/dynamic.h>
+
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/control/log_guard.h"
 
 namespace paramcast::control {
+namespace {
+
+// Length limits of text fields, by field name (see docs/protocol.md).
+size_t text_limit(std::string_view field) {
+  static constexpr std::string_view kNames[] = {"workerId", "engineId", "host",  "pciBusId",
+                                                "key",      "dtype",    "members", "capabilities"};
+  for (auto n : kNames)
+    if (n == field) return kMaxIdBytes;
+  if (field == "name") return kMaxNameBytes;
+  return kMaxTextBytes;
+}
+
+// The fields of a struct type worth visiting (texts, structs, lists), with
+// their limits: computed once per type and thread, since schema lookups are
+// slow next to reading a message.
+struct FieldInfo {
+  capnp::StructSchema::Field field;
+  capnp::schema::Type::Which type;
+  std::string_view name;
+  size_t limit;
+};
+struct StructInfo {
+  std::vector<FieldInfo> plain;
+  std::unordered_map<uint16_t, FieldInfo> in_union;  // by field index
+};
+
+const StructInfo& info_for(capnp::StructSchema schema) {
+  thread_local std::unordered_map<uint64_t, StructInfo> cache;
+  auto found = cache.try_emplace(schema.getProto().getId());
+  StructInfo& info = found.first->second;
+  if (!found.second) return info;
+  auto add = [](capnp::StructSchema::Field f, auto&& put) {
+    const auto which = f.getType().which();
+    if (which != capnp::schema::Type::TEXT && which != capnp::schema::Type::STRUCT && which != capnp::schema::Type::LIST)
+      return;
+    const std::string_view name = f.getProto().getName().cStr();
+    put(FieldInfo{f, which, name, text_limit(name)});
+  };
+  for (auto f : schema.getNonUnionFields()) add(f, [&](FieldInfo i) { info.plain.push_back(i); });
+  for (auto f : schema.getUnionFields()) add(f, [&](FieldInfo i) { info.in_union.emplace(i.field.getIndex(), i); });
+  return info;
+}
+
+// Calls visit(FieldInfo) for every set field of `s` worth visiting.
+template <typename S, typename V>
+void for_each_field(S s, V&& visit) {
+  const StructInfo& info = info_for(s.getSchema());
+  for (const auto& f : info.plain)
+    if (s.has(f.field)) visit(f);
+  if (info.in_union.empty()) return;
+  KJ_IF_MAYBE(active, s.which()) {
+    auto u = info.in_union.find(active->getIndex());
+    if (u != info.in_union.end() && s.has(u->second.field)) visit(u->second);
+  }
+}
+
+void check_text(capnp::Text::Reader t, const FieldInfo& f, std::string& problem) {
+  if (problem.empty() && t.size() > f.limit)
+    problem = "text field '" + std::string(f.name) + "' of " + std::to_string(t.size()) + " bytes exceeds its limit of " +
+              std::to_string(f.limit) + " (starts '" + printable({t.cStr(), std::min<size_t>(t.size(), 32)}, 32) + "')";
+}
+
+void check_struct(capnp::DynamicStruct::Reader s, std::string& problem);
+
+void check_value(capnp::DynamicValue::Reader v, const FieldInfo& f, std::string& problem) {
+  switch (v.getType()) {
+    case capnp::DynamicValue::TEXT: check_text(v.as<capnp::Text>(), f, problem); break;
+    case capnp::DynamicValue::STRUCT: check_struct(v.as<capnp::DynamicStruct>(), problem); break;
+    case capnp::DynamicValue::LIST: {
+      auto list = v.as<capnp::DynamicList>();
+      const auto elem = list.getSchema().whichElementType();
+      if (elem != capnp::schema::Type::TEXT && elem != capnp::schema::Type::STRUCT && elem != capnp::schema::Type::LIST)
+        break;  // numbers and enums: nothing to check
+      for (auto e : list) {
+        if (!problem.empty()) return;
+        check_value(e, f, problem);
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+void check_struct(capnp::DynamicStruct::Reader s, std::string& problem) {
+  for_each_field(s, [&](const FieldInfo& f) {
+    if (problem.empty()) check_value(s.get(f.field), f, problem);
+  });
+}
+
+// Sender side: cuts a too-long text to its limit on a UTF-8 boundary.
+std::string clamped(capnp::Text::Reader t, size_t limit) {
+  size_t n = limit - 3;
+  while (n > 0 && (static_cast<unsigned char>(t.cStr()[n]) & 0xc0) == 0x80) --n;
+  return std::string(t.cStr(), n) + "...";
+}
+
+void clamp_struct(capnp::DynamicStruct::Builder s) {
+  for_each_field(s, [&](const FieldInfo& f) {
+    switch (f.type) {
+      case capnp::schema::Type::TEXT: {
+        auto t = s.get(f.field).as<capnp::Text>().asReader();
+        if (t.size() > f.limit) s.set(f.field, capnp::Text::Reader(clamped(t, f.limit)));
+        break;
+      }
+      case capnp::schema::Type::STRUCT: clamp_struct(s.get(f.field).as<capnp::DynamicStruct>()); break;
+      case capnp::schema::Type::LIST: {
+        auto list = s.get(f.field).as<capnp::DynamicList>();
+        const auto elem = list.getSchema().whichElementType();
+        for (unsigned i = 0; i < list.size(); ++i) {
+          if (elem == capnp::schema::Type::TEXT) {
+            auto t = list[i].as<capnp::Text>().asReader();
+            if (t.size() > f.limit) list.set(i, capnp::Text::Reader(clamped(t, f.limit)));
+          } else if (elem == capnp::schema::Type::STRUCT) {
+            clamp_struct(list[i].as<capnp::DynamicStruct>());
+          } else {
+            break;
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+  });
+}
+
+}  // namespace
+
+void clamp_text_fields(proto::Envelope::Builder envelope) { clamp_struct(capnp::toDynamic(envelope)); }
+
+std::string check_text_limits(proto::Envelope::Reader envelope) {
+  std::string problem;
+  check_struct(capnp::toDynamic(envelope), problem);
+  return problem;
+}
 
 zmq::message_t encode(capnp::MessageBuilder& message) {
   kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);
@@ -28,6 +169,7 @@ StatusOr<std::unique_ptr<Decoded>> decode(const void* data, size_t size, const D
     out->envelope_ = out->reader_->getRoot<proto::Envelope>();
     // Touch the union discriminant so that a broken root pointer fails here.
     (void)out->envelope_.getBody().which();
+    if (std::string problem = check_text_limits(out->envelope_); !problem.empty()) return protocol_error(problem);
   } catch (const kj::Exception& e) {
     return protocol_error(std::string("undecodable frame: ") + e.getDescription().cStr());
   }

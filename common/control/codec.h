@@ -1,7 +1,7 @@
 // Framing of control messages: one Cap'n Proto Envelope per ZeroMQ frame.
 //
 // encode() flattens a builder into a frame. decode() reads a frame with
-// explicit limits (size, traversal, nesting) so that a hostile or broken peer
+// explicit limits (size, traversal, nesting, length of every text field) so that a hostile or broken peer
 // cannot make a reader allocate or recurse without bound; any malformed frame
 // becomes a kProtocol Status, never an exception or a crash.
 //
@@ -18,6 +18,12 @@
 #include "schemas/control.capnp.h"
 
 namespace paramcast::control {
+
+// Text fields longer than these are refused on decode: ids, host names, keys
+// and dtypes; tensor names; free texts (reasons, errors).
+inline constexpr size_t kMaxIdBytes = 255;
+inline constexpr size_t kMaxNameBytes = 1024;
+inline constexpr size_t kMaxTextBytes = 4096;
 
 struct DecodeLimits {
   uint64_t max_bytes = 64ull << 20;
@@ -39,6 +45,13 @@ class Decoded {
 
 zmq::message_t encode(capnp::MessageBuilder& message);
 StatusOr<std::unique_ptr<Decoded>> decode(const void* data, size_t size, const DecodeLimits& limits);
+
+// Empty, or which text field of `envelope` exceeds its length limit.
+std::string check_text_limits(proto::Envelope::Reader envelope);
+
+// Cuts every text field of `envelope` to its limit (make_message does this,
+// so that a long error text is shortened rather than refused by the peer).
+void clamp_text_fields(proto::Envelope::Builder envelope);
 
 // Name of the union member, for log lines ("hello", "plan", ...).
 const char* body_name(proto::Envelope::Reader envelope);

@@ -9,18 +9,17 @@
 
 namespace paramcast::control {
 namespace {
-std::string probe_identity_for(const std::string& id, uint64_t incarnation) {
+// "probe/<id>/<nonce>" or "member/<id>/<nonce>", a fresh nonce each time: a
+// new connection never collides with an old one the publisher still holds.
+std::string identity(const char* kind, const std::string& id) {
   char nonce[24];
-  std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(incarnation));
-  return "probe/" + id + "/" + nonce;
+  std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(new_incarnation()));
+  return std::string(kind) + "/" + id + "/" + nonce;
 }
 }  // namespace
 
 ControlClient::ControlClient(ClientOptions options, Listener* listener)
-    : opt_(std::move(options)),
-      incarnation_(new_incarnation()),
-      probe_identity_(probe_identity_for(opt_.worker_id, incarnation_)),
-      listener_(listener) {}
+    : opt_(std::move(options)), incarnation_(new_incarnation()), listener_(listener) {}
 
 ControlClient::~ControlClient() { stop(); }
 
@@ -43,11 +42,19 @@ void ControlClient::send(zmq::message_t frame) {
 }
 
 std::unique_ptr<zmq::socket_t> ControlClient::make_socket(const std::string& identity) {
+  const auto& c = opt_.control;
   auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
   s->set(zmq::sockopt::routing_id, identity);
+  apply_client_auth(*s, opt_.auth);
+  s->set(zmq::sockopt::heartbeat_ivl, static_cast<int>(c.heartbeat_interval.count()));
+  s->set(zmq::sockopt::heartbeat_ttl, static_cast<int>(c.heartbeat_timeout.count()));
+  s->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(c.heartbeat_timeout.count()));
+  set_keepalive(*s, c);
   s->set(zmq::sockopt::linger, 0);
   s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.control.max_message_bytes + 1024));
   s->set(zmq::sockopt::reconnect_ivl, 100);
+  // A SYN into a dead link is abandoned and tried again, not left to the kernel's backoff.
+  s->set(zmq::sockopt::connect_timeout, static_cast<int>(c.heartbeat_timeout.count()));
   s->set(zmq::sockopt::reconnect_ivl_max, static_cast<int>(opt_.control.reconnect_backoff_max.count()));
   s->connect(opt_.control.endpoint);
   return s;
@@ -67,7 +74,7 @@ void ControlClient::flush_outbox() {
     std::lock_guard<std::mutex> lock(mu_);
     out.swap(outbox_);
   }
-  // Before the first probe answer there is no worker-id connection, and nothing to say.
+  // Before the first probe answer there is no member connection, and nothing to say.
   if (dealer_)
     for (auto& f : out) send_on(*dealer_, std::move(f));
 }
@@ -92,9 +99,9 @@ zmq::message_t ControlClient::hello_message() {
 }
 
 void ControlClient::loop() {
-  // The worker-id connection opens only once a probe was answered, so a
+  // The member connection opens only once a probe was answered, so a
   // duplicate never connects under an id that a live member holds.
-  probe_ = make_socket(probe_identity_);
+  probe_ = make_socket(identity("probe", opt_.worker_id));
   phase_ = Phase::kProbing;
   next_hello_ = next_beat_ = last_heard_ = Clock::now();
   while (!stopping_) {
@@ -102,7 +109,7 @@ void ControlClient::loop() {
     const auto now = Clock::now();
     if (refused_) continue;  // refused for good: the owner reports it and decides
     if (phase_ != Phase::kMember && now >= next_hello_) {
-      if (phase_ == Phase::kProbing && !probe_) probe_ = make_socket(probe_identity_);
+      if (phase_ == Phase::kProbing && !probe_) probe_ = make_socket(identity("probe", opt_.worker_id));
       send_on(phase_ == Phase::kProbing ? *probe_ : *dealer_, hello_message());
       next_hello_ = now + backoff_;
       backoff_ = std::min(backoff_ * 2, opt_.control.reconnect_backoff_max);
@@ -110,8 +117,10 @@ void ControlClient::loop() {
     keep_membership(now);
     if (phase_ == Phase::kProbing && rejoin_requested_) {
       rejoin_requested_ = false;
-      // The worker-id connection stays; ZeroMQ reconnects it on its own.
-      probe_ = make_socket(probe_identity_);
+      // Fresh connections: the old ones may sit in TCP retransmission or
+      // reconnect backoff long after the link healed.
+      dealer_.reset();
+      probe_ = make_socket(identity("probe", opt_.worker_id));
       backoff_ = std::chrono::milliseconds(100);
       next_hello_ = now;
     }
@@ -152,7 +161,7 @@ void ControlClient::receive_from(zmq::socket_t* socket) {
 
 void ControlClient::after_probe_answer() {
   probe_.reset();
-  if (!dealer_) dealer_ = make_socket(opt_.worker_id);
+  if (!dealer_) dealer_ = make_socket(identity("member", opt_.worker_id));
   next_hello_ = Clock::now();
 }
 
@@ -232,19 +241,24 @@ void ControlClient::dispatch(proto::Envelope::Reader env) {
       auto r = body.getReject();
       if (r.getTargetIncarnation() != 0 && r.getTargetIncarnation() != incarnation_) return;
       if (r.getCode() == proto::RejectCode::NOT_MEMBER || r.getCode() == proto::RejectCode::STALE_EPOCH) {
+        if (phase_ == Phase::kJoining) {  // the probe's admission expired: probe again
+          phase_ = Phase::kProbing;
+          rejoin_requested_ = true;
+          return;
+        }
         if (phase_ != Phase::kMember) return;  // already joining again
-        PC_WARN(opt_.worker_id << ": publisher says: " << r.getText().cStr() << "; rejoining");
+        PC_WARN(opt_.worker_id << ": publisher says: " << printable(r.getText().cStr(), 256) << "; rejoining");
         lose_membership("expelled by the publisher");
         return;
       }
       refused_ = true;
-      Status why = rejected(std::string("publisher rejected worker '") + opt_.worker_id + "': " + r.getText().cStr());
+      Status why = rejected(std::string("publisher rejected worker '") + opt_.worker_id + "': " + printable(r.getText().cStr(), 512));
       PC_ERROR(opt_.worker_id << ": " << why.message());
       listener_->on_refused(why);
       return;
     }
     case B::LEAVE:
-      PC_INFO(opt_.worker_id << ": publisher left (" << body.getLeave().getReason().cStr()
+      PC_INFO(opt_.worker_id << ": publisher left (" << printable(body.getLeave().getReason().cStr(), 256)
                              << "); will rejoin when one is back");
       lose_membership("publisher left");
       return;

@@ -3,10 +3,14 @@
 // It owns the DEALER sockets and the thread that polls them. Joining takes
 // two Hellos: one from a throw-away probe identity ("probe/<id>/<nonce>"),
 // which the publisher can always answer (duplicate id, unknown id, version
-// mismatch), then one from the worker-id connection that carries the
-// membership. While a member it heartbeats and watches the publisher's
-// heartbeats; when the publisher is lost, leaves or expels it, it probes and
-// joins again with backoff, whichever publisher answers. It knows nothing of
+// mismatch), then one from the member connection ("member/<id>/<nonce>")
+// that carries the membership. Every connection gets a fresh nonce. While a
+// member it heartbeats and watches the publisher's heartbeats; when the
+// publisher is lost, leaves or expels it, it drops its connections (a link
+// that healed must not wait for an old socket's reconnect backoff), probes on
+// a new one and joins again with backoff, whichever publisher answers. ZMTP
+// heartbeats and TCP keepalive run on every socket; in curve mode every
+// socket authenticates with the worker's key. It knows nothing of
 // tensors, plans or groups: every other message goes to the Listener.
 //
 // Threads: the control thread owns the sockets and calls the Listener. send()
@@ -24,6 +28,7 @@
 #include <thread>
 
 #include "common/config.h"
+#include "common/control/auth.h"
 #include "common/control/codec.h"
 #include "common/control/wakeup.h"
 #include "common/status.h"
@@ -41,6 +46,7 @@ struct ClientOptions {
   std::vector<std::string> capabilities{"xxh64"};
   // Tests only: announce another protocol version. 0: the real one.
   uint32_t protocol_version_override = 0;
+  ClientAuth auth;  // curve: this worker's key pair and the publisher's public key
 };
 
 // What Hello and heartbeats say about the subscriber's weights.
@@ -90,7 +96,7 @@ class ControlClient {
   // The epoch stamped on heartbeats and Leave; set by the owner.
   void set_epoch(uint64_t epoch) { epoch_ = epoch; }
 
-  // Queues a frame for the worker-id connection (dropped while not joined).
+  // Queues a frame for the member connection (dropped while not joined).
   void send(zmq::message_t frame);
 
   // For the fuzzer and tests, before start(): one frame on this thread.
@@ -114,10 +120,9 @@ class ControlClient {
 
   const ClientOptions opt_;
   const uint64_t incarnation_;
-  const std::string probe_identity_;
   Listener* const listener_;
   zmq::context_t ctx_;
-  std::unique_ptr<zmq::socket_t> dealer_;  // identity = worker id; carries the membership
+  std::unique_ptr<zmq::socket_t> dealer_;  // identity = member/<id>/<nonce>; carries the membership
   std::unique_ptr<zmq::socket_t> probe_;   // identity = probe/<id>/<nonce>; only while joining
   Wakeup wake_;
   std::thread thread_;

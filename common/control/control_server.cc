@@ -19,15 +19,27 @@ const char* member_event_name(MemberEvent::Kind k) {
 
 namespace control {
 namespace {
-std::string join_ids(const std::vector<std::string>& ids) {
-  std::string s;
-  for (const auto& id : ids) s += (s.empty() ? "" : ", ") + id;
-  return s;
-}
 int64_t ms_since(Clock::time_point t, Clock::time_point now) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(now - t).count();
 }
+// A property the transport attached to a received frame ("" when absent).
+std::string frame_property(const zmq::message_t& frame, const char* name) {
+  const char* v = zmq_msg_gets(frame.handle(), name);
+  return v ? v : "";
+}
 }  // namespace
+
+Route parse_route(const std::string& r) {
+  Route out;
+  const auto first = r.find('/');
+  const auto last = r.rfind('/');
+  if (first == std::string::npos || last <= first + 1 || last + 1 == r.size()) return out;
+  const std::string kind = r.substr(0, first);
+  if (kind != "probe" && kind != "member") return out;
+  out.kind = kind == "probe" ? Route::Kind::kProbe : Route::Kind::kMember;
+  out.id = r.substr(first + 1, last - first - 1);
+  return out;
+}
 
 ControlServer::ControlServer(ServerOptions options)
     : opt_(std::move(options)), incarnation_(new_incarnation()), router_(ctx_, zmq::socket_type::router) {}
@@ -38,13 +50,23 @@ Status ControlServer::start(Listener* listener) {
   listener_ = listener;
   const auto& c = opt_.control;
   try {
-    // A new connection under a worker id takes it over: subscribers connect
-    // under their id only after a probe showed the id is free (or theirs),
-    // so this serves restarts and reconnects, never duplicates. ZMTP
-    // heartbeats drop connections of processes that stopped answering.
-    router_.set(zmq::sockopt::router_handover, 1);
+    auto auth = server_auth(opt_.auth);
+    if (!auth.ok()) return auth.status();
+    auth_ = std::move(*auth);
+    if (auth_.curve) {
+      zap_ = std::make_unique<ZapHandler>(ctx_, auth_.users);
+      apply_server_auth(router_, auth_);
+    }
+    // No handover: a connection never takes over the routing identity of a
+    // live one. Every subscriber connection carries a fresh nonce in its
+    // identity, so a restart or reconnect needs no takeover either. ZMTP
+    // heartbeats and TCP keepalive drop connections of peers that went
+    // silent (a stopped process, a cut link) within heartbeat_timeout.
+    router_.set(zmq::sockopt::router_handover, 0);
     router_.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(c.heartbeat_interval.count()));
+    router_.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(c.heartbeat_timeout.count()));
     router_.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(c.heartbeat_timeout.count()));
+    set_keepalive(router_, c);
     router_.set(zmq::sockopt::router_mandatory, 1);
     router_.set(zmq::sockopt::linger, 0);
     router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(c.max_message_bytes + 1024));
@@ -63,7 +85,7 @@ void ControlServer::stop(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, m] : members_)
       if (!m.lost)
-        outbox_.emplace_back(id, make_message(epoch_, incarnation_, [&](auto b) { b.initLeave().setReason(reason); }));
+        outbox_.emplace_back(m.route, make_message(epoch_, incarnation_, [&](auto b) { b.initLeave().setReason(reason); }));
   }
   wake_.notify();
   if (thread_.joinable()) thread_.join();
@@ -73,11 +95,21 @@ uint64_t ControlServer::send(const std::string& id, zmq::message_t frame) {
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    outbox_.emplace_back(id, std::move(frame));
+    queue_locked(id, std::move(frame));
     seq = beat_seq_;
   }
   wake_.notify();
   return seq;
+}
+
+// To a member's current connection; nothing when it has none.
+void ControlServer::queue_locked(const std::string& id, zmq::message_t frame) {
+  auto it = members_.find(id);
+  if (it == members_.end() || it->second.route.empty()) {
+    PC_DEBUG("publisher: nothing sent to '" << id << "': no connection of that member");
+    return;
+  }
+  outbox_.emplace_back(it->second.route, std::move(frame));
 }
 
 uint64_t ControlServer::send_to(const std::vector<std::string>& ids, const zmq::message_t& frame) {
@@ -87,7 +119,7 @@ uint64_t ControlServer::send_to(const std::vector<std::string>& ids, const zmq::
     for (const auto& id : ids) {
       zmq::message_t copy;
       copy.copy(const_cast<zmq::message_t&>(frame));
-      outbox_.emplace_back(id, std::move(copy));
+      queue_locked(id, std::move(copy));
     }
     seq = beat_seq_;
   }
@@ -155,6 +187,11 @@ std::vector<std::string> ControlServer::missing() const {
   return missing;
 }
 
+size_t ControlServer::table_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return members_.size();
+}
+
 bool ControlServer::has_free_slot_locked() const {
   int live = 0;
   for (const auto& [id, m] : members_) live += !m.lost;
@@ -196,13 +233,15 @@ void ControlServer::receive_burst() {
       continue;
     }
     (void)router_.recv(payload, zmq::recv_flags::none);
+    Sender from{id.to_string(), parse_route(id.to_string()), frame_property(payload, "User-Id"),
+                frame_property(payload, "X-Key-Fingerprint")};
     if (router_.get(zmq::sockopt::rcvmore)) {
       zmq::message_t extra;
       while (router_.get(zmq::sockopt::rcvmore)) (void)router_.recv(extra, zmq::recv_flags::none);
       note_dropped(id.to_string(), "message of more than one frame");
       continue;
     }
-    handle(id.to_string(), payload);
+    handle(from, payload);
   }
 }
 
@@ -216,72 +255,102 @@ void ControlServer::flush_outbox() {
     try {
       if (!router_.send(zmq::buffer(peer), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
           !router_.send(frame, zmq::send_flags::dontwait))
-        PC_DEBUG("publisher: could not send to '" << peer << "' (queue full)");
+        PC_DEBUG("publisher: could not send to '" << printable(peer) << "' (queue full)");
     } catch (const zmq::error_t& e) {
-      PC_DEBUG("publisher: could not send to '" << peer << "': " << e.what());
+      PC_DEBUG("publisher: could not send to '" << printable(peer) << "': " << e.what());
     }
   }
 }
 
-void ControlServer::inject(const std::string& peer, const void* data, size_t size) {
+void ControlServer::inject(const std::string& peer, const void* data, size_t size, const std::string& user) {
   zmq::message_t frame(data, size);
-  handle(peer, frame);
+  handle(Sender{peer, parse_route(peer), user, user.empty() ? "" : "injected"}, frame);
   std::lock_guard<std::mutex> lock(mu_);
   if (outbox_.size() > 1024) outbox_.clear();
 }
 
+// Counted always; logged at most a few times per peer and window, with the
+// number of lines held back since.
 void ControlServer::note_dropped(const std::string& peer, const std::string& why) {
   ++dropped_frames_;
-  PC_WARN("publisher: dropped frame from peer '" << peer << "': " << why);
+  uint64_t held_back = 0;
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    if (!log_limit_.allow(peer, &held_back)) return;
+  }
+  PC_WARN("publisher: dropped frame from peer '" << printable(peer) << "': " << why
+                                                 << (held_back ? " (" + std::to_string(held_back) +
+                                                                     " more from this peer not logged)"
+                                                               : ""));
 }
 
-void ControlServer::handle(const std::string& peer, const zmq::message_t& payload) {
+void ControlServer::handle(const Sender& from, const zmq::message_t& payload) {
   DecodeLimits limits;
   limits.max_bytes = opt_.control.max_message_bytes;
   auto decoded = decode(payload.data(), payload.size(), limits);
   if (!decoded.ok()) {
-    note_dropped(peer, decoded.status().message());
+    note_dropped(from.peer, decoded.status().message());
     return;
   }
   try {
     auto envelope = decoded.value()->envelope();
+    if (!authorized(from, envelope)) return;
     Deliveries d;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      d = dispatch_locked(peer, envelope);
+      d = dispatch_locked(from, envelope);
     }
-    deliver(d, peer, envelope);
+    deliver(d, from.route.id, envelope);
   } catch (const kj::Exception& e) {
-    note_dropped(peer, std::string("malformed message: ") + e.getDescription().cStr());
+    note_dropped(from.peer, std::string("malformed message: ") + e.getDescription().cStr());
   }
 }
 
-void ControlServer::deliver(const Deliveries& d, const std::string& peer, proto::Envelope::Reader envelope) {
-  if (!listener_) return;
-  for (const auto& [event, rank] : d.events) listener_->on_member_event(event, rank);
-  if (d.message) listener_->on_member_message(peer, envelope);
+// Curve mode: a message counts only when the key that sent it is bound to
+// the worker id its connection claims; status requests need any authorized
+// key. Plain mode has no keys to check.
+bool ControlServer::authorized(const Sender& from, proto::Envelope::Reader envelope) {
+  if (opt_.auth.mode != AuthMode::kCurve) return true;  // start() refuses curve without its keys
+  const bool status = envelope.getBody().which() == proto::Envelope::Body::STATUS_REQUEST;
+  if (status && !from.user.empty()) return true;
+  if (!status && from.route.kind != Route::Kind::kOther && !from.user.empty() && from.user == from.route.id)
+    return true;
+  note_dropped(from.peer, "key " + (from.fingerprint.empty() ? std::string("<none>") : from.fingerprint) +
+                              (from.user.empty() ? std::string(" is not authorized")
+                                                 : " is bound to '" + printable(from.user) + "'") +
+                              ", not to the worker id this " + body_name(envelope) + " claims ('" +
+                              printable(from.route.id) + "')");
+  return false;
 }
 
-ControlServer::Deliveries ControlServer::dispatch_locked(const std::string& peer, proto::Envelope::Reader env) {
+void ControlServer::deliver(const Deliveries& d, const std::string& id, proto::Envelope::Reader envelope) {
+  if (!listener_) return;
+  for (const auto& [event, rank] : d.events) listener_->on_member_event(event, rank);
+  if (d.message) listener_->on_member_message(id, envelope);
+}
+
+ControlServer::Deliveries ControlServer::dispatch_locked(const Sender& from, proto::Envelope::Reader env) {
   using B = proto::Envelope::Body;
   Deliveries out;
   auto body = env.getBody();
   const uint64_t inc = env.getIncarnation();
+  const std::string& peer = from.peer;
   if (body.which() == B::STATUS_REQUEST) {
     status_reply_locked(peer, body.getStatusRequest().getRequestId());
     return out;
   }
   if (body.which() == B::HELLO) {
-    hello_locked(peer, inc, body.getHello(), out);
+    hello_locked(from, inc, body.getHello(), out);
     return out;
   }
-  auto it = members_.find(peer);
-  if (it == members_.end() || it->second.incarnation != inc || it->second.lost) {
+  // Only the member's own connection speaks for it.
+  auto it = from.route.kind == Route::Kind::kMember ? members_.find(from.route.id) : members_.end();
+  if (it == members_.end() || it->second.route != peer || it->second.incarnation != inc || it->second.lost) {
     if (body.which() != B::LEAVE)
       reject_locked(peer, inc, proto::RejectCode::NOT_MEMBER,
                     it != members_.end() && it->second.lost
-                        ? "'" + peer + "' was declared lost and expelled from the group: say Hello again"
-                        : "'" + peer + "' is not a member: say Hello first");
+                        ? "'" + printable(from.route.id) + "' was declared lost and expelled from the group: say Hello again"
+                        : "this connection is not a member: say Hello first");
     return out;
   }
   Member& m = it->second;
@@ -303,8 +372,8 @@ ControlServer::Deliveries ControlServer::dispatch_locked(const std::string& peer
     case B::LEAVE: {
       m.lost = true;
       const std::string reason = body.getLeave().getReason().cStr();
-      PC_INFO("publisher: subscriber '" << peer << "' left: " << reason);
-      out.events.push_back({MemberEvent{MemberEvent::Kind::kLeft, peer, reason}, m.rank});
+      PC_INFO("publisher: subscriber '" << m.id << "' left: " << printable(reason, 256));
+      out.events.push_back({MemberEvent{MemberEvent::Kind::kLeft, m.id, reason}, m.rank});
       break;
     }
     default:
@@ -313,123 +382,25 @@ ControlServer::Deliveries ControlServer::dispatch_locked(const std::string& peer
   return out;
 }
 
-void ControlServer::hello_locked(const std::string& peer, uint64_t inc, proto::Hello::Reader h, Deliveries& out) {
-  const std::string id = h.getWorkerId().cStr();
-  if (h.getProtocolVersion() != proto::PROTOCOL_VERSION) {
-    PC_WARN("publisher: rejected '" << id << "': protocol version " << h.getProtocolVersion() << ", publisher speaks "
-                                    << proto::PROTOCOL_VERSION);
-    reject_locked(peer, inc, proto::RejectCode::VERSION_MISMATCH,
-                  "protocol version mismatch: subscriber speaks " + std::to_string(h.getProtocolVersion()) +
-                      ", publisher speaks " + std::to_string(proto::PROTOCOL_VERSION),
-                  h.getProtocolVersion());
-    return;
-  }
-  const bool probe = peer != id;
-  if (probe && peer.rfind("probe/" + id + "/", 0) != 0) {
-    reject_locked(peer, inc, proto::RejectCode::UNKNOWN_ID,
-                  "worker id '" + id + "' differs from the connection's routing identity '" + peer + "'");
-    return;
-  }
-  const auto& ids = opt_.subscriber_ids;
-  if (!ids.empty() && std::find(ids.begin(), ids.end(), id) == ids.end()) {
-    PC_WARN("publisher: rejected unknown worker id '" << id << "'");
-    reject_locked(peer, inc, proto::RejectCode::UNKNOWN_ID,
-                  "worker id '" + id + "' is not in publisher.subscribers (" + join_ids(ids) + ")");
-    return;
-  }
-  auto it = members_.find(id);
-  const bool known = it != members_.end();
-  if (!probe) {
-    admit_locked(peer, inc, h, out);
-    return;
-  }
-  // Another process holds this id while a live connection still carries
-  // it: that is a duplicate, and the first keeps its place. A restarted
-  // process finds the old connection gone (the router cannot route to it).
-  if (known && !it->second.lost && it->second.incarnation != inc) {
-    // Decide once the member had two heartbeat intervals to show it lives.
-    probes_.push_back({peer, id, inc, Clock::now(), std::string(h.getHost().cStr()) + " pid " + std::to_string(h.getPid())});
-    return;
-  }
-  if (!known && ids.empty() && !has_free_slot_locked()) {
-    reject_locked(peer, inc, proto::RejectCode::UNKNOWN_ID,
-                  "the deployment expects " + std::to_string(opt_.subscriber_count) + " subscribers and all are present");
-    return;
-  }
-  welcome_locked(peer, inc, /*probe=*/true);
-}
-
-// A Hello on the worker-id connection: the membership itself.
-void ControlServer::admit_locked(const std::string& peer, uint64_t inc, proto::Hello::Reader h, Deliveries& out) {
-  const std::string& id = peer;
-  const auto now = Clock::now();
-  auto it = members_.find(id);
-  MemberEvent::Kind kind = MemberEvent::Kind::kJoined;
-  int old_rank = -1;
-  if (it != members_.end()) {
-    Member& m = it->second;
-    if (m.incarnation == inc && !m.lost) {  // a repeated Hello: answer it again
-      m.last_seen = now;
-      welcome_locked(peer, inc, false);
-      return;
-    }
-    kind = MemberEvent::Kind::kRejoined;
-    old_rank = m.rank;
-  } else if (opt_.subscriber_ids.empty() && !has_free_slot_locked()) {
-    reject_locked(peer, inc, proto::RejectCode::UNKNOWN_ID,
-                  "the deployment expects " + std::to_string(opt_.subscriber_count) + " subscribers and all are present");
-    return;
-  }
-  Member m;
-  m.id = id;
-  m.incarnation = inc;
-  m.host = h.getHost().cStr();
-  m.pid = h.getPid();
-  m.device = get_device(h.getDevice());
-  m.last_seen = now;
-  m.weight_version = h.getWeightVersion();
-  m.state = h.getState();
-  members_[id] = m;
-  const std::string who = m.host + " pid " + std::to_string(m.pid);
-  PC_INFO("publisher: subscriber '" << id << "' " << member_event_name(kind) << " (" << who << ", "
-                                    << m.device.to_string() << ", holds v" << m.weight_version << " "
-                                    << state_name(m.state) << ")");
-  out.events.push_back({MemberEvent{kind, id, who}, old_rank});
-  welcome_locked(peer, inc, false);
-}
-
-// Probes for an id held by a member: a live member is heard from within two
-// heartbeat intervals, and then the newcomer is a duplicate; a dead one is
-// not, and the newcomer (a restart) may proceed.
-void ControlServer::settle_probes() {
-  const auto now = Clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto p = probes_.begin(); p != probes_.end();) {
-    auto it = members_.find(p->id);
-    const bool gone = it == members_.end() || it->second.lost || it->second.incarnation == p->incarnation;
-    const bool alive = !gone && it->second.last_seen > p->arrived;
-    if (!gone && !alive && now - p->arrived < 2 * opt_.control.heartbeat_interval) {
-      ++p;
-      continue;
-    }
-    if (alive) {
-      const Member& m = it->second;
-      PC_WARN("publisher: rejected duplicate worker id '" << p->id << "' from " << p->who << " (held by " << m.host
-                                                          << " pid " << m.pid << ")");
-      reject_locked(p->peer, p->incarnation, proto::RejectCode::DUPLICATE_ID,
-                    "worker id '" + p->id + "' is already used by a live subscriber (" + m.host + " pid " +
-                        std::to_string(m.pid) + ")");
-    } else {
-      welcome_locked(p->peer, p->incarnation, /*probe=*/true);
-    }
-    p = probes_.erase(p);
-  }
+// Bounds the table: departed members beyond kMaxDeparted (oldest first), and
+// probe answers nobody followed up within a reconnect cycle.
+void ControlServer::prune_locked(Clock::time_point now) {
+  const auto stale = 2 * opt_.control.heartbeat_timeout + opt_.control.reconnect_backoff_max;
+  for (auto it = probed_.begin(); it != probed_.end();)
+    it = now - it->second.second > stale ? probed_.erase(it) : std::next(it);
+  std::vector<std::pair<Clock::time_point, std::string>> departed;
+  for (const auto& [id, m] : members_)
+    if (m.lost) departed.emplace_back(m.last_seen, id);
+  if (departed.size() <= kMaxDeparted) return;
+  std::sort(departed.begin(), departed.end());
+  for (size_t i = 0; i + kMaxDeparted < departed.size(); ++i) members_.erase(departed[i].second);
 }
 
 void ControlServer::check_liveness(Clock::time_point now) {
   std::vector<std::pair<MemberEvent, int>> lost;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    prune_locked(now);
     ++beat_seq_;
     for (auto& [id, m] : members_) {
       if (m.lost) continue;
@@ -441,7 +412,7 @@ void ControlServer::check_liveness(Clock::time_point now) {
         lost.push_back({MemberEvent{MemberEvent::Kind::kLost, id, "silent for " + std::to_string(ms) + "ms"}, m.rank});
         continue;
       }
-      outbox_.emplace_back(id, make_message(epoch_, incarnation_, [&](auto b) {
+      outbox_.emplace_back(m.route, make_message(epoch_, incarnation_, [&](auto b) {
                              auto h = b.initHeartbeat();
                              h.setWeightVersion(published_version_);
                              h.setState(proto::WeightState::CONSISTENT);
@@ -451,56 +422,6 @@ void ControlServer::check_liveness(Clock::time_point now) {
   }
   if (listener_)
     for (const auto& [event, rank] : lost) listener_->on_member_event(event, rank);
-}
-
-void ControlServer::welcome_locked(const std::string& peer, uint64_t inc, bool probe) {
-  outbox_.emplace_back(peer, make_message(epoch_, incarnation_, [&](auto b) {
-                         auto w = b.initWelcome();
-                         w.setProbe(probe);
-                         w.setProtocolVersion(proto::PROTOCOL_VERSION);
-                         w.setHeartbeatIntervalMs(static_cast<uint32_t>(opt_.control.heartbeat_interval.count()));
-                         w.setHeartbeatTimeoutMs(static_cast<uint32_t>(opt_.control.heartbeat_timeout.count()));
-                         w.setPublisherIncarnation(incarnation_);
-                       }));
-}
-
-void ControlServer::reject_locked(const std::string& peer, uint64_t target, proto::RejectCode code,
-                                  const std::string& text, uint32_t peer_version) {
-  outbox_.emplace_back(peer, make_message(epoch_, incarnation_, [&](auto b) {
-                         auto r = b.initReject();
-                         r.setCode(code);
-                         r.setText(text);
-                         r.setPublisherProtocolVersion(proto::PROTOCOL_VERSION);
-                         r.setPeerProtocolVersion(peer_version);
-                         r.setTargetIncarnation(target);
-                       }));
-}
-
-void ControlServer::status_reply_locked(const std::string& peer, uint64_t request_id) {
-  const auto now = Clock::now();
-  outbox_.emplace_back(peer, make_message(epoch_, incarnation_, [&](auto b) {
-    auto s = b.initStatusReply();
-    s.setRequestId(request_id);
-    s.setEpoch(epoch_);
-    s.setPublishedVersion(published_version_);
-    s.setExpected(static_cast<uint32_t>(opt_.subscriber_ids.empty() ? opt_.subscriber_count
-                                                                    : static_cast<int>(opt_.subscriber_ids.size())));
-    s.setBackend(opt_.backend == Backend::kNccl ? proto::Backend::NCCL : proto::Backend::GLOO);
-    auto list = s.initMembers(static_cast<unsigned>(members_.size()));
-    unsigned i = 0;
-    for (auto& [id, m] : members_) {
-      auto e = list[i++];
-      e.setWorkerId(id);
-      e.setRank(m.lost ? -1 : m.rank);
-      e.setWeightVersion(m.weight_version);
-      e.setState(m.state);
-      e.setLastHeartbeatAgeMs(static_cast<uint64_t>(ms_since(m.last_seen, now)));
-      e.setHost(m.host);
-      e.setPid(m.pid);
-      set_device(e.initDevice(), m.device);
-      e.setLost(m.lost);
-    }
-  }));
 }
 
 }  // namespace control

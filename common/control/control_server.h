@@ -1,9 +1,12 @@
 // ControlServer: the publisher's end of the control channel.
 //
 // It owns the ROUTER socket and the thread that polls it: framing and decode
-// limits, peer identity (the probe handshake that tells a restart from a
-// duplicate), heartbeats both ways, liveness, the membership table and
-// StatusRequest answers. It knows nothing of tensors, plans or groups: every
+// limits, authentication (CURVE keys checked by its ZapHandler; every message
+// must come from the key bound to the worker id it claims), peer identity
+// (the probe handshake that tells a restart from a duplicate; routing
+// identities "probe/<id>/<nonce>" and "member/<id>/<nonce>", one fresh nonce
+// per connection, no handover), heartbeats both ways, liveness, the bounded
+// membership table (departed members pruned) and StatusRequest answers. It knows nothing of tensors, plans or groups: every
 // other message of a live member goes to the Listener, and the owner sends
 // its own messages through send().
 //
@@ -20,6 +23,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -27,6 +31,8 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/control/auth.h"
+#include "common/control/log_guard.h"
 #include "common/control/codec.h"
 #include "common/control/member_event.h"
 #include "common/control/wakeup.h"
@@ -43,12 +49,21 @@ struct ServerOptions {
   std::vector<std::string> subscriber_ids;
   int subscriber_count = 1;
   Backend backend = Backend::kGloo;  // reported in StatusReply
+  AuthOptions auth;                  // curve: key files (read by start())
 };
+
+// A routing identity as the control channel names it.
+struct Route {
+  enum class Kind { kOther, kProbe, kMember } kind = Kind::kOther;
+  std::string id;  // the worker id it carries (probe and member kinds)
+};
+Route parse_route(const std::string& routing_id);
 
 // One row of the membership table, as a snapshot.
 struct Member {
   std::string id;
   uint64_t incarnation = 0;
+  std::string route;  // routing identity of its member connection
   std::string host;
   uint32_t pid = 0;
   Device device;
@@ -119,11 +134,26 @@ class ControlServer {
   std::vector<std::string> missing() const;
   std::optional<Member> member(const std::string& id) const;
   uint64_t dropped_frames() const { return dropped_frames_; }
+  // Counts a refused frame from `peer` and logs why, a few lines per peer
+  // and window (with the number held back); `why` must be printable already.
+  void note_dropped(const std::string& peer, const std::string& why);
+  // Rows of the membership table (live and departed), for tests of its bound.
+  size_t table_size() const;
+  // Most departed members remembered (the oldest are pruned first).
+  static constexpr size_t kMaxDeparted = 64;
 
-  // For the fuzzer and tests: one inbound frame from `peer`, on this thread.
-  void inject(const std::string& peer, const void* data, size_t size);
+  // For the fuzzer and tests: one inbound frame from `peer`, on this thread,
+  // as if authenticated as `user` (curve mode; empty: no key).
+  void inject(const std::string& peer, const void* data, size_t size, const std::string& user = "");
 
  private:
+  // Who sent a frame, as the transport vouches for it.
+  struct Sender {
+    std::string peer;         // routing identity
+    Route route;
+    std::string user;         // CURVE: the User-Id its key is bound to
+    std::string fingerprint;  // CURVE: its key's fingerprint
+  };
   struct PendingProbe {
     std::string peer;
     std::string id;
@@ -140,23 +170,28 @@ class ControlServer {
   void loop();
   void receive_burst();
   void flush_outbox();
-  void handle(const std::string& peer, const zmq::message_t& payload);
-  Deliveries dispatch_locked(const std::string& peer, proto::Envelope::Reader envelope);
-  void hello_locked(const std::string& peer, uint64_t incarnation, proto::Hello::Reader hello, Deliveries& out);
-  void admit_locked(const std::string& peer, uint64_t incarnation, proto::Hello::Reader hello, Deliveries& out);
+  void handle(const Sender& from, const zmq::message_t& payload);
+  bool authorized(const Sender& from, proto::Envelope::Reader envelope);
+  Deliveries dispatch_locked(const Sender& from, proto::Envelope::Reader envelope);
+  void hello_locked(const Sender& from, uint64_t incarnation, proto::Hello::Reader hello, Deliveries& out);
+  void admit_locked(const Sender& from, uint64_t incarnation, proto::Hello::Reader hello, Deliveries& out);
+  void welcome_probe_locked(const std::string& peer, const std::string& id, uint64_t incarnation);
   void settle_probes();
+  void prune_locked(Clock::time_point now);
+  void queue_locked(const std::string& id, zmq::message_t frame);
   void check_liveness(Clock::time_point now);
   bool has_free_slot_locked() const;
   void welcome_locked(const std::string& peer, uint64_t incarnation, bool probe);
   void reject_locked(const std::string& peer, uint64_t target, proto::RejectCode code, const std::string& text,
                      uint32_t peer_version = 0);
   void status_reply_locked(const std::string& peer, uint64_t request_id);
-  void note_dropped(const std::string& peer, const std::string& why);
-  void deliver(const Deliveries& d, const std::string& peer, proto::Envelope::Reader envelope);
+  void deliver(const Deliveries& d, const std::string& id, proto::Envelope::Reader envelope);
 
   const ServerOptions opt_;
   const uint64_t incarnation_;
   zmq::context_t ctx_;
+  ServerAuth auth_;                  // set by start()
+  std::unique_ptr<ZapHandler> zap_;  // curve mode; before router_ so that it outlives it
   zmq::socket_t router_;
   std::string endpoint_;
   Wakeup wake_;
@@ -167,9 +202,15 @@ class ControlServer {
   std::atomic<uint64_t> published_version_{0};
   std::atomic<uint64_t> dropped_frames_{0};
 
+  std::mutex log_mu_;  // guards log_limit_; a leaf lock
+  LogLimiter log_limit_{5, std::chrono::seconds(10)};
+
   mutable std::mutex mu_;  // guards everything below; a leaf lock
   std::map<std::string, Member> members_;
   std::vector<PendingProbe> probes_;
+  // Worker id -> incarnation whose probe was answered, and when: the member
+  // connection's Hello is taken only after its probe.
+  std::map<std::string, std::pair<uint64_t, Clock::time_point>> probed_;
   std::deque<std::pair<std::string, zmq::message_t>> outbox_;
   uint64_t beat_seq_ = 0;  // heartbeat rounds queued so far (Heartbeat.seq)
 };

@@ -4,10 +4,12 @@
 
 #include <capnp/message.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <zmq.hpp>
 
+#include "common/config.h"
 #include "common/control/codec.h"
 #include "common/tensor.h"
 
@@ -21,7 +23,18 @@ zmq::message_t make_message(uint64_t epoch, uint64_t incarnation, F&& fill) {
   env.setEpoch(epoch);
   env.setIncarnation(incarnation);
   fill(env.initBody());
+  clamp_text_fields(env);
   return encode(builder);
+}
+
+// TCP keepalive on a control socket, so that a connection over a dead link
+// is noticed by the kernel too (ZMTP heartbeats do it on the ZeroMQ level).
+inline void set_keepalive(zmq::socket_t& s, const ControlOptions& c) {
+  const int idle_s = static_cast<int>(std::max<int64_t>(1, c.heartbeat_timeout.count() / 1000));
+  s.set(zmq::sockopt::tcp_keepalive, 1);
+  s.set(zmq::sockopt::tcp_keepalive_idle, idle_s);
+  s.set(zmq::sockopt::tcp_keepalive_intvl, 1);
+  s.set(zmq::sockopt::tcp_keepalive_cnt, 3);
 }
 
 inline uint64_t new_incarnation() {

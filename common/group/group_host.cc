@@ -57,7 +57,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     assigned_rank_.clear();
     for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
   }
-  store_.clear();  // keys of earlier epochs are never read again
+  store_.begin_epoch(epoch);  // keys of earlier epochs are dropped, and members write only this one's
   server_.set_epoch(epoch);
   server_.assign_ranks(members);
   auto bootstrap = announce(epoch, members);
@@ -77,6 +77,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   auto comm = create_communicator(go, store);
   // This rank failed on its own: collect what the members said by now.
   std::vector<std::string> problems = wait_for_members(members, comm.ok() ? deadline : Clock::now());
+  store_.end_epoch();  // formed or failed: no rank reads the addresses again
   if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
   count_strikes(members, problems);
   if (!problems.empty()) {
@@ -221,17 +222,24 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
     }
     case B::STORE_SET: {
       auto s = body.getStoreSet();
-      if (current) {
+      const auto m = server_.member(id);
+      Status st = store_.remote_set(id, m ? m->rank : -1, s.getKey().cStr(),
+                                    std::string(reinterpret_cast<const char*>(s.getValue().begin()), s.getValue().size()));
+      if (!st.ok()) {
+        server_.note_dropped(id, st.message());
+      } else if (current) {
         std::lock_guard<std::mutex> lock(mu_);
         published_.insert(id);
       }
-      store_.remote_set(s.getKey().cStr(),
-                        std::string(reinterpret_cast<const char*>(s.getValue().begin()), s.getValue().size()));
       return true;
     }
-    case B::STORE_GET:
-      store_.remote_get(id, body.getStoreGet().getRequestId(), body.getStoreGet().getKey().cStr());
+    case B::STORE_GET: {
+      const auto m = server_.member(id);
+      Status st = store_.remote_get(id, m ? m->rank : -1, body.getStoreGet().getRequestId(),
+                                    body.getStoreGet().getKey().cStr());
+      if (!st.ok()) server_.note_dropped(id, st.message());
       return true;
+    }
     default:
       return false;
   }

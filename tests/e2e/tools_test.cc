@@ -105,8 +105,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ToolCase{"paramcast", "paramcast", {}, "usage: paramcast COMMAND", "paramcast"},
         ToolCase{"paramcast_launch", "paramcast", {"launch"}, "usage: paramcast launch FILE.yaml", "paramcast launch"},
-        ToolCase{"paramcast_status", "paramcast", {"status"}, "usage: paramcast status tcp://HOST:PORT",
+        ToolCase{"paramcast_status", "paramcast", {"status"}, "usage: paramcast status [tcp://HOST:PORT]",
                  "paramcast status"},
+        ToolCase{"paramcast_keygen", "paramcast", {"keygen"}, "usage: paramcast keygen NAME...", "paramcast keygen"},
         ToolCase{"paramcast_trainer", "paramcast-trainer", {}, "usage: paramcast-trainer --config FILE.yaml",
                  "paramcast-trainer"},
         ToolCase{"paramcast_worker", "paramcast-worker", {}, "usage: paramcast-worker --config FILE.yaml",

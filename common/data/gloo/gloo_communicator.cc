@@ -39,7 +39,12 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <thread>
 #include <tuple>

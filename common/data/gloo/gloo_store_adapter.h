@@ -5,7 +5,12 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/store.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,12 +18,37 @@
 
 namespace paramcast::gloo_backend {
 
+// What Gloo writes to the store, with the bytes it never initialised zeroed:
+// an address blob is one record per peer (a sockaddr_storage of which only
+// the family's length is set, then a sequence number); a "rank_N" value is a
+// host name in a fixed buffer, of which only the part up to its NUL is set.
+inline std::string defined_bytes(const std::string& key, const std::vector<char>& data) {
+  std::string out(data.begin(), data.end());
+  const auto slash = key.rfind('/');
+  if (key.compare(slash == std::string::npos ? 0 : slash + 1, 5, "rank_") == 0) {
+    const auto nul = out.find('\0');
+    if (nul != std::string::npos) std::fill(out.begin() + static_cast<std::ptrdiff_t>(nul), out.end(), '\0');
+    return out;
+  }
+  constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(ssize_t);
+  if (out.empty() || out.size() % kRecord != 0) return out;
+  for (size_t at = 0; at < out.size(); at += kRecord) {
+    sockaddr_storage ss;
+    std::memcpy(&ss, out.data() + at, sizeof ss);
+    size_t used = ss.ss_family == AF_INET ? sizeof(sockaddr_in) : ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : 0;
+    if (ss.ss_family == AF_INET) std::memset(reinterpret_cast<sockaddr_in*>(&ss)->sin_zero, 0, sizeof(sockaddr_in::sin_zero));
+    std::memset(reinterpret_cast<char*>(&ss) + used, 0, sizeof ss - used);
+    std::memcpy(out.data() + at, &ss, sizeof ss);
+  }
+  return out;
+}
+
 class StoreAdapter : public ::gloo::rendezvous::Store {
  public:
   StoreAdapter(paramcast::Store& store, std::chrono::milliseconds timeout) : store_(store), timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
-    Status s = store_.set(key, std::string(data.begin(), data.end()));
+    Status s = store_.set(key, defined_bytes(key, data));
     if (!s.ok()) throw ::gloo::IoException("store set '" + key + "': " + s.to_string());
   }
   std::vector<char> get(const std::string& key) override {

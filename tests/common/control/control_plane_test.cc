@@ -177,7 +177,7 @@ TEST_F(ControlPlaneTest, SilentMemberIsDeclaredLostWithinItsBound) {
   };
   zmq::socket_t probe(ctx, zmq::socket_type::dealer), member(ctx, zmq::socket_type::dealer);
   probe.set(zmq::sockopt::routing_id, "probe/worker-s/0000000000000042");
-  member.set(zmq::sockopt::routing_id, "worker-s");
+  member.set(zmq::sockopt::routing_id, "member/worker-s/0000000000000043");
   probe.set(zmq::sockopt::linger, 0);
   member.set(zmq::sockopt::linger, 0);
   probe.connect(server->endpoint());
