@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "tests/support/netns.h"
@@ -46,8 +48,8 @@ double wait_after(Process& p, size_t from, const std::string& needle, Clock::tim
 // the worst answer time and every failure.
 class StatusProbe {
  public:
-  StatusProbe(const NetworkLab& lab, std::string endpoint)
-      : lab_(lab), endpoint_(std::move(endpoint)), thread_([this] { run(); }) {}
+  StatusProbe(const NetworkLab& lab, std::string endpoint, std::string yaml)
+      : lab_(lab), endpoint_(std::move(endpoint)), yaml_(std::move(yaml)), thread_([this] { run(); }) {}
   ~StatusProbe() { stop(); }
   void stop() {
     stop_ = true;
@@ -62,7 +64,8 @@ class StatusProbe {
     while (!stop_) {
       const auto t0 = Clock::now();
       auto p = Process::start(lab_.exec_path(),
-                              lab_.exec_args(0, test::binary("paramcast"), {"status", endpoint_, "--timeout", "2s"}));
+                              lab_.exec_args(0, test::binary("paramcast"),
+                                             {"status", endpoint_, "--config", yaml_, "--timeout", "2s"}));
       auto code = p->wait_for(Ms(5000));
       const double took = since(t0);
       if (code == 0) {
@@ -76,6 +79,7 @@ class StatusProbe {
   }
   const NetworkLab& lab_;
   const std::string endpoint_;
+  const std::string yaml_;  // its auth block: the operator's status key
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -88,6 +92,7 @@ class NetnsTest : public ::testing::Test {
     if (!lab_) GTEST_SKIP() << "cannot build network namespaces here: " << why;
     dir_ = test::make_temp_dir("paramcast-netns");
     endpoint_ = "tcp://" + lab_->address(0) + ":29500";
+    make_keys();
     yaml_ = test::write_file(dir_, "deploy.yaml", yaml());
     trainer_ = Process::start(lab_->exec_path(),
                               lab_->exec_args(0, test::binary("paramcast-trainer"), {"--config", yaml_}));
@@ -109,6 +114,23 @@ class NetnsTest : public ::testing::Test {
 
   static std::string id(int node) { return "worker-" + std::to_string(node); }
 
+  // CURVE, as deploy/multi-node.yaml: `paramcast keygen` for the publisher,
+  // every worker and the operator's status key.
+  void make_keys() {
+    std::vector<std::string> args = {"keygen", "--dir", dir_ + "/keys", "publisher", "status"};
+    for (int i = 1; i <= kWorkers; ++i) args.push_back(id(i));
+    auto p = Process::start(test::binary("paramcast"), args);
+    ASSERT_EQ(p->wait_for(Ms(20000)), 0) << p->output();
+    std::map<std::string, std::string> keys;
+    std::istringstream is(p->output());
+    std::string name, key;
+    while (is >> name >> key) keys[name] = key;
+    std::string authorized;
+    for (int i = 1; i <= kWorkers; ++i) authorized += id(i) + " " + keys[id(i)] + "\n";
+    test::write_file(dir_ + "/keys", "authorized_keys", authorized);
+    test::write_file(dir_ + "/keys", "status_keys", "status " + keys["status"] + "\n");
+  }
+
   std::string yaml() const {
     return "control:\n  endpoint: " + endpoint_ +
            "\n  heartbeat_interval: 100ms\n  heartbeat_timeout: 1500ms\n  join_timeout: 30s\n"
@@ -117,7 +139,10 @@ class NetnsTest : public ::testing::Test {
            "\n  bucket_size: 1MiB\n  checksum: xxh64\n  timeout: 20s\n  init_timeout: 10s\n"
            "publisher:\n  subscribers: [worker-1, worker-2, worker-3]\n  on_member_loss: continue\n"
            "trainer:\n  model_size: 8MiB\n  layers: 8\n  updates: 100000\n  interval: 100ms\n"
-           "logging:\n  level: info\n";
+           "logging:\n  level: info\n"
+           "auth:\n  mode: curve\n  publisher_key: keys/publisher.key\n  publisher_public_key: keys/publisher.pub\n"
+           "  authorized_keys: keys/authorized_keys\n  status_keys: keys/status_keys\n"
+           "  worker_key: keys/{id}.key\n  status_key: keys/status.key\n";
   }
 
   std::string outputs() {
@@ -180,7 +205,7 @@ class NetnsTest : public ::testing::Test {
 
 TEST_F(NetnsTest, WorkerLinkCutMidUpdate) {
   slow_down_and_wait_mid_update();
-  StatusProbe probe(*lab_, endpoint_);
+  StatusProbe probe(*lab_, endpoint_, yaml_);
   const size_t from = trainer_->output().size();
   ASSERT_TRUE(lab_->cut(2));
   const auto cut = Clock::now();
@@ -194,7 +219,7 @@ TEST_F(NetnsTest, WorkerLinkCutMidUpdate) {
 
 TEST_F(NetnsTest, FramesDroppedWithLinksUp) {
   slow_down_and_wait_mid_update();
-  StatusProbe probe(*lab_, endpoint_);
+  StatusProbe probe(*lab_, endpoint_, yaml_);
   const size_t from = trainer_->output().size();
   ASSERT_TRUE(lab_->block(2));
   const auto blocked = Clock::now();
@@ -211,7 +236,7 @@ TEST_F(NetnsTest, FramesDroppedWithLinksUp) {
 // comes back after `partition`.
 void NetnsTest::cut_trainer_for(Ms partition, bool drop) {
   slow_down_and_wait_mid_update();
-  StatusProbe probe(*lab_, endpoint_);
+  StatusProbe probe(*lab_, endpoint_, yaml_);
   const size_t from = trainer_->output().size();
   std::vector<size_t> worker_from;
   for (auto& w : workers_) worker_from.push_back(w->output().size());
