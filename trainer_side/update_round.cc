@@ -17,7 +17,7 @@ void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::strin
 
 std::string UpdateRound::observe(const std::string& id, const control::Member& m) {
   if (version_ == 0 || missed_.count(id) || std::find(group_.begin(), group_.end(), id) == group_.end()) return "";
-  const std::string v = "v" + std::to_string(version_);
+  const std::string v = std::string("v") + std::to_string(version_);
   std::string what;
   if (!committed_ && !plan_.count(id)) {
     if (m.ack_seq > plan_seq_ && m.plan_version < version_) what = "did not receive the plan of " + v;

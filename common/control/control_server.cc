@@ -346,11 +346,16 @@ ControlServer::Deliveries ControlServer::dispatch_locked(const Sender& from, pro
   // Only the member's own connection speaks for it.
   auto it = from.route.kind == Route::Kind::kMember ? members_.find(from.route.id) : members_.end();
   if (it == members_.end() || it->second.route != peer || it->second.incarnation != inc || it->second.lost) {
-    if (body.which() != B::LEAVE)
-      reject_locked(peer, inc, proto::RejectCode::NOT_MEMBER,
-                    it != members_.end() && it->second.lost
-                        ? "'" + printable(from.route.id) + "' was declared lost and expelled from the group: say Hello again"
-                        : "this connection is not a member: say Hello first");
+    if (body.which() != B::LEAVE) {
+      // Appended piece by piece: GCC 12 reports a false -Wrestrict for
+      // "literal" + std::string&& at -O3.
+      std::string text = "this connection is not a member: say Hello first";
+      if (it != members_.end() && it->second.lost) {
+        text = "'";
+        text.append(printable(from.route.id)).append("' was declared lost and expelled from the group: say Hello again");
+      }
+      reject_locked(peer, inc, proto::RejectCode::NOT_MEMBER, text);
+    }
     return out;
   }
   Member& m = it->second;

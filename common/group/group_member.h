@@ -31,7 +31,11 @@ class GroupMember {
   StatusOr<std::shared_ptr<Communicator>> join(const GroupOptions& options);
 
   void on_store_value(uint64_t request_id, std::string value) { store_.deliver(request_id, std::move(value)); }
-  void on_joined() { store_.reset(); }
+  // Welcomed (again): a new publisher counts its epochs from 1 again.
+  void on_joined() {
+    abandoned_ = 0;
+    store_.reset();
+  }
   void on_unavailable(const std::string& why) { store_.fail(why); }
   // Control thread: formations up to `epoch` are over (the publisher said
   // GroupFailed, or a newer JoinGroup arrived): a join() of one of them ends

@@ -116,7 +116,8 @@ TEST_F(FailFastTest, VersionsNeverGoBackwardsBelowWhatSubscribersHold) {
   auto second = Publisher::create(cfg);
   ASSERT_TRUE(second.ok()) << second.status().to_string();
   pub_ = std::move(second.value());
-  ASSERT_TRUE(pub_->start().ok());
+  Status started = pub_->start();
+  ASSERT_TRUE(started.ok()) << started.to_string() << outputs();
   EXPECT_EQ(pub_->next_version(), 6u);
   UpdateResult back = publish(3);
   ASSERT_FALSE(back.ok());
