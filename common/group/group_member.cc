@@ -1,43 +1,126 @@
 #include "common/group/group_member.h"
 
+#include <thread>
+
 #include "common/control/messages.h"
 #include "common/log.h"
 
 namespace paramcast::group {
 
+// The store's way to the publisher: the client, until the member is gone
+// (an abandoned attempt may still use the store after that).
+struct GroupMember::Link {
+  std::mutex mu;
+  control::ControlClient* client;
+  std::atomic<uint64_t> epoch{0};  // the epoch being joined, stamped on store messages
+};
+
+struct GroupMember::Attempt {
+  explicit Attempt(uint64_t e) : epoch(e) {}
+  const uint64_t epoch;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string abandoned;  // non-empty: join() stopped waiting, and why
+  StatusOr<std::unique_ptr<Communicator>> result{unavailable("formation attempt not finished")};
+};
+
 GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
-    : id_(std::move(worker_id)), client_(client), store_([this](const RemoteStore::Request& r) {
-        client_.send(control::make_message(epoch_, client_.incarnation(), [&](auto b) {
-          if (r.is_get) {
-            auto m = b.initStoreGet();
-            m.setRequestId(r.request_id);
-            m.setKey(r.key);
-          } else {
-            auto m = b.initStoreSet();
-            m.setKey(r.key);
-            m.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(r.value.data()), r.value.size()));
-          }
-        }));
-      }) {}
+    : id_(std::move(worker_id)), client_(client), link_(std::make_shared<Link>()) {
+  link_->client = &client;
+  store_ = std::make_shared<RemoteStore>([link = link_](const RemoteStore::Request& r) {
+    std::lock_guard<std::mutex> lock(link->mu);
+    if (!link->client) return;
+    link->client->send(control::make_message(link->epoch, link->client->incarnation(), [&](auto b) {
+      if (r.is_get) {
+        auto m = b.initStoreGet();
+        m.setRequestId(r.request_id);
+        m.setKey(r.key);
+      } else {
+        auto m = b.initStoreSet();
+        m.setKey(r.key);
+        m.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(r.value.data()), r.value.size()));
+      }
+    }));
+  });
+}
+
+GroupMember::~GroupMember() {
+  end_attempt(~uint64_t(0), "subscriber stopping");
+  store_->fail("subscriber stopping");
+  std::lock_guard<std::mutex> lock(link_->mu);
+  link_->client = nullptr;
+}
+
+void GroupMember::on_joined() {
+  abandoned_ = 0;
+  store_->reset();
+}
+
+void GroupMember::on_unavailable(const std::string& why) {
+  store_->fail(why);
+  end_attempt(~uint64_t(0), why);
+}
 
 void GroupMember::abandon_formations(uint64_t epoch, const std::string& why) {
   uint64_t seen = abandoned_.load();
   while (seen < epoch && !abandoned_.compare_exchange_weak(seen, epoch)) {
   }
-  if (epoch_.load() != 0 && epoch_.load() <= epoch) {
+  if (link_->epoch.load() != 0 && link_->epoch.load() <= epoch) {
     store_failed_by_abandon_ = true;
-    store_.fail(why);
+    store_->fail(why);
   }
+  end_attempt(epoch, why);
+}
+
+// Stops join() waiting for an attempt at an epoch up to `up_to_epoch`.
+void GroupMember::end_attempt(uint64_t up_to_epoch, const std::string& why) {
+  std::shared_ptr<Attempt> a;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a = attempt_;
+  }
+  if (!a || a->epoch > up_to_epoch) return;
+  {
+    std::lock_guard<std::mutex> lock(a->mu);
+    if (a->done || !a->abandoned.empty()) return;
+    a->abandoned = why.empty() ? "formation abandoned" : why;
+  }
+  a->cv.notify_all();
 }
 
 StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& options) {
-  if (store_failed_by_abandon_.exchange(false)) store_.reset();  // that formation is over; this one is new
-  epoch_ = options.epoch;
+  if (store_failed_by_abandon_.exchange(false)) store_->reset();  // that formation is over; this one is new
+  link_->epoch = options.epoch;
+  auto attempt = std::make_shared<Attempt>(options.epoch);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    attempt_ = attempt;
+  }
+  if (options.epoch <= abandoned_.load()) {
+    attempt->result = unavailable("group epoch " + std::to_string(options.epoch) +
+                                  " was abandoned before this rank joined it");
+    attempt->done = true;
+  } else {
+    std::thread([attempt, options, store = store_] {
+      auto result = create_communicator(options, *store);
+      std::unique_ptr<Communicator> orphan;  // built after join() gave up: torn down here
+      {
+        std::lock_guard<std::mutex> lock(attempt->mu);
+        if (!attempt->abandoned.empty() && result.ok()) orphan = std::move(result.value());
+        else attempt->result = std::move(result);
+        attempt->done = true;
+      }
+      attempt->cv.notify_all();
+    }).detach();
+  }
+  std::unique_lock<std::mutex> lock(attempt->mu);
+  attempt->cv.wait(lock, [&] { return attempt->done || !attempt->abandoned.empty(); });
   StatusOr<std::unique_ptr<Communicator>> comm =
-      options.epoch <= abandoned_.load()
-          ? StatusOr<std::unique_ptr<Communicator>>(unavailable("group epoch " + std::to_string(options.epoch) +
-                                                                " was abandoned before this rank joined it"))
-          : create_communicator(options, store_);
+      attempt->done ? std::move(attempt->result)
+                    : StatusOr<std::unique_ptr<Communicator>>(unavailable(
+                          "group epoch " + std::to_string(options.epoch) + " abandoned: " + attempt->abandoned));
+  lock.unlock();
   const auto rank = static_cast<uint32_t>(options.rank);
   if (!comm.ok()) {
     PC_WARN(id_ << ": group epoch " << options.epoch << " failed: " << comm.status().message());

@@ -6,12 +6,22 @@
 // for that epoch. StoreValue answers and membership changes arrive from the
 // control thread.
 //
+// A formation can be given up while this rank is inside the backend's
+// connect, which nothing interrupts (Gloo waits up to 5 × init_timeout for a
+// peer that already left the formation). So each attempt runs on a thread of
+// its own: join() returns as soon as the attempt finishes or its formation is
+// abandoned (the publisher said GroupFailed, a newer JoinGroup arrived, the
+// publisher was lost, the subscriber stops), and an abandoned attempt ends on
+// its own thread, which also destroys what it built.
+//
 // Threads: join() on the data thread; the on_* methods on the control thread.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/control/control_client.h"
@@ -24,32 +34,37 @@ namespace paramcast::group {
 class GroupMember {
  public:
   GroupMember(std::string worker_id, control::ControlClient& client);
+  ~GroupMember();
 
   // Creates the communicator of `options.epoch` and says GroupReady, or says
   // GroupFailed with the reason and returns it. The communicator is released
   // on this member's reaper thread when its last owner drops it.
   StatusOr<std::shared_ptr<Communicator>> join(const GroupOptions& options);
 
-  void on_store_value(uint64_t request_id, std::string value) { store_.deliver(request_id, std::move(value)); }
+  void on_store_value(uint64_t request_id, std::string value) { store_->deliver(request_id, std::move(value)); }
   // Welcomed (again): a new publisher counts its epochs from 1 again.
-  void on_joined() {
-    abandoned_ = 0;
-    store_.reset();
-  }
-  void on_unavailable(const std::string& why) { store_.fail(why); }
+  void on_joined();
+  // The publisher is lost, or the subscriber stops: the attempt in progress ends.
+  void on_unavailable(const std::string& why);
   // Control thread: formations up to `epoch` are over (the publisher said
   // GroupFailed, or a newer JoinGroup arrived): a join() of one of them ends
   // now instead of waiting out init_timeout.
   void abandon_formations(uint64_t epoch, const std::string& why);
 
  private:
+  struct Link;     // what the store's messages go through; outlives this object
+  struct Attempt;  // one formation attempt, shared with its thread
+  void end_attempt(uint64_t up_to_epoch, const std::string& why);
+
   Reaper reaper_;  // declared first: outlives the store and the client calls
   const std::string id_;
   control::ControlClient& client_;
-  std::atomic<uint64_t> epoch_{0};  // the epoch being joined, stamped on store messages
+  std::shared_ptr<Link> link_;
+  std::shared_ptr<RemoteStore> store_;
   std::atomic<uint64_t> abandoned_{0};  // formations up to this epoch are over
   std::atomic<bool> store_failed_by_abandon_{false};
-  RemoteStore store_;
+  std::mutex mu_;  // guards attempt_
+  std::shared_ptr<Attempt> attempt_;  // the one join() waits for
 };
 
 }  // namespace paramcast::group
