@@ -215,10 +215,15 @@ struct PhaseResult {
   uint64_t recv_rss_growth = 0;
 };
 
-int run_root(Options o, const std::string& self) {
-  char tmpl[] = "/tmp/paramcast-bench-XXXXXX";
-  o.dir = mkdtemp(tmpl);
-  FileStore store(o.dir);
+// Everything the root measured, for the report.
+struct RootFigures {
+  std::vector<double> raw;  // GB/s per repeat
+  double memcpy_gbps = 0, pack_gbps = 0;
+  std::vector<PhaseResult> phases;
+  std::vector<double> lat, lat_round;  // seconds per 4-byte update
+};
+
+std::vector<std::unique_ptr<test::Process>> start_receivers(const Options& o, const std::string& self) {
   std::vector<std::unique_ptr<test::Process>> receivers;
   std::string counts;
   for (int c : o.counts) counts += (counts.empty() ? "" : ",") + std::to_string(c);
@@ -234,179 +239,216 @@ int run_root(Options o, const std::string& self) {
         // node with a GPU per rank NCCL must see one host (NVLink, P2P).
         o.gpus < o.world ? std::vector<std::string>{"NCCL_HOSTID=paramcast-bench-" + std::to_string(r)}
                          : std::vector<std::string>{}));
-  auto fail = [&](const std::string& what) {
-    std::fprintf(stderr, "paramcast-bench: %s\n", what.c_str());
-    for (auto& p : receivers) std::fprintf(stderr, "%s", p->output().c_str());
-    return 1;
-  };
-  const Device dev = device_for(o, 0);
-  const auto wait = std::chrono::seconds(600);
+  return receivers;
+}
 
-  // (a) raw broadcast
-  std::vector<double> raw;
-  {
-    auto boot = mint_bootstrap(o.backend, 1);
-    if (!boot.ok()) return fail(boot.status().to_string());
-    (void)store.set("raw.bootstrap", *boot);
-    GroupOptions g;
-    g.epoch = 1;
-    g.rank = 0;
-    g.world_size = o.world;
-    g.backend = o.backend;
-    g.bootstrap = *boot;
-    g.device = dev;
-    g.op_timeout = std::chrono::seconds(300);
-    auto comm = create_communicator(g, store);
-    if (!comm.ok()) return fail(comm.status().to_string());
-    Buffers b(dev, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 7, false);
-    for (int rep = 0; rep <= o.repeats; ++rep) {
-      const auto t0 = Clock::now();
-      Status s = comm.value()->broadcast(b.views[0].data, o.size, 0)->wait(Clock::now() + std::chrono::seconds(300));
-      if (!s.ok()) return fail(s.to_string());
-      for (int r = 1; r < o.world; ++r)  // done when every receiver has the bytes
-        if (!store.get("raw.done." + std::to_string(rep) + "." + std::to_string(r), wait).ok())
-          return fail("receiver " + std::to_string(r) + " never finished the raw broadcast");
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (rep > 0) raw.push_back(static_cast<double>(o.size) / secs / 1e9);  // rep 0 warms up
-    }
+constexpr auto kWait = std::chrono::seconds(600);
+
+// (a) the raw broadcast of the same bytes: the baseline.
+Status measure_raw(const Options& o, FileStore& store, std::vector<double>& raw) {
+  auto boot = mint_bootstrap(o.backend, 1);
+  if (!boot.ok()) return boot.status();
+  (void)store.set("raw.bootstrap", *boot);
+  GroupOptions g;
+  g.epoch = 1;
+  g.rank = 0;
+  g.world_size = o.world;
+  g.backend = o.backend;
+  g.bootstrap = *boot;
+  g.device = device_for(o, 0);
+  g.op_timeout = std::chrono::seconds(300);
+  auto comm = create_communicator(g, store);
+  if (!comm.ok()) return comm.status();
+  Buffers b(g.device, {{"raw", DType::kU8, {static_cast<int64_t>(o.size)}}}, 7, false);
+  for (int rep = 0; rep <= o.repeats; ++rep) {
+    const auto t0 = Clock::now();
+    PC_RETURN_IF_ERROR(comm.value()->broadcast(b.views[0].data, o.size, 0)->wait(Clock::now() + std::chrono::seconds(300)));
+    for (int r = 1; r < o.world; ++r)  // done when every receiver has the bytes
+      if (!store.get("raw.done." + std::to_string(rep) + "." + std::to_string(r), kWait).ok())
+        return unavailable("receiver " + std::to_string(r) + " never finished the raw broadcast");
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (rep > 0) raw.push_back(static_cast<double>(o.size) / secs / 1e9);  // rep 0 warms up
   }
-  // (e) pack throughput vs one memcpy, on the root's device
-  double memcpy_gbps = 0, pack_gbps = 0;
-  {
-    auto mem = create_device_memory(dev).value();
-    const uint64_t n = std::min<uint64_t>(o.size, 256ull << 20);
-    StagingBuffer a(mem.get(), mem->allocate(n).value(), n), b(mem.get(), mem->allocate(n).value(), n);
+  return Status();
+}
+
+// (e) pack throughput (10,000 pieces) vs one memcpy, on the root's device.
+void measure_pack(const Options& o, RootFigures& f) {
+  auto mem = create_device_memory(device_for(o, 0)).value();
+  const uint64_t n = std::min<uint64_t>(o.size, 256ull << 20);
+  StagingBuffer a(mem.get(), mem->allocate(n).value(), n), b(mem.get(), mem->allocate(n).value(), n);
+  (void)mem->copy(b.data(), a.data(), n);
+  std::vector<DeviceMemory::CopyOp> ops;
+  const uint64_t piece = n / 10000;
+  for (uint64_t off = 0; off + piece <= n; off += piece) ops.push_back({b.data() + off, a.data() + off, piece});
+  std::vector<double> m, p;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = Clock::now();
     (void)mem->copy(b.data(), a.data(), n);
-    std::vector<DeviceMemory::CopyOp> ops;
-    const uint64_t piece = n / 10000;
-    for (uint64_t off = 0; off + piece <= n; off += piece) ops.push_back({b.data() + off, a.data() + off, piece});
-    std::vector<double> m, p;
-    for (int rep = 0; rep < 5; ++rep) {
-      auto t0 = Clock::now();
-      (void)mem->copy(b.data(), a.data(), n);
-      m.push_back(static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
-      t0 = Clock::now();
-      (void)mem->copy_many(ops);
-      p.push_back(static_cast<double>(piece * ops.size()) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
-    }
-    memcpy_gbps = stats(m).median;
-    pack_gbps = stats(p).median;
+    m.push_back(static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+    t0 = Clock::now();
+    (void)mem->copy_many(ops);
+    p.push_back(static_cast<double>(piece * ops.size()) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
   }
-  // (b) weight_update for each tensor count
-  std::vector<PhaseResult> phases;
-  auto run_phase = [&](const std::string& phase, const std::vector<TensorSpec>& specs, int updates,
-                       std::vector<double>* seconds, bool reuse_validated_plan = true) -> Status {
-    Config cfg = pc_config(o, "tcp://127.0.0.1:*");
-    cfg.publisher.reuse_validated_plan = reuse_validated_plan;
-    auto pub = Publisher::create(cfg);
-    if (!pub.ok()) return pub.status();
-    PC_RETURN_IF_ERROR(store.set(phase + ".endpoint", pub.value()->endpoint()));
-    PC_RETURN_IF_ERROR(pub.value()->start());
-    Buffers b(dev, specs, 3, o.arena);
-    PhaseResult pr;
-    std::vector<double> rates;
-    for (int u = 0; u < updates; ++u) {
-      UpdateResult r = pub.value()->weight_update(b.views);
-      if (!r.ok()) return r.status;
-      pr.bytes = r.bytes;
-      pr.buckets = r.buckets;
-      if (u > 0) {  // the first update warms up
-        rates.push_back(r.gbps());
-        if (seconds) seconds->push_back(r.seconds);
-      }
-    }
-    pr.count = static_cast<int>(specs.size());
-    pr.gbps = stats(rates);
-    pr.root_staging = pub.value()->stats().staging_peak_bytes;
-    for (int r = 1; r < o.world; ++r) {
-      auto v = store.get(phase + ".stats." + std::to_string(r), wait);
-      if (!v.ok()) return v.status();
-      std::istringstream in(*v);
-      uint64_t staging = 0, growth = 0;
-      in >> staging >> growth;
-      pr.recv_staging = std::max(pr.recv_staging, staging);
-      pr.recv_rss_growth = std::max(pr.recv_rss_growth, growth);
-    }
-    PC_RETURN_IF_ERROR(store.set(phase + ".over", "1"));
-    pub.value()->shutdown();
-    if (!seconds) phases.push_back(pr);
-    return Status();
-  };
-  for (int count : o.counts) {
-    Status s = run_phase("t" + std::to_string(count), layout(count, o.size), o.repeats + 1, nullptr);
-    if (!s.ok()) return fail("T=" + std::to_string(count) + ": " + s.to_string());
-  }
-  // (c) latency of a 4-byte update
-  std::vector<double> lat;
-  {
-    Status s = run_phase("latency", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10, &lat);
-    if (!s.ok()) return fail("latency: " + s.to_string());
-    lat.erase(lat.begin(), lat.begin() + std::min<size_t>(lat.size(), 9));  // 10 warm-up updates
-  }
-  // (c') the same with the plan/accept round trip on every update
-  std::vector<double> lat_round;
-  {
-    Status s = run_phase("latency_round", {{"tiny", DType::kF32, {1}}}, o.latency_updates + 10, &lat_round, false);
-    if (!s.ok()) return fail("latency (accept round): " + s.to_string());
-    lat_round.erase(lat_round.begin(), lat_round.begin() + std::min<size_t>(lat_round.size(), 9));
-  }
-  for (auto& p : receivers)
-    if (p->wait_for(std::chrono::seconds(60)) != 0) return fail("a receiver failed");
+  f.memcpy_gbps = stats(m).median;
+  f.pack_gbps = stats(p).median;
+}
 
-  // Report.
-  const Stats rs = stats(raw);
+// (b), (c) one phase of weight_updates through a real Publisher; `seconds`
+// gets each update's time (latency phases), else the phase is recorded.
+Status run_phase(const Options& o, FileStore& store, RootFigures& f, const std::string& phase,
+                 const std::vector<TensorSpec>& specs, int updates, std::vector<double>* seconds,
+                 bool reuse_validated_plan = true) {
+  Config cfg = pc_config(o, "tcp://127.0.0.1:*");
+  cfg.publisher.reuse_validated_plan = reuse_validated_plan;
+  auto pub = Publisher::create(cfg);
+  if (!pub.ok()) return pub.status();
+  PC_RETURN_IF_ERROR(store.set(phase + ".endpoint", pub.value()->endpoint()));
+  PC_RETURN_IF_ERROR(pub.value()->start());
+  Buffers b(device_for(o, 0), specs, 3, o.arena);
+  PhaseResult pr;
+  std::vector<double> rates;
+  for (int u = 0; u < updates; ++u) {
+    UpdateResult r = pub.value()->weight_update(b.views);
+    if (!r.ok()) return r.status;
+    pr.bytes = r.bytes;
+    pr.buckets = r.buckets;
+    if (u > 0) {  // the first update warms up
+      rates.push_back(r.gbps());
+      if (seconds) seconds->push_back(r.seconds);
+    }
+  }
+  pr.count = static_cast<int>(specs.size());
+  pr.gbps = stats(rates);
+  pr.root_staging = pub.value()->stats().staging_peak_bytes;
+  for (int r = 1; r < o.world; ++r) {
+    auto v = store.get(phase + ".stats." + std::to_string(r), kWait);
+    if (!v.ok()) return v.status();
+    std::istringstream in(*v);
+    uint64_t staging = 0, growth = 0;
+    in >> staging >> growth;
+    pr.recv_staging = std::max(pr.recv_staging, staging);
+    pr.recv_rss_growth = std::max(pr.recv_rss_growth, growth);
+  }
+  PC_RETURN_IF_ERROR(store.set(phase + ".over", "1"));
+  pub.value()->shutdown();
+  if (!seconds) f.phases.push_back(pr);
+  return Status();
+}
+
+// Every measurement, in the order the receivers follow.
+Status measure_all(const Options& o, FileStore& store, RootFigures& f) {
+  PC_RETURN_IF_ERROR(measure_raw(o, store, f.raw).with_context("raw broadcast"));
+  measure_pack(o, f);
+  for (int count : o.counts)
+    PC_RETURN_IF_ERROR(run_phase(o, store, f, "t" + std::to_string(count), layout(count, o.size), o.repeats + 1,
+                                 nullptr)
+                           .with_context("T=" + std::to_string(count)));
+  // (c) latency of a 4-byte update; (c') the same with the accept round on every update
+  const std::vector<TensorSpec> tiny = {{"tiny", DType::kF32, {1}}};
+  PC_RETURN_IF_ERROR(run_phase(o, store, f, "latency", tiny, o.latency_updates + 10, &f.lat).with_context("latency"));
+  PC_RETURN_IF_ERROR(run_phase(o, store, f, "latency_round", tiny, o.latency_updates + 10, &f.lat_round, false)
+                         .with_context("latency (accept round)"));
+  for (auto* lat : {&f.lat, &f.lat_round})  // 10 warm-up updates
+    lat->erase(lat->begin(), lat->begin() + std::min<size_t>(lat->size(), 9));
+  return Status();
+}
+
+struct Report {
+  std::string date, host, machine;
+  long cores = 0;
+  Stats raw;
+  double p50 = 0, p99 = 0, round_p50 = 0, round_p99 = 0;
+};
+
+Report describe(const RootFigures& f) {
+  Report r;
   char date[32];
   std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  r.date = date;
   utsname u;
   uname(&u);
+  r.machine = u.machine;
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  r.host = host;
+  r.cores = sysconf(_SC_NPROCESSORS_ONLN);
+  r.raw = stats(f.raw);
+  r.p50 = percentile(f.lat, 0.5) * 1e3;
+  r.p99 = percentile(f.lat, 0.99) * 1e3;
+  r.round_p50 = percentile(f.lat_round, 0.5) * 1e3;
+  r.round_p99 = percentile(f.lat_round, 0.99) * 1e3;
+  return r;
+}
+
+void print_report(const Options& o, const RootFigures& f, const Report& r) {
+  const Stats& rs = r.raw;
   std::printf("paramcast-bench  %s  %s, %ld cores  backend %s  world %d  S=%s  bucket %s  checksum %s  layout %s\n",
-              date, u.machine, cores, backend_name(o.backend), o.world, format_bytes(o.size).c_str(),
-              format_bytes(o.bucket).c_str(), checksum_name(o.checksum),
+              r.date.c_str(), r.machine.c_str(), r.cores, backend_name(o.backend), o.world,
+              format_bytes(o.size).c_str(), format_bytes(o.bucket).c_str(), checksum_name(o.checksum),
               o.arena ? "arena" : "separate");
   std::printf("  raw broadcast            %7.3f GB/s (min %.3f, max %.3f)\n", rs.median, rs.min, rs.max);
-  for (const auto& p : phases)
+  for (const auto& p : f.phases)
     std::printf("  weight_update T=%-6d   %7.3f GB/s (min %.3f, max %.3f)  ratio %.3f  %zu buckets  staging root %s, "
                 "receiver %s (RSS +%s)\n",
                 p.count, p.gbps.median, p.gbps.min, p.gbps.max, rs.median > 0 ? p.gbps.median / rs.median : 0,
                 p.buckets, format_bytes(p.root_staging).c_str(), format_bytes(p.recv_staging).c_str(),
                 format_bytes(p.recv_rss_growth).c_str());
-  const double p50 = percentile(lat, 0.5) * 1e3, p99 = percentile(lat, 0.99) * 1e3;
-  std::printf("  4-byte update latency    p50 %.3f ms  p99 %.3f ms  (%zu updates)\n", p50, p99, lat.size());
-  const double round_p50 = percentile(lat_round, 0.5) * 1e3, round_p99 = percentile(lat_round, 0.99) * 1e3;
-  std::printf("    with an accept round   p50 %.3f ms  p99 %.3f ms  (reuse_validated_plan: false)\n", round_p50,
-              round_p99);
-  std::printf("  pack (10,000 pieces)     %7.3f GB/s vs one memcpy %.3f GB/s: %.2f\n", pack_gbps, memcpy_gbps,
-              memcpy_gbps > 0 ? pack_gbps / memcpy_gbps : 0);
+  std::printf("  4-byte update latency    p50 %.3f ms  p99 %.3f ms  (%zu updates)\n", r.p50, r.p99, f.lat.size());
+  std::printf("    with an accept round   p50 %.3f ms  p99 %.3f ms  (reuse_validated_plan: false)\n", r.round_p50,
+              r.round_p99);
+  std::printf("  pack (10,000 pieces)     %7.3f GB/s vs one memcpy %.3f GB/s: %.2f\n", f.pack_gbps, f.memcpy_gbps,
+              f.memcpy_gbps > 0 ? f.pack_gbps / f.memcpy_gbps : 0);
   double r291 = 0, r1 = 0, r10k = 0;
-  for (const auto& p : phases) {
+  for (const auto& p : f.phases) {
     if (p.count == 291) r291 = p.gbps.median / rs.median;
     if (p.count == 1) r1 = p.gbps.median;
     if (p.count == 10000) r10k = p.gbps.median;
   }
   std::printf("SUMMARY %s world=%d S=%s: ratio(T=291)=%.3f  rate(T=10000)/rate(T=1)=%.3f  p50=%.3fms p99=%.3fms\n",
-              backend_name(o.backend), o.world, format_bytes(o.size).c_str(), r291, r1 > 0 ? r10k / r1 : 0, p50, p99);
-  if (!o.json.empty()) {
-    std::ofstream j(o.json);
-    j << "{\"date\":\"" << date << "\",\"host\":\"" << host << "\",\"machine\":\"" << u.machine << " " << cores
-      << " cores\",\"backend\":\"" << backend_name(o.backend) << "\",\"world\":" << o.world << ",\"bytes\":" << o.size
-      << ",\"bucket_bytes\":" << o.bucket << ",\"checksum\":\"" << (checksum_name(o.checksum))
-      << "\",\"layout\":\"" << (o.arena ? "arena" : "separate") << "\",\"raw_gbps\":{\"min\":" << rs.min << ",\"median\":" << rs.median << ",\"max\":" << rs.max
-      << "},\"updates\":[";
-    for (size_t i = 0; i < phases.size(); ++i) {
-      const auto& p = phases[i];
-      j << (i ? "," : "") << "{\"tensors\":" << p.count << ",\"bytes\":" << p.bytes << ",\"buckets\":" << p.buckets
-        << ",\"gbps\":{\"min\":" << p.gbps.min << ",\"median\":" << p.gbps.median << ",\"max\":" << p.gbps.max
-        << "},\"ratio_vs_raw\":" << (rs.median > 0 ? p.gbps.median / rs.median : 0)
-        << ",\"staging_root_bytes\":" << p.root_staging << ",\"staging_receiver_bytes\":" << p.recv_staging
-        << ",\"receiver_rss_growth_bytes\":" << p.recv_rss_growth << "}";
-    }
-    j << "],\"latency_ms\":{\"p50\":" << p50 << ",\"p99\":" << p99 << ",\"updates\":" << lat.size()
-      << "},\"latency_accept_round_ms\":{\"p50\":" << round_p50 << ",\"p99\":" << round_p99 << "},\"pack_gbps\":" << pack_gbps << ",\"memcpy_gbps\":" << memcpy_gbps << "}\n";
+              backend_name(o.backend), o.world, format_bytes(o.size).c_str(), r291, r1 > 0 ? r10k / r1 : 0, r.p50,
+              r.p99);
+}
+
+void write_json(const Options& o, const RootFigures& f, const Report& r) {
+  const Stats& rs = r.raw;
+  std::ofstream j(o.json);
+  j << "{\"date\":\"" << r.date << "\",\"host\":\"" << r.host << "\",\"machine\":\"" << r.machine << " " << r.cores
+    << " cores\",\"backend\":\"" << backend_name(o.backend) << "\",\"world\":" << o.world << ",\"bytes\":" << o.size
+    << ",\"bucket_bytes\":" << o.bucket << ",\"checksum\":\"" << (checksum_name(o.checksum)) << "\",\"layout\":\""
+    << (o.arena ? "arena" : "separate") << "\",\"raw_gbps\":{\"min\":" << rs.min << ",\"median\":" << rs.median
+    << ",\"max\":" << rs.max << "},\"updates\":[";
+  for (size_t i = 0; i < f.phases.size(); ++i) {
+    const auto& p = f.phases[i];
+    j << (i ? "," : "") << "{\"tensors\":" << p.count << ",\"bytes\":" << p.bytes << ",\"buckets\":" << p.buckets
+      << ",\"gbps\":{\"min\":" << p.gbps.min << ",\"median\":" << p.gbps.median << ",\"max\":" << p.gbps.max
+      << "},\"ratio_vs_raw\":" << (rs.median > 0 ? p.gbps.median / rs.median : 0)
+      << ",\"staging_root_bytes\":" << p.root_staging << ",\"staging_receiver_bytes\":" << p.recv_staging
+      << ",\"receiver_rss_growth_bytes\":" << p.recv_rss_growth << "}";
   }
+  j << "],\"latency_ms\":{\"p50\":" << r.p50 << ",\"p99\":" << r.p99 << ",\"updates\":" << f.lat.size()
+    << "},\"latency_accept_round_ms\":{\"p50\":" << r.round_p50 << ",\"p99\":" << r.round_p99
+    << "},\"pack_gbps\":" << f.pack_gbps << ",\"memcpy_gbps\":" << f.memcpy_gbps << "}\n";
+}
+
+int run_root(Options o, const std::string& self) {
+  char tmpl[] = "/tmp/paramcast-bench-XXXXXX";
+  o.dir = mkdtemp(tmpl);
+  FileStore store(o.dir);
+  auto receivers = start_receivers(o, self);
+  RootFigures f;
+  Status s = measure_all(o, store, f);
+  for (auto& p : receivers)
+    if (s.ok() && p->wait_for(std::chrono::seconds(60)) != 0) s = internal_error("a receiver failed");
+  if (!s.ok()) {
+    std::fprintf(stderr, "paramcast-bench: %s\n", s.to_string().c_str());
+    for (auto& p : receivers) std::fprintf(stderr, "%s", p->output().c_str());
+    return 1;
+  }
+  const Report r = describe(f);
+  print_report(o, f, r);
+  if (!o.json.empty()) write_json(o, f, r);
   test::remove_tree(o.dir);
   return 0;
 }
