@@ -157,6 +157,69 @@ void pump(Child& c, bool flush) {
   std::fflush(stdout);
 }
 
+// Waits (30 s at most) for the trainer to write the endpoint it bound;
+// "" when it exited or never did.
+std::string wait_for_endpoint(Child& trainer, const std::string& endpoint_file) {
+  std::string endpoint;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (endpoint.empty() && std::chrono::steady_clock::now() < deadline && !g_interrupted) {
+    pump(trainer, false);
+    std::ifstream in(endpoint_file);
+    std::getline(in, endpoint);
+    int st;
+    if (waitpid(trainer.pid, &st, WNOHANG) == trainer.pid) {
+      trainer.done = true;
+      trainer.status = st;
+      break;
+    }
+    if (endpoint.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return endpoint;
+}
+
+// Relays every role's output until all have exited. The first role that
+// fails (or an interrupt) stops the others: SIGTERM, then SIGKILL after 5 s.
+// Returns 1 when a role failed or launch was interrupted.
+int supervise(std::vector<Child>& children, bool stopping) {
+  int failed = stopping ? 1 : 0;
+  auto stop_deadline = std::chrono::steady_clock::now();
+  auto stop_all = [&](int sig) {
+    for (auto& c : children)
+      if (!c.done && c.pid > 0) kill(c.pid, sig);
+  };
+  auto begin_stop = [&](const std::string& why) {
+    std::printf("[launch   ] %s; stopping every role\n", why.c_str());
+    failed = 1;
+    stopping = true;
+    stop_all(SIGTERM);
+    stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  };
+  if (stopping) stop_all(SIGTERM);
+  for (bool all_done = false; !all_done;) {
+    std::vector<pollfd> pfds;
+    for (auto& c : children) pfds.push_back({c.fd, POLLIN, 0});
+    poll(pfds.data(), pfds.size(), 100);
+    all_done = true;
+    for (auto& c : children) {
+      pump(c, false);
+      int st;
+      if (!c.done && waitpid(c.pid, &st, WNOHANG) == c.pid) {
+        c.done = true;
+        c.status = st;
+        pump(c, true);
+        const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (!ok && !stopping)
+          begin_stop(c.role + " failed (" + (WIFEXITED(st) ? "exit " : "signal ") +
+                     std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st)) + ")");
+      }
+      all_done = all_done && c.done;
+    }
+    if (g_interrupted && !stopping) begin_stop("interrupted");
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) stop_all(SIGKILL);
+  }
+  return failed;
+}
+
 int launch(const Flags& flags) {
   if (flags.positional.size() < 2) return usage_error(kLaunch, "missing FILE.yaml");
   if (flags.positional.size() > 2) return usage_error(kLaunch, "unexpected argument '" + flags.positional[2] + "'");
@@ -178,68 +241,11 @@ int launch(const Flags& flags) {
   std::vector<Child> children;
   children.push_back(spawn("trainer", {dir + "/paramcast-trainer", "--config", file, "--endpoint-file", endpoint_file}));
   // Workers connect to the endpoint the trainer actually bound (it may be "*").
-  std::string endpoint;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (endpoint.empty() && std::chrono::steady_clock::now() < deadline && !g_interrupted) {
-    pump(children[0], false);
-    std::ifstream in(endpoint_file);
-    std::getline(in, endpoint);
-    int st;
-    if (waitpid(children[0].pid, &st, WNOHANG) == children[0].pid) {
-      children[0].done = true;
-      children[0].status = st;
-      break;
-    }
-    if (endpoint.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (!endpoint.empty()) {
+  const std::string endpoint = wait_for_endpoint(children[0], endpoint_file);
+  if (!endpoint.empty())
     for (const auto& id : cfg->worker_ids())
       children.push_back(spawn(id, {dir + "/paramcast-worker", "--config", file, "--id", id, "--endpoint", endpoint}));
-  }
-  int failed = endpoint.empty() ? 1 : 0;
-  bool stopping = endpoint.empty();
-  auto stop_all = [&](int sig) {
-    for (auto& c : children)
-      if (!c.done && c.pid > 0) kill(c.pid, sig);
-  };
-  if (stopping) stop_all(SIGTERM);
-  auto stop_deadline = std::chrono::steady_clock::now();
-  for (;;) {
-    std::vector<pollfd> pfds;
-    for (auto& c : children) pfds.push_back({c.fd, POLLIN, 0});
-    poll(pfds.data(), pfds.size(), 100);
-    bool all_done = true;
-    for (auto& c : children) {
-      pump(c, false);
-      if (!c.done) {
-        int st;
-        if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
-          c.done = true;
-          c.status = st;
-          pump(c, true);
-          const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-          if (!ok && !stopping) {
-            std::printf("[launch   ] %s failed (%s %d); stopping every role\n", c.role.c_str(),
-                        WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-            failed = 1;
-            stopping = true;
-            stop_all(SIGTERM);
-            stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-          }
-        }
-      }
-      all_done = all_done && c.done;
-    }
-    if (g_interrupted && !stopping) {
-      std::printf("[launch   ] interrupted; stopping every role\n");
-      failed = 1;
-      stopping = true;
-      stop_all(SIGTERM);
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    }
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline) stop_all(SIGKILL);
-    if (all_done) break;
-  }
+  const int failed = supervise(children, endpoint.empty());
   for (auto& c : children) close(c.fd);
   std::remove(endpoint_file.c_str());
   rmdir(tmp.c_str());
@@ -268,6 +274,41 @@ int keygen(const Flags& flags) {
     std::printf("%s %s\n", name.c_str(), keys->public_key.c_str());
   }
   return 0;
+}
+
+void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r) {
+  std::printf("{\"endpoint\":\"%s\",\"epoch\":%llu,\"published_version\":%llu,\"expected\":%u,\"backend\":\"%s\",\"members\":[",
+              endpoint.c_str(), static_cast<unsigned long long>(r.getEpoch()),
+              static_cast<unsigned long long>(r.getPublishedVersion()), r.getExpected(),
+              r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
+  bool first = true;
+  for (auto m : r.getMembers()) {
+    std::printf("%s{\"id\":\"%s\",\"rank\":%d,\"version\":%llu,\"state\":\"%s\",\"heartbeat_age_ms\":%llu,"
+                "\"host\":\"%s\",\"pid\":%u,\"device\":\"%s\",\"lost\":%s}",
+                first ? "" : ",", control::printable(m.getWorkerId().cStr()).c_str(), m.getRank(),
+                static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()),
+                static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()), control::printable(m.getHost().cStr()).c_str(),
+                m.getPid(), control::get_device(m.getDevice()).to_string().c_str(), m.getLost() ? "true" : "false");
+    first = false;
+  }
+  std::printf("]}\n");
+}
+
+void print_status_table(const std::string& endpoint, proto::StatusReply::Reader r) {
+  std::printf("publisher %s  epoch %llu  published v%llu  %u expected  backend %s\n", endpoint.c_str(),
+              static_cast<unsigned long long>(r.getEpoch()), static_cast<unsigned long long>(r.getPublishedVersion()),
+              r.getExpected(), r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
+  std::printf("%-16s %5s %8s %-11s %10s  %-8s %s\n", "WORKER", "RANK", "VERSION", "STATE", "HEARTBEAT", "DEVICE",
+              "HOST/PID");
+  for (auto m : r.getMembers()) {
+    char age[32];
+    std::snprintf(age, sizeof age, "%llums ago", static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()));
+    std::printf("%-16s %5s %8llu %-11s %10s  %-8s %s/%u\n", control::printable(m.getWorkerId().cStr()).c_str(),
+                m.getLost() ? "lost" : m.getRank() < 0 ? "-" : std::to_string(m.getRank()).c_str(),
+                static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()), age,
+                control::get_device(m.getDevice()).to_string().c_str(), control::printable(m.getHost().cStr()).c_str(),
+                m.getPid());
+  }
 }
 
 int status(const Flags& flags) {
@@ -308,37 +349,8 @@ int status(const Flags& flags) {
     auto d = control::decode(msg.data(), msg.size(), control::DecodeLimits{});
     if (!d.ok() || d.value()->envelope().getBody().which() != proto::Envelope::Body::STATUS_REPLY) continue;
     auto r = d.value()->envelope().getBody().getStatusReply();
-    if (flags.has("json")) {
-      std::printf("{\"endpoint\":\"%s\",\"epoch\":%llu,\"published_version\":%llu,\"expected\":%u,\"backend\":\"%s\",\"members\":[",
-                  endpoint.c_str(), static_cast<unsigned long long>(r.getEpoch()),
-                  static_cast<unsigned long long>(r.getPublishedVersion()), r.getExpected(),
-                  r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
-      bool first = true;
-      for (auto m : r.getMembers()) {
-        std::printf("%s{\"id\":\"%s\",\"rank\":%d,\"version\":%llu,\"state\":\"%s\",\"heartbeat_age_ms\":%llu,"
-                    "\"host\":\"%s\",\"pid\":%u,\"device\":\"%s\",\"lost\":%s}",
-                    first ? "" : ",", m.getWorkerId().cStr(), m.getRank(),
-                    static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()),
-                    static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()), control::printable(m.getHost().cStr()).c_str(), m.getPid(),
-                    control::get_device(m.getDevice()).to_string().c_str(), m.getLost() ? "true" : "false");
-        first = false;
-      }
-      std::printf("]}\n");
-    } else {
-      std::printf("publisher %s  epoch %llu  published v%llu  %u expected  backend %s\n", endpoint.c_str(),
-                  static_cast<unsigned long long>(r.getEpoch()), static_cast<unsigned long long>(r.getPublishedVersion()),
-                  r.getExpected(), r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
-      std::printf("%-16s %5s %8s %-11s %10s  %-8s %s\n", "WORKER", "RANK", "VERSION", "STATE", "HEARTBEAT", "DEVICE",
-                  "HOST/PID");
-      for (auto m : r.getMembers()) {
-        char age[32];
-        std::snprintf(age, sizeof age, "%llums ago", static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()));
-        std::printf("%-16s %5s %8llu %-11s %10s  %-8s %s/%u\n", m.getWorkerId().cStr(),
-                    m.getLost() ? "lost" : m.getRank() < 0 ? "-" : std::to_string(m.getRank()).c_str(),
-                    static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()), age,
-                    control::get_device(m.getDevice()).to_string().c_str(), control::printable(m.getHost().cStr()).c_str(), m.getPid());
-      }
-    }
+    if (flags.has("json")) print_status_json(endpoint, r);
+    else print_status_table(endpoint, r);
     return 0;
   }
   std::fprintf(stderr, "paramcast status: no answer from %s within %s\n", endpoint.c_str(),
