@@ -186,119 +186,128 @@ void check_auth_for_endpoint(const Loader& L, const YAML::Node& root, const Conf
              "run unauthenticated on a trusted network");
 }
 
-Config parse(const YAML::Node& root, const std::string& file) {
-  Loader L(file);
-  Config c;
-  c.source = file;
-  if (root.IsNull() || !root.IsDefined()) return c;
+void parse_control(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
   using N = const YAML::Node&;
   using P = const std::string&;
-  L.map(root, "", {
-    {"control", [&](N n, P p) {
-      L.map(n, p, {
-        {"endpoint", [&](N v, P q) {
-          c.control.endpoint = L.scalar(v, q, "an endpoint like tcp://host:port");
-          if (!c.control.endpoint.starts_with("tcp://") && !c.control.endpoint.starts_with("ipc://"))
-            L.fail(v, q, "bad value '" + c.control.endpoint + "': expected tcp://HOST:PORT (or ipc://PATH)");
-        }},
-        {"heartbeat_interval", [&](N v, P q) { c.control.heartbeat_interval = L.duration(v, q); }},
-        {"heartbeat_timeout", [&](N v, P q) { c.control.heartbeat_timeout = L.duration(v, q); }},
-        {"join_timeout", [&](N v, P q) { c.control.join_timeout = L.duration(v, q); }},
-        {"reconnect_backoff_max", [&](N v, P q) { c.control.reconnect_backoff_max = L.duration(v, q); }},
-        {"max_message_size", [&](N v, P q) { c.control.max_message_bytes = L.size(v, q, 4096); }},
-      });
-      if (c.control.heartbeat_timeout <= c.control.heartbeat_interval)
-        L.fail(n["heartbeat_timeout"].IsDefined() ? n["heartbeat_timeout"] : n, p + ".heartbeat_timeout",
-               "must be longer than heartbeat_interval (" + std::to_string(c.control.heartbeat_interval.count()) +
-                   "ms), got " + std::to_string(c.control.heartbeat_timeout.count()) + "ms");
-    }},
-    {"data_plane", [&](N n, P p) {
-      L.map(n, p, {
-        {"backend", [&](N v, P q) {
-          c.data_plane.backend = L.choice<Backend>(v, q, {{"gloo", Backend::kGloo}, {"nccl", Backend::kNccl}});
-        }},
-        {"gloo_hostname", [&](N v, P q) { c.data_plane.gloo_hostname = L.scalar(v, q, "a host name or address"); }},
-        {"gloo_interface", [&](N v, P q) { c.data_plane.gloo_interface = L.scalar(v, q, "an interface name"); }},
-        {"bucket_size", [&](N v, P q) { c.data_plane.bucket_bytes = L.size(v, q, 4096); }},
-        {"direct_min_size", [&](N v, P q) { c.data_plane.direct_min_bytes = L.size(v, q, 1); }},
-        {"checksum", [&](N v, P q) {
-          c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}, {"xxh64-blocks", Checksum::kXxh64Blocks}});
-        }},
-        {"timeout", [&](N v, P q) { c.data_plane.timeout = L.duration(v, q); }},
-        {"init_timeout", [&](N v, P q) { c.data_plane.init_timeout = L.duration(v, q); }},
-      });
-    }},
-    {"publisher", [&](N n, P p) {
-      L.map(n, p, {
-        {"subscribers", [&](N v, P q) {
-          if (v.IsSequence()) {
-            std::set<std::string> seen;
-            c.publisher.subscriber_ids.clear();
-            for (size_t i = 0; i < v.size(); ++i) {
-              const std::string qi = q + "[" + std::to_string(i) + "]";
-              std::string id = L.scalar(v[i], qi, "a worker id");
-              if (!valid_worker_id(id))
-                L.fail(v[i], qi, "bad worker id '" + id + "': expected 1-64 of [A-Za-z0-9._-], not 'publisher' (reserved)");
-              if (!seen.insert(id).second) L.fail(v[i], qi, "duplicate worker id '" + id + "'");
-              c.publisher.subscriber_ids.push_back(id);
-            }
-            if (c.publisher.subscriber_ids.empty()) L.fail(v, q, "expected at least one worker id");
-            c.publisher.subscriber_count = static_cast<int>(c.publisher.subscriber_ids.size());
-          } else {
-            c.publisher.subscriber_count = static_cast<int>(L.integer(v, q, 1, 4096));
+    L.map(n, p, {
+      {"endpoint", [&](N v, P q) {
+        c.control.endpoint = L.scalar(v, q, "an endpoint like tcp://host:port");
+        if (!c.control.endpoint.starts_with("tcp://") && !c.control.endpoint.starts_with("ipc://"))
+          L.fail(v, q, "bad value '" + c.control.endpoint + "': expected tcp://HOST:PORT (or ipc://PATH)");
+      }},
+      {"heartbeat_interval", [&](N v, P q) { c.control.heartbeat_interval = L.duration(v, q); }},
+      {"heartbeat_timeout", [&](N v, P q) { c.control.heartbeat_timeout = L.duration(v, q); }},
+      {"join_timeout", [&](N v, P q) { c.control.join_timeout = L.duration(v, q); }},
+      {"reconnect_backoff_max", [&](N v, P q) { c.control.reconnect_backoff_max = L.duration(v, q); }},
+      {"max_message_size", [&](N v, P q) { c.control.max_message_bytes = L.size(v, q, 4096); }},
+    });
+    if (c.control.heartbeat_timeout <= c.control.heartbeat_interval)
+      L.fail(n["heartbeat_timeout"].IsDefined() ? n["heartbeat_timeout"] : n, p + ".heartbeat_timeout",
+             "must be longer than heartbeat_interval (" + std::to_string(c.control.heartbeat_interval.count()) +
+                 "ms), got " + std::to_string(c.control.heartbeat_timeout.count()) + "ms");
+}
+
+void parse_data_plane(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
+  using N = const YAML::Node&;
+  using P = const std::string&;
+    L.map(n, p, {
+      {"backend", [&](N v, P q) {
+        c.data_plane.backend = L.choice<Backend>(v, q, {{"gloo", Backend::kGloo}, {"nccl", Backend::kNccl}});
+      }},
+      {"gloo_hostname", [&](N v, P q) { c.data_plane.gloo_hostname = L.scalar(v, q, "a host name or address"); }},
+      {"gloo_interface", [&](N v, P q) { c.data_plane.gloo_interface = L.scalar(v, q, "an interface name"); }},
+      {"bucket_size", [&](N v, P q) { c.data_plane.bucket_bytes = L.size(v, q, 4096); }},
+      {"direct_min_size", [&](N v, P q) { c.data_plane.direct_min_bytes = L.size(v, q, 1); }},
+      {"checksum", [&](N v, P q) {
+        c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}, {"xxh64-blocks", Checksum::kXxh64Blocks}});
+      }},
+      {"timeout", [&](N v, P q) { c.data_plane.timeout = L.duration(v, q); }},
+      {"init_timeout", [&](N v, P q) { c.data_plane.init_timeout = L.duration(v, q); }},
+    });
+}
+
+void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
+  using N = const YAML::Node&;
+  using P = const std::string&;
+    L.map(n, p, {
+      {"subscribers", [&](N v, P q) {
+        if (v.IsSequence()) {
+          std::set<std::string> seen;
+          c.publisher.subscriber_ids.clear();
+          for (size_t i = 0; i < v.size(); ++i) {
+            const std::string qi = q + "[" + std::to_string(i) + "]";
+            std::string id = L.scalar(v[i], qi, "a worker id");
+            if (!valid_worker_id(id))
+              L.fail(v[i], qi, "bad worker id '" + id + "': expected 1-64 of [A-Za-z0-9._-], not 'publisher' (reserved)");
+            if (!seen.insert(id).second) L.fail(v[i], qi, "duplicate worker id '" + id + "'");
+            c.publisher.subscriber_ids.push_back(id);
           }
-        }},
-        {"device", [&](N v, P q) { c.publisher.device = L.device(v, q); }},
-        {"on_member_loss", [&](N v, P q) {
-          c.publisher.on_member_loss = L.choice<MemberLossPolicy>(
-              v, q, {{"fail", MemberLossPolicy::kFail}, {"continue", MemberLossPolicy::kContinue}});
-        }},
-        {"on_missing_at_start", [&](N v, P q) {
-          c.publisher.on_missing_at_start = L.choice<MissingAtStartPolicy>(
-              v, q, {{"fail", MissingAtStartPolicy::kFail}, {"start_with_present", MissingAtStartPolicy::kStartWithPresent}});
-        }},
-        {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
-        {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
-      });
-    }},
-    {"subscriber", [&](N n, P p) {
-      L.map(n, p, {
-        {"device", [&](N v, P q) { c.subscriber.devices = {L.device(v, q)}; }},
-        {"devices", [&](N v, P q) {
-          if (!v.IsSequence() || v.size() == 0) L.fail(v, q, "expected a non-empty list of devices");
-          c.subscriber.devices.clear();
-          for (size_t i = 0; i < v.size(); ++i)
-            c.subscriber.devices.push_back(L.device(v[i], q + "[" + std::to_string(i) + "]"));
-        }},
-      });
-    }},
-    {"trainer", [&](N n, P p) {
-      L.map(n, p, {
-        {"model_size", [&](N v, P q) { c.trainer.model_bytes = L.size(v, q, 1); }},
-        {"layers", [&](N v, P q) { c.trainer.layers = static_cast<int>(L.integer(v, q, 0, 100000)); }},
-        {"dtype", [&](N v, P q) {
-          std::string s = L.scalar(v, q, "a dtype");
-          auto d = parse_dtype(s);
-          if (!d) L.fail(v, q, "bad value '" + s + "': expected a safetensors dtype (F32, F16, BF16, F8_E4M3, F8_E5M2, I8, U8, I16, I32, I64, BOOL, F64)");
-          c.trainer.dtype = *d;
-        }},
-        {"updates", [&](N v, P q) { c.trainer.updates = static_cast<int>(L.integer(v, q, 1, 1000000)); }},
-        {"interval", [&](N v, P q) { c.trainer.interval = L.duration(v, q, /*allow_zero=*/true); }},
-        {"seed", [&](N v, P q) { c.trainer.seed = static_cast<uint64_t>(L.integer(v, q, 0, INT64_MAX)); }},
-      });
-    }},
-    {"auth", [&](N n, P p) { parse_auth(L, n, p, file, c.auth); }},
-    {"logging", [&](N n, P p) {
-      L.map(n, p, {
-        {"level", [&](N v, P q) {
-          c.log_level = L.choice<LogLevel>(v, q, {{"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
-                                                  {"warn", LogLevel::kWarn}, {"error", LogLevel::kError},
-                                                  {"off", LogLevel::kOff}});
-        }},
-      });
-    }},
-  });
-  // Cross-field checks.
+          if (c.publisher.subscriber_ids.empty()) L.fail(v, q, "expected at least one worker id");
+          c.publisher.subscriber_count = static_cast<int>(c.publisher.subscriber_ids.size());
+        } else {
+          c.publisher.subscriber_count = static_cast<int>(L.integer(v, q, 1, 4096));
+        }
+      }},
+      {"device", [&](N v, P q) { c.publisher.device = L.device(v, q); }},
+      {"on_member_loss", [&](N v, P q) {
+        c.publisher.on_member_loss = L.choice<MemberLossPolicy>(
+            v, q, {{"fail", MemberLossPolicy::kFail}, {"continue", MemberLossPolicy::kContinue}});
+      }},
+      {"on_missing_at_start", [&](N v, P q) {
+        c.publisher.on_missing_at_start = L.choice<MissingAtStartPolicy>(
+            v, q, {{"fail", MissingAtStartPolicy::kFail}, {"start_with_present", MissingAtStartPolicy::kStartWithPresent}});
+      }},
+      {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
+      {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
+    });
+}
+
+void parse_subscriber(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
+  using N = const YAML::Node&;
+  using P = const std::string&;
+    L.map(n, p, {
+      {"device", [&](N v, P q) { c.subscriber.devices = {L.device(v, q)}; }},
+      {"devices", [&](N v, P q) {
+        if (!v.IsSequence() || v.size() == 0) L.fail(v, q, "expected a non-empty list of devices");
+        c.subscriber.devices.clear();
+        for (size_t i = 0; i < v.size(); ++i)
+          c.subscriber.devices.push_back(L.device(v[i], q + "[" + std::to_string(i) + "]"));
+      }},
+    });
+}
+
+void parse_trainer(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
+  using N = const YAML::Node&;
+  using P = const std::string&;
+    L.map(n, p, {
+      {"model_size", [&](N v, P q) { c.trainer.model_bytes = L.size(v, q, 1); }},
+      {"layers", [&](N v, P q) { c.trainer.layers = static_cast<int>(L.integer(v, q, 0, 100000)); }},
+      {"dtype", [&](N v, P q) {
+        std::string s = L.scalar(v, q, "a dtype");
+        auto d = parse_dtype(s);
+        if (!d) L.fail(v, q, "bad value '" + s + "': expected a safetensors dtype (F32, F16, BF16, F8_E4M3, F8_E5M2, I8, U8, I16, I32, I64, BOOL, F64)");
+        c.trainer.dtype = *d;
+      }},
+      {"updates", [&](N v, P q) { c.trainer.updates = static_cast<int>(L.integer(v, q, 1, 1000000)); }},
+      {"interval", [&](N v, P q) { c.trainer.interval = L.duration(v, q, /*allow_zero=*/true); }},
+      {"seed", [&](N v, P q) { c.trainer.seed = static_cast<uint64_t>(L.integer(v, q, 0, INT64_MAX)); }},
+    });
+}
+
+void parse_logging(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
+  using N = const YAML::Node&;
+  using P = const std::string&;
+    L.map(n, p, {
+      {"level", [&](N v, P q) {
+        c.log_level = L.choice<LogLevel>(v, q, {{"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
+                                                {"warn", LogLevel::kWarn}, {"error", LogLevel::kError},
+                                                {"off", LogLevel::kOff}});
+      }},
+    });
+}
+
+// Checks that span sections.
+void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c) {
   check_auth_for_endpoint(L, root, c);
   const auto& dev = c.subscriber.devices;
   if (dev.size() > 1 && static_cast<int>(dev.size()) != c.publisher.subscriber_count)
@@ -313,6 +322,25 @@ Config parse(const YAML::Node& root, const std::string& file) {
   if (c.data_plane.backend == Backend::kNccl && !any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");
+}
+
+Config parse(const YAML::Node& root, const std::string& file) {
+  Loader L(file);
+  Config c;
+  c.source = file;
+  if (root.IsNull() || !root.IsDefined()) return c;
+  using N = const YAML::Node&;
+  using P = const std::string&;
+  L.map(root, "", {
+    {"control", [&](N n, P p) { parse_control(L, n, p, c); }},
+    {"data_plane", [&](N n, P p) { parse_data_plane(L, n, p, c); }},
+    {"publisher", [&](N n, P p) { parse_publisher(L, n, p, c); }},
+    {"subscriber", [&](N n, P p) { parse_subscriber(L, n, p, c); }},
+    {"trainer", [&](N n, P p) { parse_trainer(L, n, p, c); }},
+    {"auth", [&](N n, P p) { parse_auth(L, n, p, file, c.auth); }},
+    {"logging", [&](N n, P p) { parse_logging(L, n, p, c); }},
+  });
+  check_cross_fields(L, root, c);
   return c;
 }
 
