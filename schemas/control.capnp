@@ -72,6 +72,9 @@ struct Hello {
   # Weight version the subscriber holds (0 = none).
   state @8 :WeightState;
   # Whether those weights are whole.
+  dirtyVersion @9 :UInt64;
+  # When dirty: the version whose update did not finish (a new publisher
+  # continues above it: versions never repeat).
 }
 
 struct Welcome {

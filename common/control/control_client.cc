@@ -95,6 +95,7 @@ zmq::message_t ControlClient::hello_message() {
     for (size_t i = 0; i < opt_.capabilities.size(); ++i) caps.set(static_cast<unsigned>(i), opt_.capabilities[i]);
     h.setWeightVersion(w.version);
     h.setState(w.state);
+    h.setDirtyVersion(w.dirty_version);
   });
 }
 
