@@ -226,7 +226,10 @@ struct RootFigures {
 std::vector<std::unique_ptr<test::Process>> start_receivers(const Options& o, const std::string& self) {
   std::vector<std::unique_ptr<test::Process>> receivers;
   std::string counts;
-  for (int c : o.counts) counts += (counts.empty() ? "" : ",") + std::to_string(c);
+  for (int c : o.counts) {
+    if (!counts.empty()) counts += ",";
+    counts += std::to_string(c);
+  }
   for (int r = 1; r < o.world; ++r)
     receivers.push_back(test::Process::start(
         self,
@@ -340,10 +343,12 @@ Status run_phase(const Options& o, FileStore& store, RootFigures& f, const std::
 Status measure_all(const Options& o, FileStore& store, RootFigures& f) {
   PC_RETURN_IF_ERROR(measure_raw(o, store, f.raw).with_context("raw broadcast"));
   measure_pack(o, f);
-  for (int count : o.counts)
-    PC_RETURN_IF_ERROR(run_phase(o, store, f, "t" + std::to_string(count), layout(count, o.size), o.repeats + 1,
-                                 nullptr)
-                           .with_context("T=" + std::to_string(count)));
+  for (int count : o.counts) {
+    // std::string first: GCC 12 reports a false -Wrestrict for "literal" + std::string&& at -O3.
+    const std::string n = std::to_string(count);
+    PC_RETURN_IF_ERROR(run_phase(o, store, f, std::string("t") + n, layout(count, o.size), o.repeats + 1, nullptr)
+                           .with_context(std::string("T=") + n));
+  }
   // (c) latency of a 4-byte update; (c') the same with the accept round on every update
   const std::vector<TensorSpec> tiny = {{"tiny", DType::kF32, {1}}};
   PC_RETURN_IF_ERROR(run_phase(o, store, f, "latency", tiny, o.latency_updates + 10, &f.lat).with_context("latency"));
