@@ -9,6 +9,12 @@
 // pending and later operation fails fast with kAborted, and the group must be
 // re-formed (a new epoch, a new communicator).
 //
+// Slow is not dead. A backend fails a broadcast for slowness only when a link
+// it feeds makes no progress for `stall_timeout` (kTimeout, naming the link);
+// a slow link that keeps moving bytes never fails it. Dead peers are the
+// control plane's to name (heartbeats); `op_timeout` is only a backstop, and
+// the caller bounds the whole update with the deadline it waits with.
+//
 // Backends: data/gloo (host memory over TCP), data/nccl (CUDA memory).
 // Thread-safety: broadcast() from one thread at a time; abort() and
 // async_error() from any thread.
@@ -17,6 +23,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "common/data/store.h"
@@ -37,9 +44,28 @@ struct GroupOptions {
   std::string bootstrap;
   Device device;
   std::chrono::milliseconds init_timeout{60000};
-  std::chrono::milliseconds op_timeout{60000};
+  // Backstop on one broadcast, whatever its progress (the publisher passes
+  // its update_timeout: no broadcast outlives the update it belongs to).
+  std::chrono::milliseconds op_timeout{600000};
+  // A broadcast fails with kTimeout when a link this rank sends on makes no
+  // progress for this long (data_plane.stall_timeout).
+  std::chrono::milliseconds stall_timeout{30000};
+  // Name of each rank (index = rank: "publisher", then worker ids), for
+  // messages; may be empty.
+  std::vector<std::string> members;
   std::string gloo_hostname = "127.0.0.1";
   std::string gloo_interface;
+};
+
+// What one link of this rank carried over a communicator's life (cumulative;
+// callers take differences). `send_busy`: time during which at least one send
+// to `peer` was posted and not yet taken, so bytes_sent / send_busy is the
+// rate the link sustained while it had work, whatever the rest of the group did.
+struct LinkStats {
+  int peer = -1;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  std::chrono::nanoseconds send_busy{0};
 };
 
 class Work {
@@ -77,6 +103,10 @@ class Communicator {
 
   // The first asynchronous failure seen, or OK.
   virtual Status async_error() = 0;
+
+  // Per-link figures, one entry per peer this rank exchanged bytes with;
+  // empty where the backend cannot see its links (NCCL). Any thread.
+  virtual std::vector<LinkStats> link_stats() { return {}; }
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;

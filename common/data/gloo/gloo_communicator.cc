@@ -1,6 +1,20 @@
-// Gloo data plane. One runner thread per communicator executes Gloo's
-// blocking broadcast for each queued operation in order, so that callers get
+// Gloo data plane. Each broadcast runs down a binomial tree (tree.h) in
+// chunks of kChunkBytes, pipelined: a rank forwards chunk i to its children
+// as soon as it landed, at most kWindow chunks ahead of what each child has
+// taken. A non-root rank posts the receives of a broadcast when it is issued
+// (broadcast()), so a parent can stream into it while it still forwards the
+// previous one. One runner thread per communicator drives the operations in
+// order (receives, then posts the sends); a drainer thread takes the send
+// completions, per child, as Gloo reports them (flight.h), so that callers get
 // an asynchronous Work and the control thread is never blocked by data.
+//
+// Slow is not dead. A broadcast fails for slowness only when a link this rank
+// sends on takes nothing for stall_timeout: the watcher sees it and fails the
+// group with kTimeout naming that link. Receives wait as long as the sender
+// keeps its links moving (the sender is the one that sees a stalled link; a
+// parent may be waiting, legitimately, for a slow sibling), bounded only by
+// op_timeout and the caller's deadline. Per-link bytes and busy time give
+// each link's rate (link_stats()).
 //
 // An abort that wins. Gloo's TCP pairs fail a pending wait only for some
 // failures, and a wait whose send is already on the wire sleeps until Gloo's
@@ -16,8 +30,9 @@
 //    per peer when the group forms, so the word is written at once on an
 //    idle connection and arrives ahead of the close. The word names the rank
 //    blamed for an abort (an abort while an operation is queued or running,
-//    or a failed operation), or says goodbye (a rank leaving while idle:
-//    peers may still be finishing their last broadcast).
+//    or a failed operation) and whether it was a stall, or says goodbye (a
+//    rank leaving while idle: peers may still be finishing their last
+//    broadcast).
 //  - a watcher thread polls, every kWatchInterval, for abort notices, and,
 //    while an operation runs, for a connection to its parent or children in
 //    the broadcast tree that ended without a goodbye (the sentinel receive
@@ -29,10 +44,11 @@
 // The destructor therefore ends within a few watch intervals; it is still run
 // on a reaper thread (common/data/reaper.h), never by a control thread.
 //
-// Threads: runner_ owns the Gloo calls; watcher_ polls sentinels; mu_ guards
-// the queue, the running operation and the error. Locks: mu_ may be held while
-// calling a Gloo buffer's abortWait*; Gloo never calls back into this class.
-#include <gloo/broadcast.h>
+// Threads: runner_ waits for receives and posts sends; drainer_ waits for send
+// completions; watcher_ polls sentinels and the stall clock; callers of
+// broadcast() post receives. mu_ guards the queue, the running operation, its
+// flight, the link figures and the error. Locks: mu_ may be held while posting
+// to Gloo or calling a buffer's abortWait*; Gloo never calls back into this class.
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -49,11 +65,14 @@
 #include <thread>
 #include <tuple>
 
+#include "common/data/gloo/flight.h"
 #include "common/data/gloo/gloo_factory.h"
 #include "common/data/gloo/gloo_store_adapter.h"
 #include "common/data/gloo/sigpipe_blocked.h"
+#include "common/data/gloo/tree.h"
 #include "common/data/work_state.h"
 #include "common/log.h"
+#include "common/units.h"
 
 namespace paramcast::gloo_backend {
 namespace {
@@ -62,18 +81,35 @@ using data_internal::WorkState;
 
 // How often the watcher looks for failed pairs and kicks an aborted operation.
 constexpr auto kWatchInterval = std::chrono::milliseconds(50);
-// A slot no Gloo collective uses (collectives use prefixes 0x01-0x08).
+// Slots no Gloo collective uses (collectives use prefixes 0x01-0x08).
 constexpr uint8_t kSentinelSlotPrefix = 0x7e;
-// The 32-bit word a rank sends on that slot before it closes: 1 + the rank
-// it blames for an abort, or kGoodbye when it leaves a healthy group.
+constexpr uint8_t kChunkSlotPrefix = 0x7d;  // + the operation's sequence number
+// A broadcast moves in chunks of this size, at most kWindow chunks ahead of
+// what each child has taken: progress is seen per chunk, and a link with a
+// slow reader holds back at most kWindow chunks of its siblings' stream.
+constexpr size_t kChunkBytes = size_t(1) << 20;
+constexpr size_t kWindow = 4;
+// Gloo-level waits never time out on their own (a Gloo timeout closes every
+// pair before this rank can tell its peers why); the watcher bounds them.
+constexpr auto kForever = std::chrono::hours(24 * 365);
+// Per level of the tree below a rank beyond its children, the extra time it
+// gives a stalled child before blaming it (stall_grace()).
+constexpr auto kStallGrace = std::chrono::seconds(1);
+// The 32-bit word a rank sends on that slot before it closes: the kind in the
+// top byte, 1 + the rank it blames below; or kGoodbye when it leaves a
+// healthy group.
 using NoticeWord = uint32_t;
 constexpr NoticeWord kGoodbye = ~NoticeWord(0);
+enum NoticeKind : NoticeWord { kFailed = 0, kStalled = 1 };
+NoticeWord notice_word(NoticeKind kind, int blamed) {
+  return (static_cast<NoticeWord>(kind) << 24) | (static_cast<NoticeWord>(blamed + 1) & 0xffffff);
+}
 
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(const GroupOptions& options, std::shared_ptr<::gloo::rendezvous::Context> context)
-      : options_(options), context_(std::move(context)) {
-    SigpipeBlocked blocked;  // inherited by both threads
+      : options_(options), context_(std::move(context)), links_(static_cast<size_t>(options.world_size)) {
+    SigpipeBlocked blocked;  // inherited by both threads (and the drainers the runner starts)
     arm_sentinels();
     runner_ = std::thread([this] { run(); });
     watcher_ = std::thread([this] { watch(); });
@@ -105,7 +141,7 @@ class GlooCommunicator : public Communicator {
                                     " is unusable: " + error_.to_string()));
       return work;
     }
-    queue_.push_back(Op{static_cast<uint8_t*>(data), bytes, root, work->state});
+    queue_.push_back(Op{static_cast<uint8_t*>(data), bytes, root, next_seq_++, work->state});
     cv_.notify_all();
     return work;
   }
@@ -117,6 +153,17 @@ class GlooCommunicator : public Communicator {
     return error_;
   }
 
+  std::vector<LinkStats> link_stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<LinkStats> out;
+    for (size_t i = 0; i < links_.size(); ++i)
+      if (links_[i].bytes_sent || links_[i].bytes_received) {
+        out.push_back(links_[i]);
+        out.back().peer = static_cast<int>(i);
+      }
+    return out;
+  }
+
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   Device device() const override { return Device::cpu(); }
@@ -126,7 +173,25 @@ class GlooCommunicator : public Communicator {
     uint8_t* data;
     size_t bytes;
     int root;
+    uint32_t seq;  // the same on every rank: the chunk slot
     std::shared_ptr<WorkState> state;
+  };
+
+  // The operation the runner is driving; guarded by mu_ (its buffers are
+  // owned by run_one and outlive their registration here).
+  struct Running {
+    BinomialTree tree;
+    size_t chunks = 0;
+    size_t bytes = 0;
+    uint64_t slot = 0;
+    size_t recvs_posted = 0;
+    ::gloo::transport::UnboundBuffer* in = nullptr;        // receives from the parent
+    std::vector<::gloo::transport::UnboundBuffer*> out;     // sends, one buffer per child
+    Flight flight;
+    Clock::time_point start;
+    Clock::duration stall_grace{0};
+    Status failure;  // a drainer's: the pair to its child failed
+    size_t chunk_bytes(size_t i) const { return std::min(kChunkBytes, bytes - i * kChunkBytes); }
   };
 
   // A Work whose wait() aborts the communicator when its deadline passes.
@@ -134,7 +199,7 @@ class GlooCommunicator : public Communicator {
     explicit Handle(GlooCommunicator* c) : comm(c), state(std::make_shared<WorkState>()) {}
     Status wait(Deadline deadline) override {
       Status s = state->wait_until(deadline);
-      if (s.code() == Code::kTimeout) {
+      if (s.code() == Code::kTimeout && !state->done()) {  // the deadline, not a stalled link
         comm->abort("broadcast deadline passed");
         return timeout_error("broadcast did not finish before its deadline (epoch " +
                              std::to_string(comm->options_.epoch) + ", rank " +
@@ -152,10 +217,18 @@ class GlooCommunicator : public Communicator {
   // theirs). kNever: nothing (the rank reacts to a peer's notice).
   enum class Notify { kNever, kIfBusy, kAlways };
 
+  std::string who(int rank) const {
+    std::string s = "rank " + std::to_string(rank);
+    if (rank >= 0 && static_cast<size_t>(rank) < options_.members.size() && !options_.members[rank].empty())
+      s += " (" + options_.members[rank] + ")";
+    return s;
+  }
+  std::string group() const { return "gloo group of epoch " + std::to_string(options_.epoch) + ": "; }
+
   // Records the first failure, fails every pending operation with it, tells
   // every peer (see `Notify`), then signals every pair (see the top of the
   // file). Idempotent; every caller returns only once the pairs are signalled.
-  void fail(const Status& why, Notify mode, int blame) {
+  void fail(const Status& why, Notify mode, int blame, NoticeKind kind = kFailed) {
     std::deque<Op> dropped;
     std::shared_ptr<WorkState> running;
     Status cause, pending;
@@ -177,7 +250,7 @@ class GlooCommunicator : public Communicator {
       std::lock_guard<std::mutex> lock(signal_mu_);
       if (!signalled_) {
         SigpipeBlocked blocked;
-        if (notify || goodbye) send_notices(notify ? static_cast<NoticeWord>(blame) + 1 : kGoodbye);
+        if (notify || goodbye) send_notices(notify ? notice_word(kind, blame) : kGoodbye);
         signal_pairs();
       }
       signalled_ = true;
@@ -204,11 +277,11 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // One byte on each peer's sentinel slot says "this rank aborted the group".
-  // The peer's sentinel receive was posted when the group formed, so on an
-  // idle connection Gloo writes the byte at once, and closing the socket
-  // right after still delivers it (an orderly close). A peer not on the
-  // running broadcast's path learns of the abort this way.
+  // One word on each peer's sentinel slot says why this rank closes. The
+  // peer's sentinel receive was posted when the group formed, so on an idle
+  // connection Gloo writes it at once, and closing the socket right after
+  // still delivers it (an orderly close). A peer not on the running
+  // broadcast's path learns of the abort this way.
   void send_notices(NoticeWord word) {
     notice_word_ = word;
     for (int i = 0; i < options_.world_size; ++i) {
@@ -221,33 +294,38 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // The first peer that sent an abort notice, and the rank it blamed. The
-  // word is written by Gloo's I/O thread, hence the atomic load.
+  // The first peer that sent an abort notice, the rank it blamed and why.
+  // The word is written by Gloo's I/O thread, hence the atomic load.
   struct Notice {
     int from = -1;
     int blamed = -1;
+    NoticeWord kind = kFailed;
   };
   Notice notice() {
     for (int i = 0; i < options_.world_size; ++i) {
       if (i == options_.rank) continue;
       const NoticeWord w = __atomic_load_n(&sentinel_words_[i], __ATOMIC_ACQUIRE);
-      if (w != 0 && w != kGoodbye) return Notice{i, static_cast<int>(w - 1)};
+      if (w == 0 || w == kGoodbye) continue;
+      const int blamed = static_cast<int>(w & 0xffffff) - 1;
+      if (blamed < 0 || blamed >= options_.world_size) return Notice{i, i, kFailed};  // garbled: blame the sender
+      return Notice{i, blamed, w >> 24};
     }
     return Notice{};
   }
 
   Status notice_status(const Notice& n) const {
-    const std::string group = "gloo group of epoch " + std::to_string(options_.epoch) + ": ";
-    if (n.blamed == n.from) return aborted(group + "rank " + std::to_string(n.from) + " aborted the group");
-    return peer_lost(group + "rank " + std::to_string(n.blamed) + " failed (reported by rank " +
-                     std::to_string(n.from) + ")");
+    if (n.kind == kStalled)
+      return timeout_error(group() + who(n.from) + " saw no progress for " +
+                           format_duration(options_.stall_timeout) + " (stall_timeout) sending to " + who(n.blamed));
+    if (n.blamed == n.from) return aborted(group() + who(n.from) + " aborted the group");
+    return peer_lost(group() + who(n.blamed) + " failed (reported by " + who(n.from) + ")");
   }
 
-  // Wakes a Gloo wait of the running operation; only after a failure.
+  // Wakes the Gloo waits of the running operation; only after a failure.
   void kick_locked() {
-    if (error_.ok() || !running_buffer_) return;
-    running_buffer_->abortWaitRecv();
-    running_buffer_->abortWaitSend();
+    if (error_.ok() || !running_op_) return;
+    if (running_op_->in) running_op_->in->abortWaitRecv();
+    for (auto* b : running_op_->out) b->abortWaitSend();
   }
 
   // One receive per peer on a slot that no one sends to: it fails exactly
@@ -261,28 +339,11 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // The ranks this rank exchanges bytes with in a broadcast from `root`: its
-  // parent and children in Gloo's binomial tree (gloo/broadcast.cc).
-  std::vector<int> tree_peers(int root) const {
-    std::vector<int> peers;
-    const size_t n = static_cast<size_t>(options_.world_size);
-    const size_t vrank = (static_cast<size_t>(options_.rank) + n - static_cast<size_t>(root)) % n;
-    size_t dim = 0;
-    while ((size_t(1) << dim) < n) ++dim;
-    size_t mask = (size_t(1) << dim) - 1;
-    for (size_t i = 0; i < dim; ++i) {
-      mask ^= size_t(1) << i;
-      if ((vrank & mask) != 0) continue;
-      const size_t vpeer = vrank ^ (size_t(1) << i);
-      if (vpeer < n) peers.push_back(static_cast<int>((vpeer + static_cast<size_t>(root)) % n));
-    }
-    return peers;
-  }
-
   // The first of `peers` whose connection broke, and Gloo's reason; rank -1
-  // if none. A peer that said goodbye first is not counted: it left after
-  // its last broadcast (its goodbye precedes its end of stream on the same
-  // connection, so it is in place when the sentinel fails).
+  // if none. A peer that wrote a word first (a goodbye, or a notice the
+  // caller reads) is not counted: the word completed the sentinel receive,
+  // which then never fails. Either precedes its end of stream on the same
+  // connection.
   struct Broken {
     int rank = -1;
     std::string what;
@@ -294,15 +355,42 @@ class GlooCommunicator : public Communicator {
       try {
         s->waitRecv(nullptr, std::chrono::hours(1));
       } catch (const std::exception& e) {
-        if (__atomic_load_n(&sentinel_words_[i], __ATOMIC_ACQUIRE) != kGoodbye) return Broken{i, e.what()};
+        if (__atomic_load_n(&sentinel_words_[i], __ATOMIC_ACQUIRE) == 0) return Broken{i, e.what()};
       }
     }
     return Broken{};
   }
 
-  // Polls for abort notices and, while an operation runs, for a broken
-  // connection to its parent or children (Gloo never wakes a wait whose send
-  // to that peer is already on the wire). See the top of the file.
+  // The link of the running operation that made no progress for its stall
+  // window, as an error; OK if none. Called with mu_ held.
+  std::pair<Status, int> stalled_locked(Clock::time_point now) {
+    const Running& r = *running_op_;
+    const Flight::Child* slow = r.flight.slowest();
+    if (slow && now - slow->last_progress > options_.stall_timeout + r.stall_grace) {
+      const auto& link = links_[static_cast<size_t>(slow->rank)];
+      std::string rate = link.send_busy.count() > 0
+                             ? format_bytes(static_cast<uint64_t>(static_cast<double>(link.bytes_sent) /
+                                                                  std::chrono::duration<double>(link.send_busy).count())) +
+                                   "/s"
+                             : "nothing yet";
+      return {timeout_error(group() + "no progress for " + format_duration(now - slow->last_progress) +
+                            " sending to " + who(slow->rank) + " (stall_timeout " +
+                            format_duration(options_.stall_timeout) + "): it took " + format_bytes(slow->taken_bytes) +
+                            " of this " + format_bytes(r.bytes) + " broadcast; that link's rate so far " + rate),
+              slow->rank};
+    }
+    if (now - r.start > options_.op_timeout)
+      return {timeout_error(group() + "broadcast of " + format_bytes(r.bytes) + " still running after " +
+                            format_duration(now - r.start) + " (the backstop, op_timeout " +
+                            format_duration(options_.op_timeout) + ")"),
+              options_.rank};
+    return {Status(), -1};
+  }
+
+  // Polls for abort notices, for a stalled link of the running operation
+  // and, while an operation runs, for a broken connection to its parent or
+  // children (Gloo never wakes a wait whose send to that peer is already on
+  // the wire). See the top of the file.
   void watch() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
@@ -314,14 +402,24 @@ class GlooCommunicator : public Communicator {
         if (n.from >= 0) fail(notice_status(n), Notify::kNever, n.blamed);
         lock.lock();
       }
-      if (error_.ok() && running_) {
-        const auto peers = tree_peers(running_root_);
+      if (error_.ok() && running_op_) {
+        auto [stall, blamed] = stalled_locked(Clock::now());
+        if (!stall.ok()) {
+          lock.unlock();
+          PC_WARN(stall.message());
+          fail(stall, Notify::kAlways, blamed, blamed == options_.rank ? kFailed : kStalled);
+          lock.lock();
+        }
+      }
+      if (error_.ok() && running_op_) {
+        const auto peers = running_op_->tree.peers();
         lock.unlock();
         const Broken b = broken_peer(peers);
-        if (b.rank >= 0)
-          fail(peer_lost("gloo group of epoch " + std::to_string(options_.epoch) + ": connection to rank " +
-                         std::to_string(b.rank) + " broke: " + b.what),
-               Notify::kAlways, b.rank);
+        const Notice n = notice();  // a notice precedes its sender's close: it explains the break
+        if (n.from >= 0)
+          fail(notice_status(n), Notify::kNever, n.blamed);
+        else if (b.rank >= 0)
+          fail(peer_lost(group() + "connection to " + who(b.rank) + " broke: " + b.what), Notify::kAlways, b.rank);
         lock.lock();
       }
       kick_locked();
@@ -330,62 +428,141 @@ class GlooCommunicator : public Communicator {
 
   // After a failed operation: the cause, preferring a peer's notice (which
   // may trail the end of stream of a peer that gave up first by a few ms).
-  std::pair<Status, int> cause_of(const Status& failure, int root) {
+  std::pair<Status, int> cause_of(const Status& failure, const BinomialTree& tree) {
     for (int i = 0; i < 10; ++i) {
       const Notice n = notice();
       if (n.from >= 0) return {notice_status(n), -1};
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    const Broken b = broken_peer(tree_peers(root));
+    const Broken b = broken_peer(tree.peers());
     return {failure, b.rank >= 0 ? b.rank : options_.rank};
   }
 
-  // Publishes the running operation's buffer to kick_locked() for as long as
-  // it lives. Declared after the BroadcastOptions that own the buffer, so
-  // that it is withdrawn before the buffer is freed, also while unwinding.
-  class RunningBuffer {
-   public:
-    RunningBuffer(GlooCommunicator* c, ::gloo::transport::UnboundBuffer* b) : c_(c) {
-      std::lock_guard<std::mutex> lock(c_->mu_);
-      armed_ = c_->error_.ok();
-      if (armed_) c_->running_buffer_ = b;
-    }
-    ~RunningBuffer() {
-      std::lock_guard<std::mutex> lock(c_->mu_);
-      c_->running_buffer_ = nullptr;
-    }
-    bool armed() const { return armed_; }
+  // Posts the parent's receives this rank may hold: a leaf takes the whole
+  // broadcast at once; a rank with children stays kWindow chunks ahead of
+  // what every child took, so that its parent's link to it moves at the pace
+  // of its own slowest link instead of racing a whole broadcast ahead (a
+  // parent that waits on this rank sees progress while the subtree makes it).
+  void post_receives_locked(Running& r) {
+    const size_t limit = r.out.empty() ? r.chunks : std::min(r.chunks, r.flight.min_taken_chunks() + kWindow);
+    for (; r.recvs_posted < limit; ++r.recvs_posted)
+      r.in->recv(r.tree.parent, r.slot, r.recvs_posted * kChunkBytes, r.chunk_bytes(r.recvs_posted));
+  }
 
-   private:
-    GlooCommunicator* c_;
-    bool armed_ = false;
-  };
+  // Receives each chunk from the parent and posts it to every child.
+  Status feed(Running& r) {
+    for (size_t i = 0; i < r.chunks; ++i) {
+      const size_t len = r.chunk_bytes(i);
+      if (r.in) {
+        if (!r.in->waitRecv(nullptr, kForever)) {
+          std::lock_guard<std::mutex> lock(mu_);
+          return r.failure.ok() ? aborted("broadcast interrupted") : r.failure;
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        links_[static_cast<size_t>(r.tree.parent)].bytes_received += len;
+      }
+      if (r.out.empty()) continue;
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !error_.ok() || !r.failure.ok() || r.flight.window_open(kWindow); });
+      if (!r.failure.ok()) return r.failure;
+      if (!error_.ok()) return aborted("broadcast interrupted");
+      for (size_t j = 0; j < r.out.size(); ++j) r.out[j]->send(r.tree.children[j], r.slot, i * kChunkBytes, len);
+      r.flight.posted(len, Clock::now());
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !error_.ok() || !r.failure.ok() || r.flight.pending() == 0; });
+    if (!r.failure.ok()) return r.failure;
+    return error_.ok() ? Status() : aborted("broadcast interrupted");
+  }
 
-  Status run_one(const Op& op, uint32_t tag) {
+  // Takes the send completions of child j, in order, for as long as chunks
+  // are owed to it; a kick (after a failure) or a failed pair ends it.
+  void drain(Running& r, size_t j) {
+    const int child = r.tree.children[j];
     try {
-      ::gloo::BroadcastOptions opts(context_);
-      auto buffer = context_->createUnboundBuffer(op.data, op.bytes);
-      RunningBuffer running(this, buffer.get());
-      if (!running.armed()) return Status();  // aborted between dequeue and start; already completed
-      opts.setOutput<uint8_t>(std::move(buffer));
-      opts.setRoot(op.root);
-      opts.setTag(tag);
-      opts.setTimeout(options_.op_timeout);
-      ::gloo::broadcast(opts);
-      return Status();
-    } catch (const ::gloo::IoException& e) {
-      const std::string what = e.what();
-      return what.find("imed out") != std::string::npos
-                 ? timeout_error("gloo broadcast timed out after " + std::to_string(options_.op_timeout.count()) +
-                                 "ms: " + what)
-                 : peer_lost("gloo broadcast failed (a peer closed its connection or died): " + what);
+      for (size_t k = 0; k < r.chunks; ++k) {
+        if (!r.out[j]->waitSend(nullptr, kForever)) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        const auto t = r.flight.taken(child, Clock::now());
+        auto& link = links_[static_cast<size_t>(child)];
+        link.bytes_sent += t.bytes;
+        link.send_busy += t.busy;
+        if (r.in && error_.ok()) post_receives_locked(r);
+        cv_.notify_all();
+      }
     } catch (const std::exception& e) {
-      return internal_error(std::string("gloo broadcast failed: ") + e.what());
+      // The pair failed: the child closed (after a goodbye: it left while
+      // this broadcast still needed it) or the connection broke.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (r.failure.ok())
+        r.failure = __atomic_load_n(&sentinel_words_[static_cast<size_t>(child)], __ATOMIC_ACQUIRE) == kGoodbye
+                        ? aborted(group() + who(child) + " left the group before taking this broadcast (it took " +
+                                  format_bytes(r.flight.child(child)->taken_bytes) + " of " + format_bytes(r.bytes) + ")")
+                        : peer_lost(group() + "sending to " + who(child) + " failed: " + e.what());
+      if (r.in) r.in->abortWaitRecv();  // the runner may be waiting for the parent
+      cv_.notify_all();
     }
   }
 
+  // A rank at height h (h levels of the tree below it) waits (h-1) grace
+  // steps beyond the stall window before it blames a child: a link stalled
+  // deeper down starves every link above it, and the rank right above the
+  // stall must be the one that names it.
+  Clock::duration stall_grace(const BinomialTree& tree, int root) const {
+    int height = 0;
+    std::vector<std::pair<int, int>> todo;
+    for (int c : tree.children) todo.push_back({c, 1});
+    while (!todo.empty()) {
+      auto [rank, depth] = todo.back();
+      todo.pop_back();
+      height = std::max(height, depth);
+      for (int c : BinomialTree::of(rank, options_.world_size, root).children) todo.push_back({c, depth + 1});
+    }
+    return height > 1 ? kStallGrace * (height - 1) : Clock::duration(0);
+  }
+
+  Status run_one(const Op& op) {
+    Running r;
+    r.tree = BinomialTree::of(options_.rank, options_.world_size, op.root);
+    r.bytes = op.bytes;
+    r.chunks = (op.bytes + kChunkBytes - 1) / kChunkBytes;
+    r.slot = ::gloo::Slot::build(kChunkSlotPrefix, op.seq);
+    r.stall_grace = stall_grace(r.tree, op.root);
+    std::unique_ptr<::gloo::transport::UnboundBuffer> in;
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> out;
+    std::vector<std::thread> drainers;
+    Status status;
+    try {
+      if (r.tree.parent >= 0) in = context_->createUnboundBuffer(op.data, op.bytes);
+      for (size_t j = 0; j < r.tree.children.size(); ++j) out.push_back(context_->createUnboundBuffer(op.data, op.bytes));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_.ok()) return Status();  // aborted between dequeue and start; already completed
+        r.in = in.get();
+        for (auto& b : out) r.out.push_back(b.get());
+        r.start = Clock::now();
+        r.flight = Flight(r.tree.children, r.start);
+        running_op_ = &r;
+        if (r.in) post_receives_locked(r);
+      }
+      for (size_t j = 0; j < r.out.size(); ++j) drainers.emplace_back([this, &r, j] { drain(r, j); });
+      status = feed(r);
+    } catch (const ::gloo::IoException& e) {
+      status = peer_lost(group() + "broadcast failed (a connection to a peer broke): " + e.what());
+    } catch (const std::exception& e) {
+      status = internal_error(std::string("gloo broadcast failed: ") + e.what());
+    }
+    // The drainers end with the last completion, or at a kick (sticky: a
+    // drainer between two waits returns at its next one).
+    if (!status.ok())
+      for (auto* b : r.out) b->abortWaitSend();
+    for (auto& t : drainers) t.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    running_op_ = nullptr;
+    return status;
+  }
+
   void run() {
-    uint32_t tag = 0;
     for (;;) {
       Op op;
       {
@@ -395,9 +572,8 @@ class GlooCommunicator : public Communicator {
         op = std::move(queue_.front());
         queue_.pop_front();
         running_ = op.state;
-        running_root_ = op.root;
       }
-      Status status = run_one(op, tag++);
+      Status status = run_one(op);
       int blame = -1;  // -1: a peer's notice is the cause, nobody is told again
       if (!status.ok()) {
         bool aborted_here;
@@ -405,7 +581,8 @@ class GlooCommunicator : public Communicator {
           std::lock_guard<std::mutex> lock(mu_);
           aborted_here = !error_.ok();
         }
-        if (!aborted_here) std::tie(status, blame) = cause_of(status, op.root);
+        if (!aborted_here)
+          std::tie(status, blame) = cause_of(status, BinomialTree::of(options_.rank, options_.world_size, op.root));
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -432,9 +609,10 @@ class GlooCommunicator : public Communicator {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
+  uint32_t next_seq_ = 0;
   std::shared_ptr<WorkState> running_;
-  int running_root_ = 0;
-  ::gloo::transport::UnboundBuffer* running_buffer_ = nullptr;  // owned by the runner's BroadcastOptions
+  Running* running_op_ = nullptr;  // owned by run_one, registered while its buffers live
+  std::vector<LinkStats> links_;   // by peer rank
   Status error_;
   bool stop_ = false;
   bool runner_done_ = false;
@@ -461,7 +639,7 @@ StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Stor
     StoreAdapter adapter(store, options.init_timeout);
     ::gloo::rendezvous::PrefixStore prefixed(options.bootstrap, adapter);
     context->connectFullMesh(prefixed, device);
-    context->setTimeout(options.op_timeout);
+    context->setTimeout(kForever);  // the watcher bounds every wait (stall_timeout, op_timeout)
     return std::unique_ptr<Communicator>(new GlooCommunicator(options, std::move(context)));
   } catch (const std::exception& e) {
     return unavailable("gloo group of epoch " + std::to_string(options.epoch) + " (rank " +

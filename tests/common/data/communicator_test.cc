@@ -108,6 +108,40 @@ TEST_P(CommunicatorTest, KilledPeerFailsOthersWithinDeadline) {
   }
 }
 
+// A live rank that takes nothing (frames dropped, a wedged reader) fails the
+// broadcast with kTimeout at its parent once its link made no progress for
+// stall_timeout, and every rank learns which one it was; the operation's
+// backstop (60 s) is nowhere near. 32 MiB: more than the windows hold, so
+// that the stall holds back every rank (a rank fed fully before the stall
+// would finish its broadcast, rightly).
+TEST_P(CommunicatorTest, StalledRankFailsEveryOtherWithTimeoutNamingIt) {
+  if (GetParam() == Backend::kNccl)
+    GTEST_SKIP() << "NCCL shows no per-link progress; its stall check is per operation (tests/gpu)";
+  const int stall_ms = 2000;
+  auto ranks = spawn(8, "33554432", 1, 60000, {"--stall-ms", std::to_string(stall_ms), "--silent-rank", "5"});
+  for (auto& p : ranks) ASSERT_TRUE(p->wait_for_output("ready", std::chrono::seconds(60))) << p->output();
+  ASSERT_TRUE(ranks[5]->wait_for_output("silent", std::chrono::seconds(10))) << ranks[5]->output();
+  const auto started = std::chrono::steady_clock::now();
+  for (int r = 0; r < 8; ++r) {
+    if (r == 5) continue;
+    ASSERT_TRUE(ranks[r]->wait_for_output("failed", std::chrono::seconds(30))) << "rank " << r << ":\n"
+                                                                                 << ranks[r]->output();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::printf("[figures] rank %d: failed %.2f s after the group formed (stall_timeout %.1f s)\n", r, secs,
+                stall_ms / 1000.0);
+    // The stall window, one grace step (rank 5's parent has a grandchild), and slack for a loaded machine.
+    EXPECT_LE(secs, stall_ms / 1000.0 + 1.0 + 5.0) << "rank " << r;
+    const std::string out = ranks[r]->output();
+    EXPECT_NE(out.find("TIMEOUT"), std::string::npos) << out;
+    EXPECT_NE(out.find("to rank 5 (worker-5)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("PEER_LOST"), std::string::npos) << out;
+  }
+  // Rank 5's parent (rank 1) is the one that saw it: it gives the figures.
+  EXPECT_NE(ranks[1]->output().find("no progress for"), std::string::npos) << ranks[1]->output();
+  EXPECT_NE(ranks[1]->output().find("stall_timeout 2.000 s"), std::string::npos) << ranks[1]->output();
+  ranks[5]->kill(SIGKILL);
+}
+
 // One rank's abort() wins everywhere: every rank blocked in a broadcast
 // (the root holds it back, so all wait to receive) fails within about a
 // second, naming the rank that aborted, long before the operation timeout.

@@ -1,6 +1,7 @@
 // dataplane_rank: one rank of the data-plane conformance suite, run as its own
 // process. Forms a communicator (FileStore rendezvous in --store), runs
 // broadcasts of the given sizes from rank 0, verifies every byte.
+// Flags: --stall-ms (stall_timeout), --silent-rank, --abort-rank (below).
 // Exit: 0 ok, 1 wrong bytes, 2 usage, 3 broadcast failed (and the
 // communicator then refused further work as it must), 4 it did not.
 #include <unistd.h>
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
   g.device = parse_device(f.get("device", "cpu")).value();
   g.op_timeout = std::chrono::milliseconds(std::atoi(f.get("timeout-ms", "30000").c_str()));
   g.init_timeout = std::chrono::seconds(60);
+  if (f.has("stall-ms")) g.stall_timeout = std::chrono::milliseconds(std::atoi(f.get("stall-ms").c_str()));
+  for (int r = 0; r < g.world_size; ++r) g.members.push_back(r == 0 ? "publisher" : "worker-" + std::to_string(r));
   const int repeat = std::atoi(f.get("repeat", "1").c_str());
   std::vector<uint64_t> sizes;
   std::stringstream ss(f.get("sizes"));
@@ -67,6 +70,13 @@ int main(int argc, char** argv) {
                   std::chrono::duration<double>(Clock::now() - t0).count());
       std::fflush(stdout);
     });
+  }
+  // --silent-rank R: rank R joins the group but never takes part in a
+  // broadcast (a live peer that makes no progress), until killed.
+  if (f.has("silent-rank") && std::atoi(f.get("silent-rank").c_str()) == g.rank) {
+    std::printf("rank %d: silent\n", g.rank);
+    std::fflush(stdout);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (g.rank == 0 && f.has("root-idle-ms"))
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(f.get("root-idle-ms").c_str())));

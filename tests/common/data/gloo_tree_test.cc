@@ -1,0 +1,92 @@
+// The Gloo backend's broadcast shape (BinomialTree) and send-side
+// bookkeeping (Flight), on their own.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "common/data/gloo/flight.h"
+#include "common/data/gloo/tree.h"
+
+namespace paramcast::gloo_backend {
+namespace {
+
+int depth_of(int rank, int world, int root) {
+  int d = 0;
+  for (int r = rank; r != root; r = BinomialTree::of(r, world, root).parent) ++d;
+  return d;
+}
+
+// Every rank but the root has exactly one parent, which lists it among its
+// children; the tree is at most ceil(log2(world)) deep, for every root.
+TEST(BinomialTreeTest, EveryRankReachedOnceWithinLogDepth) {
+  for (int world = 1; world <= 33; ++world) {
+    int log2 = 0;
+    while ((1 << log2) < world) ++log2;
+    for (int root = 0; root < world; ++root) {
+      std::multiset<int> children;
+      for (int r = 0; r < world; ++r) {
+        const auto t = BinomialTree::of(r, world, root);
+        EXPECT_EQ(t.parent < 0, r == root) << "world " << world << " root " << root << " rank " << r;
+        for (int c : t.children) {
+          children.insert(c);
+          EXPECT_EQ(BinomialTree::of(c, world, root).parent, r) << "world " << world << " root " << root;
+        }
+        EXPECT_LE(depth_of(r, world, root), log2) << "world " << world << " root " << root << " rank " << r;
+      }
+      EXPECT_EQ(children.size(), static_cast<size_t>(world - 1)) << "world " << world << " root " << root;
+      for (int r = 0; r < world; ++r) EXPECT_EQ(children.count(r), r == root ? 0u : 1u);
+    }
+  }
+}
+
+TEST(BinomialTreeTest, LargestSubtreeFirst) {
+  EXPECT_EQ(BinomialTree::of(0, 8, 0).children, (std::vector<int>{4, 2, 1}));
+  EXPECT_EQ(BinomialTree::of(1, 8, 0).children, (std::vector<int>{5, 3}));
+  EXPECT_EQ(BinomialTree::of(5, 8, 0).parent, 1);
+  EXPECT_EQ(BinomialTree::of(3, 8, 2).children, (std::vector<int>{7, 5}));  // vrank 1 of root 2
+  EXPECT_TRUE(BinomialTree::of(7, 8, 0).children.empty());
+}
+
+using Clock = Flight::Clock;
+
+TEST(FlightTest, WindowHoldsBackAtTheSlowestChild) {
+  const auto t0 = Clock::now();
+  Flight f({4, 2}, t0);
+  for (int i = 0; i < 3; ++i) f.posted(100, t0);
+  EXPECT_TRUE(f.window_open(4));
+  f.posted(100, t0);
+  EXPECT_FALSE(f.window_open(4));
+  EXPECT_EQ(f.pending(), 8u);
+  EXPECT_EQ(f.taken(4, t0).bytes, 100u);  // one child alone does not open it
+  EXPECT_FALSE(f.window_open(4));
+  EXPECT_EQ(f.min_taken_chunks(), 0u);
+  f.taken(2, t0);
+  EXPECT_TRUE(f.window_open(4));
+  EXPECT_EQ(f.min_taken_chunks(), 1u);
+  EXPECT_EQ(f.taken(9, t0).bytes, 0u);  // not a child
+}
+
+TEST(FlightTest, SlowestIsTheChildLongestWithoutProgressAndBusyTimeIsPerLink) {
+  const auto t0 = Clock::now();
+  using std::chrono::seconds;
+  Flight f({1, 2}, t0);
+  EXPECT_EQ(f.slowest(), nullptr);  // nothing pending: nobody is stalled
+  f.posted(10, t0 + seconds(5));    // the links' clocks start with their work
+  f.posted(10, t0 + seconds(6));
+  auto t = f.taken(1, t0 + seconds(7));
+  EXPECT_EQ(t.busy, seconds(2));
+  t = f.taken(1, t0 + seconds(8));
+  EXPECT_EQ(t.busy, seconds(1));
+  ASSERT_NE(f.slowest(), nullptr);
+  EXPECT_EQ(f.slowest()->rank, 2);
+  EXPECT_EQ(f.slowest()->last_progress, t0 + seconds(5));
+  f.taken(2, t0 + seconds(9));
+  f.taken(2, t0 + seconds(9));
+  EXPECT_EQ(f.slowest(), nullptr);
+  EXPECT_EQ(f.child(2)->taken_bytes, 20u);
+  f.posted(10, t0 + seconds(20));  // an idle link's clock restarts with new work
+  EXPECT_EQ(f.slowest()->last_progress, t0 + seconds(20));
+}
+
+}  // namespace
+}  // namespace paramcast::gloo_backend
