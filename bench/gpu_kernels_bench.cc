@@ -84,10 +84,10 @@ double per_bucket_us(DeviceMemory& mem, uint8_t* src, int buckets) {
   UpdatePlan plan = build_plan(1, specs, o).value();
   std::vector<TensorView> views;
   for (int i = 0; i < buckets; ++i) views.push_back(TensorView{specs[i], src + i * 8192, Device::cuda(0)});
-  transfer::BucketSender sender(&mem, std::chrono::seconds(60));
-  (void)sender.send(plan, views, **comm, {});
+  transfer::BucketSender sender(&mem);
+  (void)sender.send(plan, views, **comm, {}, Clock::now() + std::chrono::seconds(60));
   const auto t0 = std::chrono::steady_clock::now();
-  Status s = sender.send(plan, views, **comm, {});
+  Status s = sender.send(plan, views, **comm, {}, Clock::now() + std::chrono::seconds(60));
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (!s.ok()) std::fprintf(stderr, "per-bucket overhead: %s\n", s.to_string().c_str());
   return s.ok() ? us / plan.buckets.size() : -1;

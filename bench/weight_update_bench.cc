@@ -85,7 +85,7 @@ Config pc_config(const Options& o, const std::string& endpoint) {
   c.data_plane.backend = o.backend;
   c.data_plane.bucket_bytes = o.bucket;
   c.data_plane.checksum = o.checksum;
-  c.data_plane.timeout = std::chrono::seconds(300);
+  c.data_plane.stall_timeout = std::chrono::seconds(300);
   c.data_plane.init_timeout = std::chrono::seconds(120);
   c.publisher.subscriber_count = o.world - 1;
   c.publisher.device = device_for(o, 0);

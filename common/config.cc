@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/log.h"
 #include "common/units.h"
 
 namespace paramcast {
@@ -33,13 +34,17 @@ class Loader {
  public:
   explicit Loader(std::string file) : file_(std::move(file)) {}
 
-  [[noreturn]] void fail(const YAML::Node& node, const std::string& path, const std::string& what) const {
+  // "file:line:column" of a node.
+  std::string where(const YAML::Node& node) const {
     std::ostringstream os;
     os << file_;
     if (node.IsDefined() && node.Mark().line >= 0)
       os << ":" << node.Mark().line + 1 << ":" << node.Mark().column + 1;
-    os << ": key '" << path << "': " << what;
-    throw ConfigError{os.str()};
+    return os.str();
+  }
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& path, const std::string& what) const {
+    throw ConfigError{where(node) + ": key '" + path + "': " + what};
   }
 
   std::string scalar(const YAML::Node& n, const std::string& path, const char* expected) const {
@@ -210,6 +215,7 @@ void parse_control(const Loader& L, const YAML::Node& n, const std::string& p, C
 void parse_data_plane(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
   using N = const YAML::Node&;
   using P = const std::string&;
+  bool stall_given = false;
     L.map(n, p, {
       {"backend", [&](N v, P q) {
         c.data_plane.backend = L.choice<Backend>(v, q, {{"gloo", Backend::kGloo}, {"nccl", Backend::kNccl}});
@@ -221,7 +227,18 @@ void parse_data_plane(const Loader& L, const YAML::Node& n, const std::string& p
       {"checksum", [&](N v, P q) {
         c.data_plane.checksum = L.choice<Checksum>(v, q, {{"none", Checksum::kNone}, {"xxh64", Checksum::kXxh64}, {"xxh64-blocks", Checksum::kXxh64Blocks}});
       }},
-      {"timeout", [&](N v, P q) { c.data_plane.timeout = L.duration(v, q); }},
+      {"stall_timeout", [&](N v, P q) {
+        if (stall_given) L.fail(v, q, "given with data_plane.timeout, its old name: keep stall_timeout only");
+        stall_given = true;
+        c.data_plane.stall_timeout = L.duration(v, q);
+      }},
+      {"timeout", [&](N v, P q) {
+        if (stall_given) L.fail(v, q, "old name of data_plane.stall_timeout, which is given too: keep stall_timeout only");
+        stall_given = true;
+        c.data_plane.stall_timeout = L.duration(v, q);
+        PC_WARN(L.where(v) << ": data_plane.timeout is now data_plane.stall_timeout: a broadcast fails only after "
+                              "no progress for that long; publisher.update_timeout caps the whole update");
+      }},
       {"init_timeout", [&](N v, P q) { c.data_plane.init_timeout = L.duration(v, q); }},
     });
 }

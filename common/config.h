@@ -61,8 +61,12 @@ struct DataPlaneOptions {
   // parallel, on the GPU for CUDA memory; common/data/bucket_checksum.h).
   // Off by default: it costs a pass over the bytes on every rank. Default: none
   Checksum checksum = Checksum::kNone;
-  // Deadline of one collective (one bucket's broadcast). Default: 60s
-  Millis timeout{60000};
+  // A broadcast fails with TIMEOUT when a link it moves bytes on makes no
+  // progress (takes no chunk) for this long; a slow link that keeps moving
+  // never fails it, however long a bucket takes (publisher.update_timeout
+  // caps the whole update). The old key `timeout` is read as this one, with
+  // a warning. Default: 30s
+  Millis stall_timeout{30000};
   // Deadline of communicator creation (group formation). Default: 60s
   Millis init_timeout{60000};
 };

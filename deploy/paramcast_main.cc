@@ -276,6 +276,19 @@ int keygen(const Flags& flags) {
   return 0;
 }
 
+// A member's receive figures: the update it is receiving now, else its last one.
+std::string transfer_column(proto::MemberStatus::Reader m) {
+  auto rate = [](uint64_t bytes, uint64_t ms) { return ms ? format_bytes(bytes * 1000 / ms) + "/s" : std::string("-"); };
+  if (m.getReceivingVersion())
+    return "receiving v" + std::to_string(m.getReceivingVersion()) + ": " + format_bytes(m.getReceivedBytes()) + " in " +
+           format_duration(std::chrono::milliseconds(m.getReceivingForMs())) + ", " +
+           rate(m.getReceivedBytes(), m.getReceivingForMs());
+  if (!m.getLastUpdateVersion()) return "-";
+  return "v" + std::to_string(m.getLastUpdateVersion()) + (m.getLastUpdateOk() ? " applied: " : " failed: ") +
+         format_bytes(m.getLastUpdateBytes()) + " in " + format_duration(std::chrono::milliseconds(m.getLastUpdateMs())) +
+         ", " + rate(m.getLastUpdateBytes(), m.getLastUpdateMs());
+}
+
 void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r) {
   std::printf("{\"endpoint\":\"%s\",\"epoch\":%llu,\"published_version\":%llu,\"expected\":%u,\"backend\":\"%s\",\"members\":[",
               endpoint.c_str(), static_cast<unsigned long long>(r.getEpoch()),
@@ -284,11 +297,19 @@ void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r
   bool first = true;
   for (auto m : r.getMembers()) {
     std::printf("%s{\"id\":\"%s\",\"rank\":%d,\"version\":%llu,\"state\":\"%s\",\"heartbeat_age_ms\":%llu,"
-                "\"host\":\"%s\",\"pid\":%u,\"device\":\"%s\",\"lost\":%s}",
+                "\"host\":\"%s\",\"pid\":%u,\"device\":\"%s\",\"lost\":%s,"
+                "\"receiving_version\":%llu,\"received_bytes\":%llu,\"receiving_for_ms\":%llu,"
+                "\"last_update\":{\"version\":%llu,\"ok\":%s,\"bytes\":%llu,\"ms\":%llu}}",
                 first ? "" : ",", control::printable(m.getWorkerId().cStr()).c_str(), m.getRank(),
                 static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()),
                 static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()), control::printable(m.getHost().cStr()).c_str(),
-                m.getPid(), control::get_device(m.getDevice()).to_string().c_str(), m.getLost() ? "true" : "false");
+                m.getPid(), control::get_device(m.getDevice()).to_string().c_str(), m.getLost() ? "true" : "false",
+                static_cast<unsigned long long>(m.getReceivingVersion()),
+                static_cast<unsigned long long>(m.getReceivedBytes()),
+                static_cast<unsigned long long>(m.getReceivingForMs()),
+                static_cast<unsigned long long>(m.getLastUpdateVersion()), m.getLastUpdateOk() ? "true" : "false",
+                static_cast<unsigned long long>(m.getLastUpdateBytes()),
+                static_cast<unsigned long long>(m.getLastUpdateMs()));
     first = false;
   }
   std::printf("]}\n");
@@ -298,16 +319,16 @@ void print_status_table(const std::string& endpoint, proto::StatusReply::Reader 
   std::printf("publisher %s  epoch %llu  published v%llu  %u expected  backend %s\n", endpoint.c_str(),
               static_cast<unsigned long long>(r.getEpoch()), static_cast<unsigned long long>(r.getPublishedVersion()),
               r.getExpected(), r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
-  std::printf("%-16s %5s %8s %-11s %10s  %-8s %s\n", "WORKER", "RANK", "VERSION", "STATE", "HEARTBEAT", "DEVICE",
-              "HOST/PID");
+  std::printf("%-16s %5s %8s %-11s %10s  %-8s %-24s %s\n", "WORKER", "RANK", "VERSION", "STATE", "HEARTBEAT", "DEVICE",
+              "HOST/PID", "TRANSFER");
   for (auto m : r.getMembers()) {
     char age[32];
     std::snprintf(age, sizeof age, "%llums ago", static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()));
-    std::printf("%-16s %5s %8llu %-11s %10s  %-8s %s/%u\n", control::printable(m.getWorkerId().cStr()).c_str(),
+    const std::string host = control::printable(m.getHost().cStr()) + "/" + std::to_string(m.getPid());
+    std::printf("%-16s %5s %8llu %-11s %10s  %-8s %-24s %s\n", control::printable(m.getWorkerId().cStr()).c_str(),
                 m.getLost() ? "lost" : m.getRank() < 0 ? "-" : std::to_string(m.getRank()).c_str(),
                 static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()), age,
-                control::get_device(m.getDevice()).to_string().c_str(), control::printable(m.getHost().cStr()).c_str(),
-                m.getPid());
+                control::get_device(m.getDevice()).to_string().c_str(), host.c_str(), transfer_column(m).c_str());
   }
 }
 

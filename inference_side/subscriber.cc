@@ -3,6 +3,7 @@
 #include "common/control/messages.h"
 #include "common/group/join_group.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "common/xxhash.h"
 #include "inference_side/plan_check.h"
 #include "inference_side/subscriber_impl.h"
@@ -80,7 +81,7 @@ Status SubscriberImpl::start() {
   auto mem = create_device_memory(device_);
   if (!mem.ok()) return mem.status();
   mem_ = std::move(mem.value());
-  receiver_ = std::make_unique<transfer::BucketReceiver>(mem_.get(), device_, cfg_.data_plane.timeout, faults_);
+  receiver_ = std::make_unique<transfer::BucketReceiver>(mem_.get(), device_, faults_);
   auto auth = control::client_auth(cfg_.auth, id_);
   if (!auth.ok()) return auth.status();
   // The capabilities are known now that the callbacks are set.
@@ -159,6 +160,11 @@ control::WeightReport SubscriberImpl::weight_report() {
   w.answered_version = answered_;
   w.commit_version = commit_seen_;
   w.applied_version = applied_sent_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    w.receiving_version = receiving_version_;
+  }
+  if (w.receiving_version && receiver_) w.received_bytes = receiver_->received();
   return w;
 }
 
@@ -360,7 +366,10 @@ void SubscriberImpl::join(const Job& job) {
   auto comm = group_->join(job.group);
   if (!comm.ok()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (job.epoch == epoch_) comm_ = std::move(comm.value());  // else superseded while forming
+  if (job.epoch == epoch_) {  // else superseded while forming
+    comm_ = std::move(comm.value());
+    update_cap_ = job.group.op_timeout;
+  }
 }
 
 void SubscriberImpl::receive(const Job& job) {
@@ -372,6 +381,7 @@ void SubscriberImpl::receive(const Job& job) {
     std::lock_guard<std::mutex> lock(mu_);
     comm = comm_;
     receiving_version_ = plan.version;
+    deadline_ = t0 + update_cap_;  // the publisher's update_timeout: it gives up then too
     if (taking) {
       state_.kind = WeightStateKind::kDirty;
       state_.dirty_version = plan.version;
@@ -380,6 +390,7 @@ void SubscriberImpl::receive(const Job& job) {
   if (begin_hook_ && taking) begin_hook_(plan.version);
   bool collective_done = false;  // the communicator is still in step with the group
   Status s = move(job, comm.get(), collective_done);
+  const auto received_in = Clock::now() - t0;
   const uint64_t checksum = s.ok() ? combined_checksum(plan) : 0;
   // The engine's post-processing ends before Applied: the publisher's OK
   // means every engine is done. A failing hook fails the update.
@@ -387,7 +398,8 @@ void SubscriberImpl::receive(const Job& job) {
     Status hook = end_hook_(plan.version, s);
     if (s.ok() && !hook.ok()) s = hook.with_context("on_update_end hook");
   }
-  report(job, s, checksum, std::chrono::duration<double>(Clock::now() - t0).count());
+  report(job, s, checksum, std::chrono::duration<double>(Clock::now() - t0).count(), receiver_->received(),
+         std::chrono::duration_cast<std::chrono::milliseconds>(received_in));
   // A failed update leaves the collective half-done: this communicator is finished.
   if (!collective_done && comm) comm->abort("update v" + std::to_string(plan.version) + " failed");
   if (s.ok()) PC_DEBUG(id_ << ": applied v" << plan.version << " (" << plan.total_bytes << " bytes)");
@@ -399,7 +411,7 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
   const UpdatePlan& plan = *job.plan;
   if (!comm) return aborted("no communicator for epoch " + std::to_string(job.epoch));
   if (!job.discard.empty()) {
-    Status s = receiver_->drop(plan, *comm);
+    Status s = receiver_->drop(plan, *comm, deadline());
     collective_done = s.ok();
     if (!s.ok()) return s;
     return rejected("precommitted plan v" + std::to_string(plan.version) + " does not fit this worker (" +
@@ -418,7 +430,7 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
   transfer::BucketReceiver::Hooks hooks;
   hooks.expected_checksum = [&](size_t k) { return expected_checksum(plan.version, k); };
   hooks.on_tensor = callback_;
-  Status s = receiver_->receive(plan, dest, *comm, hooks);
+  Status s = receiver_->receive(plan, dest, *comm, hooks, deadline());
   collective_done = s.ok();
   return s;
 }
@@ -426,9 +438,9 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
 StatusOr<uint64_t> SubscriberImpl::expected_checksum(uint64_t version, size_t bucket) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto key = std::make_pair(version, static_cast<uint32_t>(bucket));
-  if (!cv_.wait_for(lock, cfg_.data_plane.timeout,
-                    [&] { return checksums_.count(key) || stopping_ || !client_->joined(); }))
-    return timeout_error("checksum of bucket " + std::to_string(bucket) + " never arrived");
+  if (!cv_.wait_until(lock, deadline_, [&] { return checksums_.count(key) || stopping_ || !client_->joined(); }))
+    return timeout_error("checksum of bucket " + std::to_string(bucket) + " never arrived within update_timeout (" +
+                         format_duration(update_cap_) + ")");
   if (!checksums_.count(key))
     return stopping_ ? aborted("subscriber stopping")
                      : peer_lost("publisher lost before the checksum of bucket " + std::to_string(bucket) + " arrived");
@@ -448,7 +460,8 @@ uint64_t SubscriberImpl::combined_checksum(const UpdatePlan& plan) {
 }
 
 // Records the outcome (weight state, report) and tells the publisher: Applied.
-void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, double seconds) {
+void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
+                            std::chrono::milliseconds receive_time) {
   const UpdatePlan& plan = *job.plan;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -471,7 +484,8 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     auto a = b.initApplied();
     a.setVersion(plan.version);
     a.setOk(s.ok());
-    a.setBytes(s.ok() ? plan.total_bytes : 0);
+    a.setBytes(s.ok() ? plan.total_bytes : std::min(received, plan.total_bytes));
+    a.setReceiveMs(static_cast<uint64_t>(receive_time.count()));
     a.setChecksum(checksum);
     if (!s.ok()) {
       a.setError(s.message());

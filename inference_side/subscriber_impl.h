@@ -86,7 +86,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
   Status move(const Job& job, Communicator* comm, bool& collective_done);
   StatusOr<uint64_t> expected_checksum(uint64_t version, size_t bucket);
   uint64_t combined_checksum(const UpdatePlan& plan);
-  void report(const Job& job, const Status& s, uint64_t checksum, double seconds);
+  void report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
+              std::chrono::milliseconds receive_time);
 
   const Config cfg_;
   const std::string id_;
@@ -111,6 +112,12 @@ class SubscriberImpl : public control::ControlClient::Listener {
   uint64_t epoch_ = 0;
   WeightState state_;
   std::deque<UpdateReport> reports_;
+  std::chrono::milliseconds update_cap_{600000};  // the group's backstop: the publisher's update_timeout
+  Deadline deadline_;                              // of the update being received
+  Deadline deadline() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deadline_;
+  }
   std::map<std::pair<uint64_t, uint32_t>, uint64_t> checksums_;
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_

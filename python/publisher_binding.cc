@@ -145,6 +145,8 @@ void bind_results(py::module_& m) {
       .def_property_readonly("error", [](const SubscriberOutcome& o) { return o.status.ok() ? "" : o.status.to_string(); })
       .def_readonly("mismatches", &SubscriberOutcome::mismatches)
       .def_readonly("bytes", &SubscriberOutcome::bytes)
+      .def_readonly("seconds", &SubscriberOutcome::seconds)
+      .def_property_readonly("rate", &SubscriberOutcome::rate)
       .def("__repr__", [](const SubscriberOutcome& o) {
         return "<SubscriberOutcome " + o.worker_id + " " + (o.status.ok() ? "applied" : o.status.to_string()) + ">";
       });
@@ -162,6 +164,7 @@ void bind_results(py::module_& m) {
       .def_readonly("subscribers", &UpdateResult::subscribers)
       .def_readonly("missing", &UpdateResult::missing)
       .def_readonly("precommitted", &UpdateResult::precommitted)
+      .def_readonly("slowest", &UpdateResult::slowest)
       .def_property_readonly("mismatches", [](const UpdateResult& r) {
         py::list out;  // (worker, Mismatch) over every subscriber
         for (const auto& o : r.subscribers)

@@ -118,7 +118,12 @@ struct JoinGroup {
   initTimeoutMs @5 :UInt32;
   # Deadline for creating the communicator.
   opTimeoutMs @6 :UInt32;
-  # Deadline of one collective.
+  # Backstop on one collective, whatever its progress (the publisher's
+  # update_timeout: no broadcast outlives its update).
+  stallTimeoutMs @7 :UInt32;
+  # A collective fails with TIMEOUT when a link a rank sends on makes no
+  # progress for this long (data_plane.stall_timeout). 0 from an older
+  # publisher: the subscriber's own setting applies.
 }
 
 struct GroupReady {
@@ -159,6 +164,12 @@ struct Heartbeat {
   # precommitted Plan).
   appliedVersion @8 :UInt64;
   # Subscriber: the latest version whose Applied it queued.
+
+  # Progress of the update being received (docs/errors.md, "Slow members").
+  receivingVersion @9 :UInt64;
+  # Subscriber: the version whose buckets it is receiving now (0: none).
+  receivedBytes @10 :UInt64;
+  # Subscriber: bytes of that version landed so far.
 }
 
 struct Leave {
@@ -317,13 +328,16 @@ struct Applied {
   ok @1 :Bool;
   # True when every byte arrived and verified.
   bytes @2 :UInt64;
-  # Bytes received.
+  # Bytes received (landed), also when not ok.
   checksum @3 :UInt64;
   # xxh64 over the bucket checksums (0 without checksums).
   error @4 :Text;
   # When not ok: what failed (bucket, tensors, expected vs got).
   errorCode @5 :UInt32;
   # When not ok: a paramcast::Code value.
+  receiveMs @6 :UInt64;
+  # How long the receive took, from its first bucket issued to its last
+  # landed (or its failure): bytes / receiveMs is this member's receive rate.
 }
 
 struct StatusRequest {
@@ -350,6 +364,20 @@ struct MemberStatus {
   # Its device.
   lost @8 :Bool;
   # Declared lost (silent past the heartbeat timeout).
+  receivingVersion @9 :UInt64;
+  # The version it is receiving now (0: none), from its heartbeats.
+  receivedBytes @10 :UInt64;
+  # Bytes of that version landed so far.
+  receivingForMs @11 :UInt64;
+  # Since the publisher first heard it was receiving that version.
+  lastUpdateVersion @12 :UInt64;
+  # The last update it reported Applied for (0: none yet).
+  lastUpdateOk @13 :Bool;
+  # Whether that update applied.
+  lastUpdateBytes @14 :UInt64;
+  # Bytes it received of that update.
+  lastUpdateMs @15 :UInt64;
+  # How long its receive took (lastUpdateBytes / lastUpdateMs: its rate).
 }
 
 struct StatusReply {

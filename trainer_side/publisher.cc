@@ -2,6 +2,7 @@
 
 #include "common/control/messages.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "trainer_side/publisher_impl.h"
 
 namespace paramcast {
@@ -38,8 +39,7 @@ Status PublisherImpl::init() {
   auto mem = create_device_memory(cfg_.publisher.device);
   if (!mem.ok()) return mem.status();
   mem_ = std::move(mem.value());
-  sender_ = std::make_unique<transfer::BucketSender>(mem_.get(), cfg_.data_plane.timeout,
-                                                     transfer::FaultInjection::from_env());
+  sender_ = std::make_unique<transfer::BucketSender>(mem_.get(), transfer::FaultInjection::from_env());
   PC_RETURN_IF_ERROR(server_.start(this));
   PC_INFO("publisher: listening on " << server_.endpoint() << " (" << backend_name(cfg_.data_plane.backend)
                                      << ", expects " << cfg_.expected_count() << " subscribers)");
@@ -142,6 +142,7 @@ std::vector<std::string> PublisherImpl::absent() const {
 UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options) {
   std::lock_guard<std::mutex> ulock(update_mu_);
   const auto t0 = Clock::now();
+  cap_ = t0 + cfg_.publisher.update_timeout;  // plan, move and applied all end by then
   UpdateResult r;
   auto plan = make_plan(tensors, options.version, r);
   if (plan.ok()) run(*plan, tensors, options, r);
@@ -257,8 +258,7 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
 bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto live = [this](const std::string& id) { return is_live(id); };
-  cv_.wait_until(lock, Clock::now() + cfg_.publisher.update_timeout,
-                 [&] { return round_.plan_answered(live) || stopped_; });
+  cv_.wait_until(lock, cap_, [&] { return round_.plan_answered(live) || stopped_; });
   Code code;
   r.subscribers = round_.plan_outcomes(live, silence(), code);
   if (code != Code::kOk) {
@@ -295,8 +295,23 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
                       c.initValues(1).set(0, sum);
                     }));
   };
-  if (progress_) hooks.on_progress = [&](uint64_t sent, uint64_t total) { progress_(plan.version, sent, total); };
-  Status data = sender_->send(plan, tensors, *comm_, hooks, after_stream);
+  uint64_t sent_bytes = 0;
+  hooks.on_progress = [&](uint64_t sent, uint64_t total) {
+    sent_bytes = sent;
+    if (progress_) progress_(plan.version, sent, total);
+  };
+  const auto t0 = Clock::now();
+  Status data = sender_->send(plan, tensors, *comm_, hooks, cap_, after_stream);
+  if (data.code() == Code::kTimeout && Clock::now() >= cap_) {
+    // The cap, not a stalled link: say how far the update got, and how fast.
+    const auto took = Clock::now() - t0;
+    const double secs = std::chrono::duration<double>(took).count();
+    data = timeout_error("update_timeout (" + format_duration(cfg_.publisher.update_timeout) + ") passed with " +
+                         format_bytes(sent_bytes) + " of " + format_bytes(plan.total_bytes) + " sent to every member in " +
+                         format_duration(took) + " (" +
+                         format_bytes(secs > 0 ? static_cast<uint64_t>(static_cast<double>(sent_bytes) / secs) : 0) +
+                         "/s)" + slowest_receiver(plan.version) + ": " + data.message());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_comm_.reset();
@@ -319,10 +334,16 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   std::unique_lock<std::mutex> lock(mu_);
   const auto live = [this](const std::string& id) { return is_live(id); };
   const auto extra = cfg_.control.heartbeat_timeout + 3 * cfg_.control.heartbeat_interval;
-  const auto until = Clock::now() + (data.ok() ? cfg_.publisher.update_timeout : extra);
+  const auto until = data.ok() ? cap_ : Clock::now() + extra;
   cv_.wait_until(lock, until, [&] { return round_.applied(live) || stopped_; });
   Code code;
   r.subscribers = round_.applied_outcomes(live, silence(), data, code);
+  double slowest_rate = 0;
+  for (const auto& o : r.subscribers)
+    if (o.seconds > 0 && (r.slowest.empty() || o.rate() < slowest_rate)) {
+      r.slowest = o.worker_id;
+      slowest_rate = o.rate();
+    }
   if (code == Code::kOk) {
     published_version_ = r.version;
     server_.set_published_version(r.version);
@@ -338,6 +359,20 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   r.status = summarize_outcomes(r.subscribers, code,
                                 "update v" + std::to_string(r.version) + " failed" +
                                     (data.ok() ? "" : " (publisher data plane: " + data.message() + ")"));
+}
+
+std::string PublisherImpl::slowest_receiver(uint64_t version) const {
+  std::string who;
+  uint64_t least = 0;
+  for (const auto& id : server_.live_ids()) {
+    auto m = server_.member(id);
+    if (!m || m->receiving_version != version) continue;
+    if (who.empty() || m->received_bytes < least) {
+      who = id;
+      least = m->received_bytes;
+    }
+  }
+  return who.empty() ? "" : "; slowest member: '" + who + "' (" + format_bytes(least) + " received)";
 }
 
 // Tells every live member of the round that has not applied `version` to give it up.
@@ -368,6 +403,7 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
     if (env.getBody().which() == B::APPLIED) {
       auto a = env.getBody().getApplied();
       const bool refused = a.getErrorCode() == static_cast<uint32_t>(Code::kRejected);
+      server_.set_member_last_update(id, a.getVersion(), a.getOk(), a.getBytes(), a.getReceiveMs());
       if (a.getOk()) server_.set_member_weights(id, a.getVersion(), proto::WeightState::CONSISTENT);
       else if (!refused) server_.set_member_weights(id, 0, proto::WeightState::DIRTY);  // a refused plan wrote nothing
     }

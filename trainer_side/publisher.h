@@ -35,7 +35,12 @@ struct SubscriberOutcome {
   std::string worker_id;
   Status status;                     // OK when applied
   std::vector<Mismatch> mismatches;  // when the plan was rejected
+  // What it received of this update (also when it failed) and how long its
+  // receive took: rate() is the pace of its link as the group ran it. Zero
+  // for a member that never reported (lost, or silent past update_timeout).
   uint64_t bytes = 0;
+  double seconds = 0;
+  double rate() const { return seconds > 0 ? static_cast<double>(bytes) / seconds : 0; }  // bytes/s
 };
 
 struct UpdateResult {
@@ -51,6 +56,9 @@ struct UpdateResult {
   std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
   // The plan went out without an accept round (publisher.reuse_validated_plan).
   bool precommitted = false;
+  // The member that received at the lowest rate (of those that reported),
+  // empty with fewer than one report: where to look when updates are slow.
+  std::string slowest;
   bool ok() const { return status.ok(); }
 };
 

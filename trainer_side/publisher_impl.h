@@ -66,6 +66,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);
   Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream);
   void collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r);
+  // "; slowest member: 'id' (N received)" from the members' heartbeats, or "".
+  std::string slowest_receiver(uint64_t version) const;
+  Deadline cap_;  // of the update in progress (update thread)
   void abandon_locked(uint64_t version, const std::string& reason);
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }

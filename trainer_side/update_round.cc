@@ -69,6 +69,7 @@ bool UpdateRound::record_applied(const std::string& id, proto::Applied::Reader a
   if (a.getVersion() != version_) return false;
   AppliedAnswer ans;
   ans.bytes = a.getBytes();
+  ans.seconds = static_cast<double>(a.getReceiveMs()) / 1000.0;
   if (!a.getOk()) {
     // An error code that is not a failure code still reports a failure.
     auto code = static_cast<Code>(a.getErrorCode());
@@ -137,6 +138,7 @@ std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live,
     auto a = applied_.find(id);
     if (a != applied_.end()) {
       o.bytes = a->second.bytes;
+      o.seconds = a->second.seconds;
       o.status = a->second.status;
       auto answer = plan_.find(id);
       if (answer != plan_.end()) o.mismatches = answer->second.mismatches;  // a precommitted plan rejected
@@ -152,10 +154,18 @@ std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live,
                                (data.ok() ? " before update_timeout" : " after the data plane failed"));
       if (data.ok()) missed_any = true;
     }
+    // PEER_LOST is the control plane's word: a data-plane connection that
+    // broke under a member the heartbeats still hear is an aborted collective.
+    if (o.status.code() == Code::kPeerLost && live(id)) o.status = Status(Code::kAborted, o.status.message());
+    if (o.status.code() == Code::kTimeout) missed_any = true;
     if (first == Code::kOk && !o.status.ok()) first = o.status.code();
     out.push_back(std::move(o));
   }
-  code = lost_any ? Code::kPeerLost : missed_any ? Code::kTimeout : !data.ok() ? data.code() : first;
+  const Code data_code = data.code() == Code::kPeerLost ? Code::kAborted : data.code();
+  code = lost_any                                       ? Code::kPeerLost
+         : missed_any || data_code == Code::kTimeout    ? Code::kTimeout
+         : !data.ok()                                   ? data_code
+                                                        : first;
   return out;
 }
 

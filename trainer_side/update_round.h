@@ -70,6 +70,7 @@ class UpdateRound {
   };
   struct AppliedAnswer {
     uint64_t bytes = 0;
+    double seconds = 0;
     Status status;
   };
   bool record_applied(const std::string& id, proto::Applied::Reader a);

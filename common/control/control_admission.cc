@@ -207,6 +207,15 @@ void ControlServer::status_reply_locked(const std::string& peer, uint64_t reques
       e.setPid(m.pid);
       set_device(e.initDevice(), m.device);
       e.setLost(m.lost);
+      if (m.receiving_version) {
+        e.setReceivingVersion(m.receiving_version);
+        e.setReceivedBytes(m.received_bytes);
+        e.setReceivingForMs(static_cast<uint64_t>(ms_since(m.receiving_since, now)));
+      }
+      e.setLastUpdateVersion(m.last_update_version);
+      e.setLastUpdateOk(m.last_update_ok);
+      e.setLastUpdateBytes(m.last_update_bytes);
+      e.setLastUpdateMs(m.last_update_ms);
     }
   }));
 }

@@ -184,6 +184,8 @@ void ControlClient::keep_membership(Clock::time_point now) {
               h.setAnsweredVersion(w.answered_version);
               h.setCommitVersion(w.commit_version);
               h.setAppliedVersion(w.applied_version);
+              h.setReceivingVersion(w.receiving_version);
+              h.setReceivedBytes(w.received_bytes);
             }));
   }
   if (now - last_heard_ > opt_.control.heartbeat_timeout) {

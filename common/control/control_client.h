@@ -61,6 +61,9 @@ struct WeightReport {
   uint64_t answered_version = 0;
   uint64_t commit_version = 0;
   uint64_t applied_version = 0;
+  // The update being received (0: none), and its bytes landed so far.
+  uint64_t receiving_version = 0;
+  uint64_t received_bytes = 0;
 };
 
 class ControlClient {

@@ -158,6 +158,18 @@ void ControlServer::set_member_weights(const std::string& id, uint64_t version, 
   it->second.state = state;
 }
 
+void ControlServer::set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes,
+                                           uint64_t ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = members_.find(id);
+  if (it == members_.end()) return;
+  it->second.last_update_version = version;
+  it->second.last_update_ok = ok;
+  it->second.last_update_bytes = bytes;
+  it->second.last_update_ms = ms;
+  if (it->second.receiving_version == version) it->second.receiving_version = 0;  // done, whatever the next heartbeat says
+}
+
 std::optional<Member> ControlServer::member(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(id);
@@ -371,6 +383,9 @@ ControlServer::Deliveries ControlServer::dispatch_locked(const Sender& from, pro
       m.answered_version = h.getAnsweredVersion();
       m.commit_version = h.getCommitVersion();
       m.applied_version = h.getAppliedVersion();
+      if (h.getReceivingVersion() != m.receiving_version) m.receiving_since = m.last_seen;
+      m.receiving_version = h.getReceivingVersion();
+      m.received_bytes = h.getReceivedBytes();
       out.message = true;  // the owner follows the update round with it
       break;
     }

@@ -77,6 +77,15 @@ struct Member {
   uint64_t answered_version = 0;
   uint64_t commit_version = 0;
   uint64_t applied_version = 0;
+  // Progress of the update it is receiving (heartbeats), and since when.
+  uint64_t receiving_version = 0;
+  uint64_t received_bytes = 0;
+  Clock::time_point receiving_since;
+  // Its last Applied: version, outcome, bytes received, receive time.
+  uint64_t last_update_version = 0;
+  bool last_update_ok = false;
+  uint64_t last_update_bytes = 0;
+  uint64_t last_update_ms = 0;
   int rank = -1;  // in the current group; -1 when not in it
   bool lost = false;
 };
@@ -126,6 +135,8 @@ class ControlServer {
 
   // What a member reported in Applied: `version` held consistently, or dirty.
   void set_member_weights(const std::string& id, uint64_t version, proto::WeightState state);
+  // Records a member's Applied figures for `paramcast status`.
+  void set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes, uint64_t ms);
 
   std::vector<std::string> live_ids() const;
   bool is_live(const std::string& id) const;

@@ -68,6 +68,11 @@ struct LinkStats {
   std::chrono::nanoseconds send_busy{0};
 };
 
+// After a failure, how long a caller waits for its issued Works to settle
+// (an aborted communicator completes them within its abort) before it lets
+// their buffers go instead of reusing them.
+constexpr std::chrono::seconds kSettleTimeout{10};
+
 class Work {
  public:
   virtual ~Work() = default;

@@ -70,7 +70,10 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.bootstrap = *bootstrap;
   go.device = cfg_.publisher.device;
   go.init_timeout = cfg_.data_plane.init_timeout;
-  go.op_timeout = cfg_.data_plane.timeout;
+  go.op_timeout = cfg_.publisher.update_timeout;  // a backstop: no broadcast outlives its update
+  go.stall_timeout = cfg_.data_plane.stall_timeout;
+  go.members = {"publisher"};
+  go.members.insert(go.members.end(), members.begin(), members.end());
   go.gloo_hostname = cfg_.data_plane.gloo_hostname;
   go.gloo_interface = cfg_.data_plane.gloo_interface;
   WatchedStore store(store_, [&] { return doomed(members); });
@@ -157,7 +160,8 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   go.backend = cfg_.data_plane.backend;
   go.bootstrap = *bootstrap;
   go.init_timeout = cfg_.data_plane.init_timeout;
-  go.op_timeout = cfg_.data_plane.timeout;
+  go.op_timeout = cfg_.publisher.update_timeout;
+  go.stall_timeout = cfg_.data_plane.stall_timeout;
   for (size_t i = 0; i < members.size(); ++i) {
     go.rank = static_cast<int>(i + 1);
     server_.send(members[i], control::make_message(epoch, server_.incarnation(), [&](auto b) {

@@ -11,6 +11,7 @@ void fill_join_group(proto::JoinGroup::Builder j, const GroupOptions& o, const s
   for (size_t k = 0; k < members.size(); ++k) list.set(static_cast<unsigned>(k), members[k]);
   j.setInitTimeoutMs(static_cast<uint32_t>(o.init_timeout.count()));
   j.setOpTimeoutMs(static_cast<uint32_t>(o.op_timeout.count()));
+  j.setStallTimeoutMs(static_cast<uint32_t>(o.stall_timeout.count()));
 }
 
 GroupOptions group_options_from(proto::JoinGroup::Reader j, uint64_t epoch, Device device,
@@ -24,6 +25,13 @@ GroupOptions group_options_from(proto::JoinGroup::Reader j, uint64_t epoch, Devi
   o.device = device;
   o.init_timeout = std::chrono::milliseconds(j.getInitTimeoutMs());
   o.op_timeout = std::chrono::milliseconds(j.getOpTimeoutMs());
+  o.stall_timeout = j.getStallTimeoutMs() ? std::chrono::milliseconds(j.getStallTimeoutMs()) : data_plane.stall_timeout;
+  // Names for messages only; bytes from the network, so checked and bounded.
+  for (const auto& m : j.getMembers()) {
+    if (o.members.size() >= static_cast<size_t>(o.world_size)) break;
+    const std::string id(m.cStr(), m.size());
+    o.members.push_back(id == "publisher" || valid_worker_id(id) ? id : "?");
+  }
   o.gloo_hostname = data_plane.gloo_hostname;
   o.gloo_interface = data_plane.gloo_interface;
   return o;

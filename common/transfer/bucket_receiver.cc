@@ -22,12 +22,13 @@ struct BucketReceiver::Update {
   std::string bucket_name(size_t k) const { return "bucket " + std::to_string(k) + " of v" + std::to_string(plan.version); }
 };
 
-BucketReceiver::BucketReceiver(DeviceMemory* memory, Device device, std::chrono::milliseconds op_timeout,
-                               FaultInjection faults)
-    : mem_(memory), device_(device), op_timeout_(op_timeout), faults_(faults) {}
+BucketReceiver::BucketReceiver(DeviceMemory* memory, Device device, FaultInjection faults)
+    : mem_(memory), device_(device), faults_(faults) {}
 
 Status BucketReceiver::receive(const UpdatePlan& plan, const std::vector<const TensorView*>& destinations,
-                               Communicator& comm, const Hooks& hooks) {
+                               Communicator& comm, const Hooks& hooks, Deadline deadline) {
+  deadline_ = deadline;
+  received_ = 0;
   const size_t n = plan.buckets.size();
   PC_CHECK_EQ(destinations.size(), plan.tensors.size());
   Update u{plan, destinations, comm, hooks, std::vector<uint8_t*>(n, nullptr), {}, std::vector<std::shared_ptr<Work>>(n),
@@ -70,7 +71,7 @@ Status BucketReceiver::settle(Update& u, Status failure) {
   bool quiet = true;
   for (auto& w : u.works) {
     if (!w) continue;
-    (void)w->wait(Clock::now() + op_timeout_);
+    (void)w->wait(std::max(deadline_, Clock::now() + kSettleTimeout));
     if (!w->settled()) quiet = false;
     w.reset();
   }
@@ -111,9 +112,10 @@ Status BucketReceiver::issue(Update& u, size_t k) {
 
 Status BucketReceiver::finish(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
-  Status landed = u.works[k]->wait(Clock::now() + op_timeout_);
+  Status landed = u.works[k]->wait(deadline_);
   u.works[k].reset();
   PC_RETURN_IF_ERROR(landed.with_context(u.bucket_name(k)));
+  received_ += b.bytes;
   if (faults_.corrupt_bucket == static_cast<int64_t>(k) && b.bytes > 0) {
     faults_.corrupt_bucket = -1;  // once
     uint8_t byte;
@@ -168,14 +170,17 @@ Status BucketReceiver::deliver(Update& u, size_t k) {
   return Status();
 }
 
-Status BucketReceiver::drop(const UpdatePlan& plan, Communicator& comm) {
+Status BucketReceiver::drop(const UpdatePlan& plan, Communicator& comm, Deadline deadline) {
+  received_ = 0;
   uint64_t largest = 0;
   for (const auto& b : plan.buckets) largest = std::max(largest, b.bytes);
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, largest));
-  for (size_t k = 0; k < plan.buckets.size(); ++k)
+  for (size_t k = 0; k < plan.buckets.size(); ++k) {
     PC_RETURN_IF_ERROR(comm.broadcast(staging_.slot(k), plan.buckets[k].bytes, 0)
-                           ->wait(Clock::now() + op_timeout_)
+                           ->wait(deadline)
                            .with_context("dropped bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
+    received_ += plan.buckets[k].bytes;
+  }
   return Status();
 }
 

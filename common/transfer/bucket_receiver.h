@@ -13,6 +13,9 @@
 // is released; on success every registered destination is complete when
 // receive() returns (copies synchronised). drop() follows the collective
 // into staging only (a plan this rank refused) so the others complete.
+// Time: no bucket has a deadline of its own (the communicator fails a
+// stalled link); a receive ends by `deadline`, the update's cap. received()
+// tells, from any thread, how far the receive in progress got.
 //
 // Thread-safety: one call at a time (the subscriber's data thread).
 #pragma once
@@ -39,12 +42,14 @@ class BucketReceiver {
     std::function<Status(const TensorView&)> on_tensor;
   };
 
-  BucketReceiver(DeviceMemory* memory, Device device, std::chrono::milliseconds op_timeout, FaultInjection faults = {});
+  BucketReceiver(DeviceMemory* memory, Device device, FaultInjection faults = {});
 
   // `destinations[i]` is where plan.tensors[i] goes, or null (on_tensor).
   Status receive(const UpdatePlan& plan, const std::vector<const TensorView*>& destinations, Communicator& comm,
-                 const Hooks& hooks);
-  Status drop(const UpdatePlan& plan, Communicator& comm);
+                 const Hooks& hooks, Deadline deadline);
+  Status drop(const UpdatePlan& plan, Communicator& comm, Deadline deadline);
+  // Bytes of the current (or last) receive or drop that have landed.
+  uint64_t received() const { return received_; }
   void stop() { stopping_ = true; }
 
  private:
@@ -57,7 +62,8 @@ class BucketReceiver {
 
   DeviceMemory* const mem_;
   const Device device_;
-  const std::chrono::milliseconds op_timeout_;
+  Deadline deadline_;  // of the receive in progress
+  std::atomic<uint64_t> received_{0};
   FaultInjection faults_;
   StagingPair staging_;
   std::atomic<bool> stopping_{false};

@@ -6,11 +6,11 @@
 
 namespace paramcast::transfer {
 
-BucketSender::BucketSender(DeviceMemory* memory, std::chrono::milliseconds op_timeout, FaultInjection faults)
-    : mem_(memory), op_timeout_(op_timeout), faults_(faults) {}
+BucketSender::BucketSender(DeviceMemory* memory, FaultInjection faults) : mem_(memory), faults_(faults) {}
 
 Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
-                          const Hooks& hooks, void* after_stream) {
+                          const Hooks& hooks, Deadline deadline, void* after_stream) {
+  deadline_ = deadline;
   // Packing (copy stream) and direct/in-place broadcasts (the communicator's
   // stream) both read the caller's tensors: both wait for the caller's stream.
   PC_RETURN_IF_ERROR(mem_->order_after(after_stream));
@@ -87,7 +87,7 @@ StatusOr<uint8_t*> BucketSender::stage(const UpdatePlan& plan, size_t k, const s
 }
 
 Status BucketSender::finish(const UpdatePlan& plan, size_t k, Work& work, const Hooks& hooks, uint64_t& sent) {
-  PC_RETURN_IF_ERROR(work.wait(Clock::now() + op_timeout_)
+  PC_RETURN_IF_ERROR(work.wait(deadline_)
                          .with_context("bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
   sent += plan.buckets[k].bytes;
   if (hooks.on_progress) hooks.on_progress(std::min(sent, plan.total_bytes), plan.total_bytes);
@@ -104,7 +104,7 @@ Status BucketSender::settle(Communicator& comm, std::vector<std::shared_ptr<Work
   bool quiet = true;
   for (auto& w : works) {
     if (!w) continue;
-    (void)w->wait(Clock::now() + op_timeout_);
+    (void)w->wait(std::max(deadline_, Clock::now() + kSettleTimeout));
     if (!w->settled()) quiet = false;
     w.reset();
   }

@@ -11,6 +11,9 @@
 // (DeviceMemory). Ordering: packing and broadcasts wait, on the device, for
 // `after_stream`; a broadcast waits for its bucket's packing; no host wait
 // per pack. A failing send returns only after its in-flight work settled.
+// Time: no bucket has a deadline of its own (a slow link that keeps moving
+// is not a failure: the communicator fails a stalled one); the whole send
+// ends by `deadline`, the update's cap.
 //
 // Thread-safety: one send() at a time; stop() from any thread ends a stall
 // injected for tests.
@@ -38,13 +41,13 @@ class BucketSender {
     std::function<void(uint64_t sent, uint64_t total)> on_progress;
   };
 
-  BucketSender(DeviceMemory* memory, std::chrono::milliseconds op_timeout, FaultInjection faults = {});
+  explicit BucketSender(DeviceMemory* memory, FaultInjection faults = {});
 
   // `tensors[i]` holds plan.tensors[i]. Returns the first failure, naming the
   // bucket. `after_stream`: the caller's CUDA stream that produced the tensors
   // (DeviceMemory::order_after); ignored for host memory.
   Status send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
-              const Hooks& hooks, void* after_stream = nullptr);
+              const Hooks& hooks, Deadline deadline, void* after_stream = nullptr);
   void stop() { stopping_ = true; }
 
  private:
@@ -56,7 +59,7 @@ class BucketSender {
   Status finish(const UpdatePlan& plan, size_t k, Work& work, const Hooks& hooks, uint64_t& sent);
 
   DeviceMemory* const mem_;
-  const std::chrono::milliseconds op_timeout_;
+  Deadline deadline_;  // of the send in progress
   const FaultInjection faults_;
   StagingPair staging_;
   std::atomic<bool> stopping_{false};

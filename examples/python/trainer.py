@@ -20,7 +20,7 @@ def config(engines, endpoint="tcp://127.0.0.1:*"):
     return {
         "control": {"endpoint": endpoint, "heartbeat_interval": "250ms", "heartbeat_timeout": "3s",
                     "join_timeout": "120s"},
-        "data_plane": {"backend": "gloo", "checksum": "xxh64", "timeout": "60s"},
+        "data_plane": {"backend": "gloo", "checksum": "xxh64", "stall_timeout": "30s"},
         "publisher": {"subscribers": engines},
         "logging": {"level": "warn"},
     }

@@ -32,7 +32,7 @@ class PeerLostError(Error, ConnectionError):
 
 
 class DeadlineExceeded(Error, TimeoutError):
-    """A deadline of the configuration passed (join_timeout, data_plane.timeout, ...)."""
+    """A deadline of the configuration passed (join_timeout, data_plane.stall_timeout, update_timeout, ...)."""
 
     code = "TIMEOUT"
 

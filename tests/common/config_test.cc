@@ -66,6 +66,20 @@ TEST(ConfigTest, WholeMillisecondsInAnyUnitAreAccepted) {
   EXPECT_EQ(c->control.heartbeat_timeout, std::chrono::milliseconds(3000));
 }
 
+// data_plane.stall_timeout bounds a link without progress (default 30 s);
+// the old key `timeout` is still read, as that.
+TEST(ConfigTest, StallTimeoutAndItsOldName) {
+  auto d = load_config_string("");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->data_plane.stall_timeout, std::chrono::seconds(30));
+  auto c = load_config_string("data_plane:\n  stall_timeout: 4s\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->data_plane.stall_timeout, std::chrono::seconds(4));
+  auto old = load_config_string("data_plane:\n  timeout: 90s\n");
+  ASSERT_TRUE(old.ok()) << old.status().to_string();
+  EXPECT_EQ(old->data_plane.stall_timeout, std::chrono::seconds(90));
+}
+
 TEST(ConfigTest, MissingFileNamesIt) {
   auto c = load_config_file("/nonexistent/paramcast.yaml");
   ASSERT_FALSE(c.ok());
@@ -131,6 +145,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "bad.yaml:2:23: key 'control.heartbeat_interval': bad value '500us': not a whole number of milliseconds"},
         BadCase{"fractional_millisecond_duration", "data_plane:\n  timeout: 1500500us\n",
                 "key 'data_plane.timeout': bad value '1500500us': not a whole number of milliseconds"},
+        BadCase{"stall_timeout_and_old_name", "data_plane:\n  stall_timeout: 5s\n  timeout: 9s\n",
+                "bad.yaml:3:12: key 'data_plane.timeout': old name of data_plane.stall_timeout, which is given too"},
+        BadCase{"zero_stall_timeout", "data_plane:\n  stall_timeout: 0s\n",
+                "key 'data_plane.stall_timeout': bad value '0s': expected a positive duration"},
         BadCase{"zero_update_timeout", "publisher:\n  update_timeout: 0ms\n",
                 "key 'publisher.update_timeout': bad value '0ms': expected a positive duration"},
         BadCase{"key_given_twice", "control:\n  heartbeat_interval: 1s\n  join_timeout: 5s\n  heartbeat_interval: 2s\n",

@@ -14,7 +14,7 @@ Config test_config(int subscribers) {
   c.data_plane.bucket_bytes = 1 << 20;
   c.data_plane.direct_min_bytes = 64 << 10;
   c.data_plane.checksum = Checksum::kXxh64;  // tests exercise the integrity check
-  c.data_plane.timeout = std::chrono::seconds(20);
+  c.data_plane.stall_timeout = std::chrono::seconds(20);
   c.data_plane.init_timeout = std::chrono::seconds(30);
   c.publisher.subscriber_count = subscribers;
   c.publisher.update_timeout = std::chrono::seconds(60);

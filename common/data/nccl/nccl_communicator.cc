@@ -9,6 +9,11 @@
 // (cudaLaunchHostFunc) runs; the waiting thread sleeps on a condition and
 // wakes every millisecond only to look for an asynchronous error or abort.
 //
+// Slowness: NCCL shows no per-link progress, so a completed broadcast is the
+// progress a waiter sees; a Work fails with kTimeout when no broadcast of
+// the communicator completed for stall_timeout (since it was issued, or
+// since the previous one completed). op_timeout backs the enqueue only.
+//
 // Failure: any error or deadline leads to abort(), which marks the
 // communicator failed at once and hands ncclCommAbort to an AbortReaper
 // thread: it never blocks the caller (a control thread). A Work of an
@@ -35,6 +40,7 @@
 #include "common/data/nccl/nccl_check.h"
 #include "common/data/nccl/nccl_factory.h"
 #include "common/log.h"
+#include "common/units.h"
 
 namespace paramcast::nccl_backend {
 namespace {
@@ -120,6 +126,9 @@ class NcclCommunicator : public Communicator {
   std::mutex err_mu_;
   Status error_;
   std::shared_ptr<Completion> last_;  // the latest broadcast's (issuing thread)
+  // When a waiter last saw a broadcast complete (steady-clock ns): NCCL
+  // shows no per-link progress, so a completion is the progress it has.
+  std::atomic<int64_t> progress_ns_{0};
   AbortReaper reaper_;
 };
 
@@ -130,18 +139,32 @@ struct NcclCommunicator::Event : Work {
   NcclCommunicator* comm;
   std::shared_ptr<Completion> done;  // null: nothing was issued
   Status status;
+  Clock::time_point issued = Clock::now();
 };
 
 Status NcclCommunicator::Event::wait(Deadline deadline) {
   if (!status.ok() || !done) return status;
   for (;;) {
-    if (done->wait_until(std::min(deadline, Clock::now() + kErrorPoll))) return Status();
+    if (done->wait_until(std::min(deadline, Clock::now() + kErrorPoll))) {
+      comm->progress_ns_ = Clock::now().time_since_epoch().count();
+      return Status();
+    }
+    // No broadcast of this communicator completed since this one was issued
+    // or the previous one completed, whichever is later.
+    const auto since = std::max(issued, Clock::time_point(Clock::duration(comm->progress_ns_.load())));
+    const auto still = Clock::now() - since;
     Status failure;
     if (comm->aborted_.load()) {
       failure = comm->unusable();
     } else if (Status async = comm->async_error(); !async.ok()) {
       comm->abort(async.message());
       failure = async;
+    } else if (still > comm->options_.stall_timeout) {
+      comm->abort("no progress for stall_timeout");
+      failure = timeout_error("ncclBroadcast made no progress for " + format_duration(still) + " (stall_timeout " +
+                              format_duration(comm->options_.stall_timeout) +
+                              "; NCCL shows no per-link progress: no broadcast completed) (" + comm->where() +
+                              "); ncclCommAbort called");
     } else if (Clock::now() >= deadline) {
       comm->abort("broadcast deadline passed");
       failure = timeout_error("ncclBroadcast did not finish before its deadline (" + comm->where() +

@@ -162,7 +162,7 @@ TEST_P(CommunicatorTest, AbortOnOneRankFailsEveryBlockedRankWithinASecond) {
     // rank that had already given up closed under this one's receive.
     const std::string out = ranks[r]->output();
     if (r != 5) {
-      EXPECT_TRUE(out.find("rank 5 aborted the group") != std::string::npos ||
+      EXPECT_TRUE(out.find("rank 5 (worker-5) aborted the group") != std::string::npos ||
                   out.find("closed by peer") != std::string::npos)
           << out;
     }

@@ -179,23 +179,23 @@ TEST_F(OrderingTest, PackingAndBroadcastsWaitForTheCallerAndTheirPacking) {
   std::map<size_t, uint64_t> sums;
   std::condition_variable sums_cv;
   auto sent = std::async(std::launch::async, [&] {
-    transfer::BucketSender sender(&mem0, std::chrono::seconds(60));
+    transfer::BucketSender sender(&mem0);
     transfer::BucketSender::Hooks h;
     h.on_checksum = [&](size_t k, uint64_t v) {
       std::lock_guard<std::mutex> l(sums_mu);
       sums[k] = v;
       sums_cv.notify_all();
     };
-    return sender.send(p, views, *comm_[0], h, kCallerStream);
+    return sender.send(p, views, *comm_[0], h, Clock::now() + std::chrono::seconds(60), kCallerStream);
   });
-  transfer::BucketReceiver receiver(&mem1, Device::cpu(), std::chrono::seconds(60));
+  transfer::BucketReceiver receiver(&mem1, Device::cpu());
   transfer::BucketReceiver::Hooks h;
   h.expected_checksum = [&](size_t k) -> StatusOr<uint64_t> {
     std::unique_lock<std::mutex> l(sums_mu);
     sums_cv.wait(l, [&] { return sums.count(k) > 0; });
     return sums[k];
   };
-  Status r = receiver.receive(p, dest, *comm_[1], h);
+  Status r = receiver.receive(p, dest, *comm_[1], h, Clock::now() + std::chrono::seconds(60));
   ASSERT_TRUE(r.ok()) << r.to_string();
   ASSERT_TRUE(sent.get().ok());
   for (size_t t = 0; t < p.tensors.size(); ++t) EXPECT_EQ(dst[t], src[t]) << p.tensors[t].name;
@@ -246,17 +246,18 @@ TEST_F(OrderingTest, FailingCallbackWaitsOutTheBucketInFlightBeforeReleasing) {
   }
   RecordingMemory mem0(log_[0]), mem1(log_[1]);
   auto sent = std::async(std::launch::async, [&] {
-    transfer::BucketSender sender(&mem0, std::chrono::seconds(60));
-    return sender.send(p, views, *comm_[0], {}, nullptr);
+    transfer::BucketSender sender(&mem0);
+    return sender.send(p, views, *comm_[0], {}, Clock::now() + std::chrono::seconds(60), nullptr);
   });
   Status r;
   {
     // No destinations: "big" is assembled from its three chunks, then handed
     // to the callback, which fails while bucket 3 is already in flight.
-    transfer::BucketReceiver receiver(&mem1, Device::cpu(), std::chrono::seconds(60));
+    transfer::BucketReceiver receiver(&mem1, Device::cpu());
     transfer::BucketReceiver::Hooks h;
     h.on_tensor = [](const TensorView& v) { return invalid_argument("engine refuses " + v.spec.name); };
-    r = receiver.receive(p, std::vector<const TensorView*>(p.tensors.size(), nullptr), *comm_[1], h);
+    r = receiver.receive(p, std::vector<const TensorView*>(p.tensors.size(), nullptr), *comm_[1], h,
+                        Clock::now() + std::chrono::seconds(60));
     log_[1].add("returned");
   }
   comm_[1]->abort("receiver failed");  // as the subscriber does

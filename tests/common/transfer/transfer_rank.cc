@@ -92,10 +92,10 @@ int main(int argc, char** argv) {
   if (g.rank == 0) {
     for (size_t t = 0; t < plan.tensors.size(); ++t)
       for (uint64_t i = 0; i < plan.nbytes[t]; ++i) static_cast<uint8_t*>(at[t])[i] = pattern(t, i);
-    transfer::BucketSender sender(mem.get(), g.op_timeout);
+    transfer::BucketSender sender(mem.get());
     transfer::BucketSender::Hooks hooks;
     hooks.on_checksum = [&](size_t k, uint64_t sum) { (void)store.set("sum/" + std::to_string(k), std::to_string(sum)); };
-    Status s = sender.send(plan, views, *comm.value(), hooks);
+    Status s = sender.send(plan, views, *comm.value(), hooks, Clock::now() + g.op_timeout);
     if (!s.ok()) return fail(0, "send failed: " + s.to_string(), 5);
     std::printf("rank 0: sent %zu buckets, staging_peak=%llu\n", plan.buckets.size(),
                 static_cast<unsigned long long>(mem->peak()));
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     for (size_t t = 0; t < plan.tensors.size(); ++t) dest[t] = &views[t];
   transfer::FaultInjection faults;
   if (f.has("corrupt-last") && g.rank == 1) faults.corrupt_bucket = static_cast<int64_t>(plan.buckets.size() - 1);
-  transfer::BucketReceiver receiver(mem.get(), Device::cpu(), g.op_timeout, faults);
+  transfer::BucketReceiver receiver(mem.get(), Device::cpu(), faults);
   transfer::BucketReceiver::Hooks hooks;
   hooks.expected_checksum = [&](size_t k) -> StatusOr<uint64_t> {
     auto v = store.get("sum/" + std::to_string(k), std::chrono::seconds(30));
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     delivered[t].assign(p, p + plan.nbytes[t]);
     return Status();
   };
-  Status s = receiver.receive(plan, dest, *comm.value(), hooks);
+  Status s = receiver.receive(plan, dest, *comm.value(), hooks, Clock::now() + g.op_timeout);
   if (!s.ok()) {
     comm.value()->abort(s.message());
     return fail(g.rank, "receive failed: " + s.to_string(), 5);
