@@ -286,7 +286,8 @@ std::string transfer_column(proto::MemberStatus::Reader m) {
   if (!m.getLastUpdateVersion()) return "-";
   return "v" + std::to_string(m.getLastUpdateVersion()) + (m.getLastUpdateOk() ? " applied: " : " failed: ") +
          format_bytes(m.getLastUpdateBytes()) + " in " + format_duration(std::chrono::milliseconds(m.getLastUpdateMs())) +
-         ", " + rate(m.getLastUpdateBytes(), m.getLastUpdateMs());
+         ", " + rate(m.getLastUpdateBytes(), m.getLastUpdateMs()) +
+         (m.getLastUpdateLinkRate() ? ", link " + format_bytes(m.getLastUpdateLinkRate()) + "/s" : "");
 }
 
 void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r) {
@@ -299,7 +300,7 @@ void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r
     std::printf("%s{\"id\":\"%s\",\"rank\":%d,\"version\":%llu,\"state\":\"%s\",\"heartbeat_age_ms\":%llu,"
                 "\"host\":\"%s\",\"pid\":%u,\"device\":\"%s\",\"lost\":%s,"
                 "\"receiving_version\":%llu,\"received_bytes\":%llu,\"receiving_for_ms\":%llu,"
-                "\"last_update\":{\"version\":%llu,\"ok\":%s,\"bytes\":%llu,\"ms\":%llu}}",
+                "\"last_update\":{\"version\":%llu,\"ok\":%s,\"bytes\":%llu,\"ms\":%llu,\"link_rate\":%llu}}",
                 first ? "" : ",", control::printable(m.getWorkerId().cStr()).c_str(), m.getRank(),
                 static_cast<unsigned long long>(m.getWeightVersion()), control::state_name(m.getState()),
                 static_cast<unsigned long long>(m.getLastHeartbeatAgeMs()), control::printable(m.getHost().cStr()).c_str(),
@@ -309,7 +310,8 @@ void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r
                 static_cast<unsigned long long>(m.getReceivingForMs()),
                 static_cast<unsigned long long>(m.getLastUpdateVersion()), m.getLastUpdateOk() ? "true" : "false",
                 static_cast<unsigned long long>(m.getLastUpdateBytes()),
-                static_cast<unsigned long long>(m.getLastUpdateMs()));
+                static_cast<unsigned long long>(m.getLastUpdateMs()),
+                static_cast<unsigned long long>(m.getLastUpdateLinkRate()));
     first = false;
   }
   std::printf("]}\n");

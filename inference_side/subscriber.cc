@@ -389,7 +389,9 @@ void SubscriberImpl::receive(const Job& job) {
   }
   if (begin_hook_ && taking) begin_hook_(plan.version);
   bool collective_done = false;  // the communicator is still in step with the group
+  const auto links_before = comm ? comm->link_stats() : std::vector<LinkStats>{};
   Status s = move(job, comm.get(), collective_done);
+  const auto links = comm ? link_delta(links_before, comm->link_stats()) : std::vector<LinkStats>{};
   const auto received_in = Clock::now() - t0;
   const uint64_t checksum = s.ok() ? combined_checksum(plan) : 0;
   // The engine's post-processing ends before Applied: the publisher's OK
@@ -399,7 +401,7 @@ void SubscriberImpl::receive(const Job& job) {
     if (s.ok() && !hook.ok()) s = hook.with_context("on_update_end hook");
   }
   report(job, s, checksum, std::chrono::duration<double>(Clock::now() - t0).count(), receiver_->received(),
-         std::chrono::duration_cast<std::chrono::milliseconds>(received_in));
+         std::chrono::duration_cast<std::chrono::milliseconds>(received_in), links);
   // A failed update leaves the collective half-done: this communicator is finished.
   if (!collective_done && comm) comm->abort("update v" + std::to_string(plan.version) + " failed");
   if (s.ok()) PC_DEBUG(id_ << ": applied v" << plan.version << " (" << plan.total_bytes << " bytes)");
@@ -461,7 +463,7 @@ uint64_t SubscriberImpl::combined_checksum(const UpdatePlan& plan) {
 
 // Records the outcome (weight state, report) and tells the publisher: Applied.
 void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
-                            std::chrono::milliseconds receive_time) {
+                            std::chrono::milliseconds receive_time, const std::vector<LinkStats>& links) {
   const UpdatePlan& plan = *job.plan;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -486,6 +488,13 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     a.setOk(s.ok());
     a.setBytes(s.ok() ? plan.total_bytes : std::min(received, plan.total_bytes));
     a.setReceiveMs(static_cast<uint64_t>(receive_time.count()));
+    auto list = a.initLinks(static_cast<unsigned>(links.size()));
+    for (size_t i = 0; i < links.size(); ++i) {
+      list[static_cast<unsigned>(i)].setRank(static_cast<uint32_t>(links[i].peer));
+      list[static_cast<unsigned>(i)].setBytes(links[i].bytes_sent);
+      list[static_cast<unsigned>(i)].setBusyMs(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(links[i].send_busy).count()));
+    }
     a.setChecksum(checksum);
     if (!s.ok()) {
       a.setError(s.message());

@@ -87,7 +87,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   StatusOr<uint64_t> expected_checksum(uint64_t version, size_t bucket);
   uint64_t combined_checksum(const UpdatePlan& plan);
   void report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
-              std::chrono::milliseconds receive_time);
+              std::chrono::milliseconds receive_time, const std::vector<LinkStats>& links);
 
   const Config cfg_;
   const std::string id_;

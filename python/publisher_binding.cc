@@ -147,6 +147,7 @@ void bind_results(py::module_& m) {
       .def_readonly("bytes", &SubscriberOutcome::bytes)
       .def_readonly("seconds", &SubscriberOutcome::seconds)
       .def_property_readonly("rate", &SubscriberOutcome::rate)
+      .def_readonly("link_rate", &SubscriberOutcome::link_rate)
       .def("__repr__", [](const SubscriberOutcome& o) {
         return "<SubscriberOutcome " + o.worker_id + " " + (o.status.ok() ? "applied" : o.status.to_string()) + ">";
       });

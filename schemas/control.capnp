@@ -338,6 +338,19 @@ struct Applied {
   receiveMs @6 :UInt64;
   # How long the receive took, from its first bucket issued to its last
   # landed (or its failure): bytes / receiveMs is this member's receive rate.
+  links @7 :List(LinkFigure);
+  # What this member forwarded during the update, per child in the broadcast
+  # tree (backends that see their links: Gloo): its children's link rates.
+}
+
+struct LinkFigure {
+  rank @0 :UInt32;
+  # The child's rank in the group.
+  bytes @1 :UInt64;
+  # Bytes it took during the update.
+  busyMs @2 :UInt64;
+  # Time the link had bytes waiting to be taken: bytes / busyMs is the rate
+  # the link sustained, whatever its siblings did.
 }
 
 struct StatusRequest {
@@ -378,6 +391,9 @@ struct MemberStatus {
   # Bytes it received of that update.
   lastUpdateMs @15 :UInt64;
   # How long its receive took (lastUpdateBytes / lastUpdateMs: its rate).
+  lastUpdateLinkRate @16 :UInt64;
+  # Bytes/s of its inbound link in that update, as its parent measured it
+  # (0: not known, e.g. NCCL).
 }
 
 struct StatusReply {

@@ -1,5 +1,7 @@
 #include "trainer_side/publisher.h"
 
+#include <algorithm>
+
 #include "common/control/messages.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -301,7 +303,9 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
     if (progress_) progress_(plan.version, sent, total);
   };
   const auto t0 = Clock::now();
+  const auto links_before = comm_->link_stats();
   Status data = sender_->send(plan, tensors, *comm_, hooks, cap_, after_stream);
+  own_links_ = link_delta(links_before, comm_->link_stats());
   if (data.code() == Code::kTimeout && Clock::now() >= cap_) {
     // The cap, not a stalled link: say how far the update got, and how fast.
     const auto took = Clock::now() - t0;
@@ -338,12 +342,7 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   cv_.wait_until(lock, until, [&] { return round_.applied(live) || stopped_; });
   Code code;
   r.subscribers = round_.applied_outcomes(live, silence(), data, code);
-  double slowest_rate = 0;
-  for (const auto& o : r.subscribers)
-    if (o.seconds > 0 && (r.slowest.empty() || o.rate() < slowest_rate)) {
-      r.slowest = o.worker_id;
-      slowest_rate = o.rate();
-    }
+  set_link_rates(r);
   if (code == Code::kOk) {
     published_version_ = r.version;
     server_.set_published_version(r.version);
@@ -359,6 +358,35 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   r.status = summarize_outcomes(r.subscribers, code,
                                 "update v" + std::to_string(r.version) + " failed" +
                                     (data.ok() ? "" : " (publisher data plane: " + data.message() + ")"));
+}
+
+// Each member's inbound link rate, from its parent's figures (the
+// publisher's own links, and what members reported forwarding), the slowest
+// member, and the figures `paramcast status` shows. Called with mu_ held.
+void PublisherImpl::set_link_rates(UpdateResult& r) {
+  std::vector<LinkStats> links = round_.reported_links();
+  links.insert(links.end(), own_links_.begin(), own_links_.end());
+  const auto& group = round_.group();  // group[i] is rank i + 1
+  double slowest = 0;
+  bool by_link = false;
+  for (auto& o : r.subscribers) {
+    const auto at = std::find(group.begin(), group.end(), o.worker_id);
+    const int rank = at == group.end() ? -1 : static_cast<int>(at - group.begin()) + 1;
+    for (const auto& l : links)
+      if (l.peer == rank && l.send_busy.count() > 0)
+        o.link_rate = static_cast<double>(l.bytes_sent) / std::chrono::duration<double>(l.send_busy).count();
+    if (o.seconds > 0 || o.bytes > 0)
+      server_.set_member_last_update(o.worker_id, r.version, o.status.ok(), o.bytes,
+                                     static_cast<uint64_t>(o.seconds * 1000), static_cast<uint64_t>(o.link_rate));
+  }
+  for (const auto& o : r.subscribers) by_link = by_link || o.link_rate > 0;
+  for (const auto& o : r.subscribers) {
+    const double rate = by_link ? o.link_rate : o.rate();
+    if (rate > 0 && (r.slowest.empty() || rate < slowest)) {
+      r.slowest = o.worker_id;
+      slowest = rate;
+    }
+  }
 }
 
 std::string PublisherImpl::slowest_receiver(uint64_t version) const {
@@ -403,7 +431,6 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
     if (env.getBody().which() == B::APPLIED) {
       auto a = env.getBody().getApplied();
       const bool refused = a.getErrorCode() == static_cast<uint32_t>(Code::kRejected);
-      server_.set_member_last_update(id, a.getVersion(), a.getOk(), a.getBytes(), a.getReceiveMs());
       if (a.getOk()) server_.set_member_weights(id, a.getVersion(), proto::WeightState::CONSISTENT);
       else if (!refused) server_.set_member_weights(id, 0, proto::WeightState::DIRTY);  // a refused plan wrote nothing
     }

@@ -41,6 +41,10 @@ struct SubscriberOutcome {
   uint64_t bytes = 0;
   double seconds = 0;
   double rate() const { return seconds > 0 ? static_cast<double>(bytes) / seconds : 0; }  // bytes/s
+  // Bytes/s its inbound link sustained while it had bytes waiting, as its
+  // parent in the broadcast tree measured it: unlike rate(), not paced by
+  // the rest of the group, so the slow link stands out. 0: not known (NCCL).
+  double link_rate = 0;
 };
 
 struct UpdateResult {
@@ -56,8 +60,9 @@ struct UpdateResult {
   std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
   // The plan went out without an accept round (publisher.reuse_validated_plan).
   bool precommitted = false;
-  // The member that received at the lowest rate (of those that reported),
-  // empty with fewer than one report: where to look when updates are slow.
+  // The member whose inbound link was slowest (link_rate; rate() where no
+  // link figures exist), empty with no report: where to look when updates
+  // are slow.
   std::string slowest;
   bool ok() const { return status.ok(); }
 };

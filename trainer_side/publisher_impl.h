@@ -69,6 +69,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   // "; slowest member: 'id' (N received)" from the members' heartbeats, or "".
   std::string slowest_receiver(uint64_t version) const;
   Deadline cap_;  // of the update in progress (update thread)
+  std::vector<LinkStats> own_links_;  // what rank 0 sent per child during the last move (update thread)
+  void set_link_rates(UpdateResult& r);
   void abandon_locked(uint64_t version, const std::string& reason);
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }

@@ -53,6 +53,21 @@ __attribute__((format(printf, 1, 2))) void print_line(const char* fmt, ...) {
   std::fflush(stdout);
 }
 
+// One line per update with what each member received and the rate of its
+// inbound link (as its parent measured it; its receive rate where the
+// backend shows no links), the slowest marked: where a slow update is slow.
+void print_members(const UpdateResult& r) {
+  std::string line;
+  for (const auto& o : r.subscribers) {
+    if (o.bytes == 0 && o.seconds == 0) continue;
+    const double rate = o.link_rate > 0 ? o.link_rate : o.rate();
+    line += (line.empty() ? "" : ", ") + o.worker_id + " " + format_bytes(o.bytes) + " at " +
+            format_bytes(static_cast<uint64_t>(rate)) + "/s" + (o.worker_id == r.slowest ? " (slowest)" : "");
+  }
+  if (!line.empty())
+    print_line("update v%llu members: %s\n", static_cast<unsigned long long>(r.version), line.c_str());
+}
+
 // Prints membership events (joined, lost, rejoined, left) as they happen: a
 // thread polls the publisher every 20 ms, so that a worker lost during a long
 // update is reported then, not after the update returns.
@@ -186,6 +201,7 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
       ++t.failures;
       print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
     }
+    print_members(r);
     if (u < job.updates) std::this_thread::sleep_for(job.interval);
   }
   return t;

@@ -65,11 +65,28 @@ bool UpdateRound::record(const std::string& id, proto::Envelope::Reader env) {
   }
 }
 
+std::vector<LinkStats> UpdateRound::reported_links() const {
+  std::vector<LinkStats> out;
+  for (const auto& [id, a] : applied_) out.insert(out.end(), a.links.begin(), a.links.end());
+  return out;
+}
+
 bool UpdateRound::record_applied(const std::string& id, proto::Applied::Reader a) {
   if (a.getVersion() != version_) return false;
   AppliedAnswer ans;
   ans.bytes = a.getBytes();
   ans.seconds = static_cast<double>(a.getReceiveMs()) / 1000.0;
+  // From the network: only ranks of this group, at most one entry per rank.
+  for (auto l : a.getLinks()) {
+    if (l.getRank() == 0 || l.getRank() > group_.size() || ans.links.size() >= group_.size()) continue;
+    const auto seen = [&](const LinkStats& s) { return s.peer == static_cast<int>(l.getRank()); };
+    if (std::any_of(ans.links.begin(), ans.links.end(), seen)) continue;
+    LinkStats s;
+    s.peer = static_cast<int>(l.getRank());
+    s.bytes_sent = l.getBytes();
+    s.send_busy = std::chrono::milliseconds(std::min<uint64_t>(l.getBusyMs(), uint64_t(1) << 40));
+    ans.links.push_back(s);
+  }
   if (!a.getOk()) {
     // An error code that is not a failure code still reports a failure.
     auto code = static_cast<Code>(a.getErrorCode());

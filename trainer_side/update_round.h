@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/data/communicator.h"
 #include "common/plan.h"
 #include "common/control/control_server.h"
 #include "common/status.h"
@@ -34,6 +35,9 @@ class UpdateRound {
   }
   uint64_t version() const { return version_; }
   const std::vector<std::string>& group() const { return group_; }
+  // The links the members reported forwarding on (Applied.links): the
+  // figures of every rank that has a parent other than the publisher.
+  std::vector<LinkStats> reported_links() const;
 
   // A PlanAccept, PlanReject or Applied from `id` for this round; returns
   // false for anything else (another message, epoch or version).
@@ -71,6 +75,7 @@ class UpdateRound {
   struct AppliedAnswer {
     uint64_t bytes = 0;
     double seconds = 0;
+    std::vector<LinkStats> links;  // what it forwarded, per child (peer = the child's rank)
     Status status;
   };
   bool record_applied(const std::string& id, proto::Applied::Reader a);

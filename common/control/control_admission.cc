@@ -216,6 +216,7 @@ void ControlServer::status_reply_locked(const std::string& peer, uint64_t reques
       e.setLastUpdateOk(m.last_update_ok);
       e.setLastUpdateBytes(m.last_update_bytes);
       e.setLastUpdateMs(m.last_update_ms);
+      e.setLastUpdateLinkRate(m.last_update_link_rate);
     }
   }));
 }

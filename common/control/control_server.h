@@ -86,6 +86,7 @@ struct Member {
   bool last_update_ok = false;
   uint64_t last_update_bytes = 0;
   uint64_t last_update_ms = 0;
+  uint64_t last_update_link_rate = 0;  // bytes/s, as its parent measured
   int rank = -1;  // in the current group; -1 when not in it
   bool lost = false;
 };
@@ -136,7 +137,8 @@ class ControlServer {
   // What a member reported in Applied: `version` held consistently, or dirty.
   void set_member_weights(const std::string& id, uint64_t version, proto::WeightState state);
   // Records a member's Applied figures for `paramcast status`.
-  void set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes, uint64_t ms);
+  void set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes, uint64_t ms,
+                              uint64_t link_rate);
 
   std::vector<std::string> live_ids() const;
   bool is_live(const std::string& id) const;

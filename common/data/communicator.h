@@ -73,6 +73,23 @@ struct LinkStats {
 // their buffers go instead of reusing them.
 constexpr std::chrono::seconds kSettleTimeout{10};
 
+// What each link carried between two link_stats() snapshots; links that
+// sent nothing in between are left out.
+inline std::vector<LinkStats> link_delta(const std::vector<LinkStats>& before, const std::vector<LinkStats>& after) {
+  std::vector<LinkStats> out;
+  for (const auto& a : after) {
+    LinkStats d = a;
+    for (const auto& b : before)
+      if (b.peer == a.peer) {
+        d.bytes_sent -= b.bytes_sent;
+        d.bytes_received -= b.bytes_received;
+        d.send_busy -= b.send_busy;
+      }
+    if (d.bytes_sent > 0) out.push_back(d);
+  }
+  return out;
+}
+
 class Work {
  public:
   virtual ~Work() = default;

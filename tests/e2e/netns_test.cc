@@ -6,9 +6,15 @@
 //
 // Bounds asserted, from the moment the silence starts: the lost member is
 // named within heartbeat_timeout + 1 s, weight_update returns within
-// heartbeat_timeout + 2 s (not at data_plane.timeout, 20 s here), `paramcast
-// status` answers throughout, and after the heal the group is whole again (an
-// update reaches all three workers) within 15 s.
+// heartbeat_timeout + 2 s (not at data_plane.stall_timeout, 20 s here),
+// `paramcast status` answers throughout, and after the heal the group is
+// whole again (an update reaches all three workers) within 15 s.
+//
+// Slow is not dead (SlowLinkTest): one worker's link rate-limited so that
+// every bucket takes longer than the stall window, yet keeps moving: the
+// updates succeed and the figures name the slow link; its data frames
+// starved while its control frames and link stay up: the update fails with
+// TIMEOUT naming it within the stall window, and it is not declared lost.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -29,6 +35,7 @@ using test::NetworkLab;
 using test::Process;
 
 constexpr int kWorkers = 3;
+constexpr int kControlPort = 29500;
 const Ms kHeartbeatTimeout(1500);
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -84,6 +91,13 @@ class StatusProbe {
   std::thread thread_;
 };
 
+// What differs between the deployments of these tests.
+struct Deployment {
+  std::string bucket_size = "1MiB";
+  std::string model_size = "8MiB";
+  std::string stall_timeout = "20s";
+};
+
 class NetnsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -91,9 +105,14 @@ class NetnsTest : public ::testing::Test {
     lab_ = NetworkLab::create(kWorkers + 1, &why);
     if (!lab_) GTEST_SKIP() << "cannot build network namespaces here: " << why;
     dir_ = test::make_temp_dir("paramcast-netns");
-    endpoint_ = "tcp://" + lab_->address(0) + ":29500";
+    endpoint_ = "tcp://" + lab_->address(0) + ":" + std::to_string(kControlPort);
     make_keys();
-    yaml_ = test::write_file(dir_, "deploy.yaml", yaml());
+  }
+
+  // Starts the trainer and the workers, each in its namespace; returns once
+  // the first update reached all of them.
+  void start(const Deployment& d = {}) {
+    yaml_ = test::write_file(dir_, "deploy.yaml", yaml(d));
     trainer_ = Process::start(lab_->exec_path(),
                               lab_->exec_args(0, test::binary("paramcast-trainer"), {"--config", yaml_}));
     ASSERT_TRUE(trainer_->wait_for_output("control endpoint", Ms(10000))) << trainer_->output();
@@ -131,14 +150,15 @@ class NetnsTest : public ::testing::Test {
     test::write_file(dir_ + "/keys", "status_keys", "status " + keys["status"] + "\n");
   }
 
-  std::string yaml() const {
+  std::string yaml(const Deployment& d) const {
     return "control:\n  endpoint: " + endpoint_ +
            "\n  heartbeat_interval: 100ms\n  heartbeat_timeout: 1500ms\n  join_timeout: 30s\n"
            "  reconnect_backoff_max: 500ms\n"
            "data_plane:\n  backend: gloo\n  gloo_interface: " + NetworkLab::kInterface +
-           "\n  bucket_size: 1MiB\n  checksum: xxh64\n  timeout: 20s\n  init_timeout: 10s\n"
+           "\n  bucket_size: " + d.bucket_size + "\n  checksum: xxh64\n  stall_timeout: " + d.stall_timeout +
+           "\n  init_timeout: 10s\n"
            "publisher:\n  subscribers: [worker-1, worker-2, worker-3]\n  on_member_loss: continue\n"
-           "trainer:\n  model_size: 8MiB\n  layers: 8\n  updates: 100000\n  interval: 100ms\n"
+           "trainer:\n  model_size: " + d.model_size + "\n  layers: 8\n  updates: 100000\n  interval: 100ms\n"
            "logging:\n  level: info\n"
            "auth:\n  mode: curve\n  publisher_key: keys/publisher.key\n  publisher_public_key: keys/publisher.pub\n"
            "  authorized_keys: keys/authorized_keys\n  status_keys: keys/status_keys\n"
@@ -204,6 +224,7 @@ class NetnsTest : public ::testing::Test {
 };
 
 TEST_F(NetnsTest, WorkerLinkCutMidUpdate) {
+  ASSERT_NO_FATAL_FAILURE(start());
   slow_down_and_wait_mid_update();
   StatusProbe probe(*lab_, endpoint_, yaml_);
   const size_t from = trainer_->output().size();
@@ -218,6 +239,7 @@ TEST_F(NetnsTest, WorkerLinkCutMidUpdate) {
 }
 
 TEST_F(NetnsTest, FramesDroppedWithLinksUp) {
+  ASSERT_NO_FATAL_FAILURE(start());
   slow_down_and_wait_mid_update();
   StatusProbe probe(*lab_, endpoint_, yaml_);
   const size_t from = trainer_->output().size();
@@ -235,6 +257,7 @@ TEST_F(NetnsTest, FramesDroppedWithLinksUp) {
 // The trainer's link is cut (or its frames dropped, `drop`) mid-update and
 // comes back after `partition`.
 void NetnsTest::cut_trainer_for(Ms partition, bool drop) {
+  ASSERT_NO_FATAL_FAILURE(start());
   slow_down_and_wait_mid_update();
   StatusProbe probe(*lab_, endpoint_, yaml_);
   const size_t from = trainer_->output().size();
@@ -262,6 +285,125 @@ TEST_F(NetnsTest, TrainerLinkCut) { cut_trainer_for(Ms(4000), false); }
 // heal: frames dropped for 20 s leave the control connections' TCP
 // retransmissions backed off (a cut link, with carrier lost, does not).
 TEST_F(NetnsTest, TrainerFramesDroppedForTwentySeconds) { cut_trainer_for(Ms(20000), true); }
+
+// "1.95 MiB/s" (format_bytes + "/s") at `at` in `text`, in bytes/s; -1 if none.
+double rate_at(const std::string& text, size_t at) {
+  double v = 0;
+  char unit[8] = {};
+  if (at == std::string::npos || std::sscanf(text.c_str() + at, "%lf %7[A-Za-z]/s", &v, unit) != 2) return -1;
+  const std::string u = unit;
+  const double scale = u == "B" ? 1 : u == "KiB" ? 1024.0 : u == "MiB" ? 1048576.0 : u == "GiB" ? 1073741824.0 : -1;
+  return scale < 0 ? -1 : v * scale;
+}
+
+// A member's entry on a trainer "update vN members:" line: its rate.
+double member_rate(const std::string& line, const std::string& id) {
+  const size_t at = line.find(" " + id + " ");
+  if (at == std::string::npos) return -1;
+  const size_t rate = line.find(" at ", at);
+  return rate == std::string::npos ? -1 : rate_at(line, rate + 4);
+}
+
+// The line of `text` that holds `needle`, from `from`; "" if none.
+std::string line_with(const std::string& text, const std::string& needle, size_t from = 0) {
+  const size_t at = text.find(needle, from);
+  if (at == std::string::npos) return "";
+  const size_t begin = text.rfind('\n', at) == std::string::npos ? 0 : text.rfind('\n', at) + 1;
+  return text.substr(begin, text.find('\n', at) - begin);
+}
+
+// A 16 MiB model in two 8 MiB buckets; worker-2's link limited to 16 Mbit/s
+// (2 MB/s), so each bucket takes more than 4 s on it: longer than the stall
+// window (3 s) and than any fixed per-bucket deadline of that size. Chunks
+// keep moving, so every update succeeds; the figures name worker-2's link as
+// the slow one, in the trainer's result and in `paramcast status`.
+TEST_F(NetnsTest, SlowLinkThatKeepsMovingNeverFailsTheUpdate) {
+  ASSERT_TRUE(lab_->shape(2, "16mbit"));
+  ASSERT_NO_FATAL_FAILURE(start({"8MiB", "16MiB", "3s"}));
+  size_t from = 0;
+  std::string members;
+  for (int u = 0; u < 2; ++u) {  // the first update (formation included), then a steady one
+    ASSERT_GE(wait_after(*trainer_, from, " members: ", Clock::now(), Ms(60000)), 0) << outputs();
+    const size_t at = trainer_->output().find(" members: ", from);
+    members = line_with(trainer_->output(), " members: ", from);
+    from = at + 1;
+  }
+  const std::string out = trainer_->output();
+  EXPECT_EQ(out.find("FAILED"), std::string::npos) << out;
+  // The update before that members line: all three workers, and it took
+  // more than two stall windows (two buckets, each slower than one).
+  const std::string update = line_with(out, "to 3 subscribers in ", out.rfind("\n", from - 2) - 200);
+  double secs = 0;
+  const size_t in = update.find(" subscribers in ");
+  ASSERT_NE(in, std::string::npos) << out;
+  ASSERT_EQ(std::sscanf(update.c_str() + in + 16, "%lf", &secs), 1) << update;
+  const double w1 = member_rate(members, "worker-1"), w2 = member_rate(members, "worker-2"),
+               w3 = member_rate(members, "worker-3");
+  std::printf("[figures] update of 16 MiB took %.2f s (stall_timeout 3 s); link rates: worker-1 %.2f MB/s, "
+              "worker-2 %.2f MB/s (shaped to 2 MB/s), worker-3 %.2f MB/s\n",
+              secs, w1 / 1e6, w2 / 1e6, w3 / 1e6);
+  EXPECT_GE(secs, 6.0) << update;  // 16 MiB through 2 MB/s (socket buffers absorb some)
+  // Every member received the whole update: the bytes the trainer sent.
+  const size_t bytes_at = update.find(" buckets, ");
+  ASSERT_NE(bytes_at, std::string::npos) << update;
+  const std::string sent = update.substr(bytes_at + 10, update.find(" to 3 subscribers") - bytes_at - 10);
+  for (const char* id : {"worker-1", "worker-2", "worker-3"})
+    EXPECT_NE(members.find(std::string(id) + " " + sent + " at"), std::string::npos) << sent << " | " << members;
+  EXPECT_NE(members.find("/s (slowest)"), std::string::npos) << members;
+  EXPECT_LT(members.find("worker-2"), members.find("(slowest)")) << members;
+  EXPECT_GT(w2, 0.5e6) << members;
+  EXPECT_LT(w2, 3.5e6) << members;  // the shaped rate, plus what the socket buffers took at once
+  EXPECT_GT(w1, 2 * w2) << members;
+  EXPECT_GT(w3, 2 * w2) << members;
+  // `paramcast status` shows the same per member.
+  auto status = Process::start(lab_->exec_path(),
+                               lab_->exec_args(0, test::binary("paramcast"),
+                                               {"status", endpoint_, "--config", yaml_, "--json", "--timeout", "3s"}));
+  ASSERT_EQ(status->wait_for(Ms(10000)), 0) << status->output();
+  const std::string json = status->output();
+  // A number in a member's entry of the status JSON; -1 if absent.
+  auto field = [&](const std::string& id, const std::string& key) -> double {
+    const size_t at = json.find("\"id\":\"" + id + "\"");
+    const size_t end = json.find('}', json.find("\"last_update\":", at));
+    const size_t k = json.find("\"" + key + "\":", at);
+    return at == std::string::npos || k == std::string::npos || k > end ? -1 : std::atof(json.c_str() + k + key.size() + 3);
+  };
+  auto link_rate = [&](const std::string& id) { return field(id, "link_rate"); };
+  auto bytes = [&](const std::string& id) { return field(id, "bytes"); };
+  EXPECT_GT(link_rate("worker-2"), 0) << json;
+  EXPECT_GT(link_rate("worker-1"), 2 * link_rate("worker-2")) << json;
+  EXPECT_GT(bytes("worker-2"), 15 << 20) << json;
+  EXPECT_EQ(bytes("worker-2"), bytes("worker-1")) << json;
+  EXPECT_EQ(bytes("worker-2"), bytes("worker-3")) << json;
+}
+
+// Worker-2's data frames starved (every TCP segment towards it except the
+// control port's is held at 8 bit/s) while its control frames pass and its
+// link stays up: it is alive, and stays a member, but the data plane makes
+// no progress towards it. The update fails within the stall window with
+// TIMEOUT naming worker-2 and the figures, and worker-2 is not declared lost.
+TEST_F(NetnsTest, StalledDataPathFailsWithTimeoutNamingTheMember) {
+  ASSERT_NO_FATAL_FAILURE(start({"1MiB", "8MiB", "3s"}));
+  const size_t from = trainer_->output().size();
+  ASSERT_TRUE(lab_->starve(2, kControlPort));
+  const auto starved = Clock::now();
+  const double failed = wait_after(*trainer_, from, "FAILED", starved, Ms(30000));
+  std::printf("[figures] update failed %.2f s after worker-2's data path stalled (stall_timeout 3 s)\n", failed);
+  ASSERT_GE(failed, 0) << outputs();
+  // The stall window, a second of grace (the publisher is two levels above
+  // the leaves), the update in flight (100 ms apart), and a loaded machine.
+  EXPECT_LE(failed, 3.0 + 1.0 + 4.0) << outputs();
+  const std::string line = line_with(trainer_->output(), "FAILED", from);
+  EXPECT_NE(line.find("TIMEOUT"), std::string::npos) << line;
+  EXPECT_NE(line.find("(worker-2)"), std::string::npos) << line;
+  EXPECT_NE(line.find("no progress for"), std::string::npos) << line;
+  EXPECT_NE(line.find("stall_timeout 3.000 s"), std::string::npos) << line;
+  EXPECT_EQ(line.find("PEER_LOST"), std::string::npos) << line;
+  // Heartbeats still flow: worker-2 is never declared lost.
+  std::this_thread::sleep_for(kHeartbeatTimeout + Ms(1000));
+  EXPECT_EQ(trainer_->output().find("member worker-2: lost", from), std::string::npos) << outputs();
+  EXPECT_TRUE(lab_->link_up(2));
+}
 
 }  // namespace
 }  // namespace paramcast

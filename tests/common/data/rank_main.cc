@@ -83,14 +83,17 @@ int main(int argc, char** argv) {
   // Prints when the communicator first reports an error, on the machine's
   // monotonic clock, so a test can time the data plane itself, whatever the
   // main thread is busy with.
+  auto monotonic_ns = [] {
+    return static_cast<long long>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+  };
   std::atomic<bool> done{false};
   std::thread monitor([&, c = comm.value().get()] {
     for (;;) {
       const bool last = done;  // one more look after the main thread is done
       Status e = c->async_error();
       if (!e.ok()) {
-        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-        std::printf("rank %d: async error at %lld ns\n", g.rank, static_cast<long long>(ns));
+        std::printf("rank %d: async error at %lld ns\n", g.rank, monotonic_ns());
         std::fflush(stdout);
         return;
       }
@@ -108,12 +111,21 @@ int main(int argc, char** argv) {
       if (m.joinable()) m.join();
     }
   } joiner{aborter, monitor, done};
+  // Prints when the first broadcast is issued, so a test can time a failure
+  // from it (filling the buffers below takes seconds with 8 ranks of a
+  // sanitizer build sharing 2 cores).
+  bool first = true;
   for (uint64_t size : sizes) {
     std::vector<uint8_t> host(size);
     void* buf = size ? mem->allocate(size).value() : nullptr;
     for (int rep = 0; rep < repeat; ++rep) {
       for (uint64_t i = 0; i < size; ++i) host[i] = g.rank == 0 ? pattern(size, rep, i) : 0xAB;
       (void)mem->copy(buf, host.data(), size);
+      if (first) {
+        std::printf("rank %d: first broadcast issued at %lld ns\n", g.rank, monotonic_ns());
+        std::fflush(stdout);
+        first = false;
+      }
       Status s = comm.value()->broadcast(buf, size, 0)->wait(Clock::now() + g.op_timeout + std::chrono::seconds(1));
       if (!s.ok()) {
         std::printf("rank %d: broadcast of %llu bytes failed: %s\n", g.rank, static_cast<unsigned long long>(size),
