@@ -2,7 +2,10 @@
 // same bytes, in one run, on one machine.
 //
 //   (a) raw:     one flat buffer of S bytes broadcast from rank 0 (Communicator
-//                directly: no plan, no control plane, no staging);
+//                directly: no plan, no control plane, no staging); on Gloo
+//                also (a0) gloo::broadcast, libgloo's own collective, of the
+//                same buffer (bench/library_broadcast.h), so that ParamCast's
+//                pipelined tree is measured against the library's;
 //   (b) update:  Publisher::weight_update of S bytes split into T tensors;
 //   (c) latency: a 4-byte update, round trip, p50/p99 (steady state, and with
 //                the plan/accept round trip forced on every update);
@@ -11,6 +14,7 @@
 // The root is this process; the other ranks are this program re-executed with
 // --role receiver. Phases are sequenced through a FileStore in a temp dir.
 // Output: a human summary, and JSON with --json FILE.
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -30,6 +34,7 @@
 #include "common/plan.h"
 #include "common/synthetic_model.h"
 #include "common/units.h"
+#include "bench/library_broadcast.h"
 #include "inference_side/subscriber.h"
 #include "tests/support/process.h"
 #include "trainer_side/publisher.h"
@@ -149,6 +154,13 @@ int run_receiver(const Options& o, int rank) {
   FileStore store(o.dir);
   const auto wait = std::chrono::seconds(600);
   const Device dev = device_for(o, rank);
+  if (o.backend == Backend::kGloo) {  // (a0) the library's broadcast
+    auto lib = bench::library_broadcast(rank, o.world, o.size, o.repeats, o.dir + "/libgloo");
+    if (!lib.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, lib.status().to_string().c_str());
+      return 1;
+    }
+  }
   {  // (a) raw
     GroupOptions g;
     g.epoch = 1;
@@ -217,6 +229,7 @@ struct PhaseResult {
 
 // Everything the root measured, for the report.
 struct RootFigures {
+  std::vector<double> library;  // GB/s per repeat of gloo::broadcast (Gloo only)
   std::vector<double> raw;  // GB/s per repeat
   double memcpy_gbps = 0, pack_gbps = 0;
   std::vector<PhaseResult> phases;
@@ -341,6 +354,11 @@ Status run_phase(const Options& o, FileStore& store, RootFigures& f, const std::
 
 // Every measurement, in the order the receivers follow.
 Status measure_all(const Options& o, FileStore& store, RootFigures& f) {
+  if (o.backend == Backend::kGloo) {
+    auto lib = bench::library_broadcast(0, o.world, o.size, o.repeats, o.dir + "/libgloo");
+    if (!lib.ok()) return lib.status();
+    f.library = *lib;
+  }
   PC_RETURN_IF_ERROR(measure_raw(o, store, f.raw).with_context("raw broadcast"));
   measure_pack(o, f);
   for (int count : o.counts) {
@@ -362,7 +380,7 @@ Status measure_all(const Options& o, FileStore& store, RootFigures& f) {
 struct Report {
   std::string date, host, machine;
   long cores = 0;
-  Stats raw;
+  Stats raw, library;
   double p50 = 0, p99 = 0, round_p50 = 0, round_p99 = 0;
 };
 
@@ -380,6 +398,7 @@ Report describe(const RootFigures& f) {
   r.host = host;
   r.cores = sysconf(_SC_NPROCESSORS_ONLN);
   r.raw = stats(f.raw);
+  r.library = stats(f.library);
   r.p50 = percentile(f.lat, 0.5) * 1e3;
   r.p99 = percentile(f.lat, 0.99) * 1e3;
   r.round_p50 = percentile(f.lat_round, 0.5) * 1e3;
@@ -393,12 +412,17 @@ void print_report(const Options& o, const RootFigures& f, const Report& r) {
               r.date.c_str(), r.machine.c_str(), r.cores, backend_name(o.backend), o.world,
               format_bytes(o.size).c_str(), format_bytes(o.bucket).c_str(), checksum_name(o.checksum),
               o.arena ? "arena" : "separate");
-  std::printf("  raw broadcast            %7.3f GB/s (min %.3f, max %.3f)\n", rs.median, rs.min, rs.max);
+  const Stats& ls = r.library;
+  if (ls.median > 0)
+    std::printf("  gloo::broadcast (libgloo) %6.3f GB/s (min %.3f, max %.3f)\n", ls.median, ls.min, ls.max);
+  std::printf("  raw broadcast            %7.3f GB/s (min %.3f, max %.3f)", rs.median, rs.min, rs.max);
+  if (ls.median > 0) std::printf("  ratio vs libgloo %.3f", rs.median / ls.median);
+  std::printf("\n");
   for (const auto& p : f.phases)
-    std::printf("  weight_update T=%-6d   %7.3f GB/s (min %.3f, max %.3f)  ratio %.3f  %zu buckets  staging root %s, "
-                "receiver %s (RSS +%s)\n",
+    std::printf("  weight_update T=%-6d   %7.3f GB/s (min %.3f, max %.3f)  ratio %.3f (vs libgloo %.3f)  %zu buckets  "
+                "staging root %s, receiver %s (RSS +%s)\n",
                 p.count, p.gbps.median, p.gbps.min, p.gbps.max, rs.median > 0 ? p.gbps.median / rs.median : 0,
-                p.buckets, format_bytes(p.root_staging).c_str(), format_bytes(p.recv_staging).c_str(),
+                ls.median > 0 ? p.gbps.median / ls.median : 0, p.buckets, format_bytes(p.root_staging).c_str(), format_bytes(p.recv_staging).c_str(),
                 format_bytes(p.recv_rss_growth).c_str());
   std::printf("  4-byte update latency    p50 %.3f ms  p99 %.3f ms  (%zu updates)\n", r.p50, r.p99, f.lat.size());
   std::printf("    with an accept round   p50 %.3f ms  p99 %.3f ms  (reuse_validated_plan: false)\n", r.round_p50,
@@ -411,24 +435,32 @@ void print_report(const Options& o, const RootFigures& f, const Report& r) {
     if (p.count == 1) r1 = p.gbps.median;
     if (p.count == 10000) r10k = p.gbps.median;
   }
-  std::printf("SUMMARY %s world=%d S=%s: ratio(T=291)=%.3f  rate(T=10000)/rate(T=1)=%.3f  p50=%.3fms p99=%.3fms\n",
+  std::printf("SUMMARY %s world=%d S=%s: ratio(T=291)=%.3f  rate(T=10000)/rate(T=1)=%.3f  p50=%.3fms p99=%.3fms",
               backend_name(o.backend), o.world, format_bytes(o.size).c_str(), r291, r1 > 0 ? r10k / r1 : 0, r.p50,
               r.p99);
+  if (ls.median > 0) std::printf("  raw/libgloo=%.3f", rs.median / ls.median);
+  std::printf("\n");
 }
 
 void write_json(const Options& o, const RootFigures& f, const Report& r) {
   const Stats& rs = r.raw;
+  const Stats& ls = r.library;
   std::ofstream j(o.json);
   j << "{\"date\":\"" << r.date << "\",\"host\":\"" << r.host << "\",\"machine\":\"" << r.machine << " " << r.cores
     << " cores\",\"backend\":\"" << backend_name(o.backend) << "\",\"world\":" << o.world << ",\"bytes\":" << o.size
     << ",\"bucket_bytes\":" << o.bucket << ",\"checksum\":\"" << (checksum_name(o.checksum)) << "\",\"layout\":\""
     << (o.arena ? "arena" : "separate") << "\",\"raw_gbps\":{\"min\":" << rs.min << ",\"median\":" << rs.median
-    << ",\"max\":" << rs.max << "},\"updates\":[";
+    << ",\"max\":" << rs.max << "}";
+  if (ls.median > 0)
+    j << ",\"library_gbps\":{\"min\":" << ls.min << ",\"median\":" << ls.median << ",\"max\":" << ls.max
+      << "},\"raw_vs_library\":" << rs.median / ls.median;
+  j << ",\"updates\":[";
   for (size_t i = 0; i < f.phases.size(); ++i) {
     const auto& p = f.phases[i];
     j << (i ? "," : "") << "{\"tensors\":" << p.count << ",\"bytes\":" << p.bytes << ",\"buckets\":" << p.buckets
       << ",\"gbps\":{\"min\":" << p.gbps.min << ",\"median\":" << p.gbps.median << ",\"max\":" << p.gbps.max
       << "},\"ratio_vs_raw\":" << (rs.median > 0 ? p.gbps.median / rs.median : 0)
+      << ",\"ratio_vs_library\":" << (ls.median > 0 ? p.gbps.median / ls.median : 0)
       << ",\"staging_root_bytes\":" << p.root_staging << ",\"staging_receiver_bytes\":" << p.recv_staging
       << ",\"receiver_rss_growth_bytes\":" << p.recv_rss_growth << "}";
   }
@@ -440,6 +472,10 @@ void write_json(const Options& o, const RootFigures& f, const Report& r) {
 int run_root(Options o, const std::string& self) {
   char tmpl[] = "/tmp/paramcast-bench-XXXXXX";
   o.dir = mkdtemp(tmpl);
+  if (mkdir((o.dir + "/libgloo").c_str(), 0700) != 0) {
+    std::fprintf(stderr, "paramcast-bench: cannot create %s/libgloo\n", o.dir.c_str());
+    return 1;
+  }
   FileStore store(o.dir);
   auto receivers = start_receivers(o, self);
   RootFigures f;
@@ -465,8 +501,9 @@ const Tool kTool{
              "                       [--checksum none|xxh64|xxh64-blocks] [--layout separate|arena] [--gpus N]\n"
              "                       [--json FILE]\n"
              "\n"
-             "weight_update against the raw backend broadcast of the same bytes, on one\n"
-             "machine: this process is rank 0, the other ranks are this program re-executed.\n"
+             "weight_update against the raw backend broadcast of the same bytes (and, on\n"
+             "gloo, against libgloo's gloo::broadcast), on one machine: this process is\n"
+             "rank 0, the other ranks are this program re-executed.\n"
              "\n"
              "  --backend gloo|nccl      data plane (default gloo)\n"
              "  --world N                ranks, this one included (default 8)\n"
