@@ -492,8 +492,8 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     for (size_t i = 0; i < links.size(); ++i) {
       list[static_cast<unsigned>(i)].setRank(static_cast<uint32_t>(links[i].peer));
       list[static_cast<unsigned>(i)].setBytes(links[i].bytes_sent);
-      list[static_cast<unsigned>(i)].setBusyMs(static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(links[i].send_busy).count()));
+      list[static_cast<unsigned>(i)].setBusyUs(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(links[i].send_busy).count()));
     }
     a.setChecksum(checksum);
     if (!s.ok()) {

@@ -348,8 +348,8 @@ struct LinkFigure {
   # The child's rank in the group.
   bytes @1 :UInt64;
   # Bytes it took during the update.
-  busyMs @2 :UInt64;
-  # Time the link had bytes waiting to be taken: bytes / busyMs is the rate
+  busyUs @2 :UInt64;
+  # Microseconds the link had bytes waiting to be taken: bytes / busyUs is the rate
   # the link sustained, whatever its siblings did.
 }
 

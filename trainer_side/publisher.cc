@@ -237,7 +237,7 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
   r.epoch = epoch;
   r.precommitted = precommitted;
   r.missing = absent();
-  round_.begin(epoch, r.version, group_);
+  round_.begin(epoch, r.version, group_, plan.total_bytes);
   capnp::MallocMessageBuilder builder;
   auto env = builder.initRoot<proto::Envelope>();
   env.setEpoch(epoch);
@@ -362,31 +362,49 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
 
 // Each member's inbound link rate, from its parent's figures (the
 // publisher's own links, and what members reported forwarding), the slowest
-// member, and the figures `paramcast status` shows. Called with mu_ held.
+// member, and the link rates `paramcast status` shows. Called with mu_ held.
+//
+// A member with children posts its receives only a few chunks ahead of its
+// slowest child, so a slow link also slows the link into each of its
+// ancestors: from the slowest member, the culprit is followed down to a
+// child whose link is about as slow (within 25%), as deep as that goes.
 void PublisherImpl::set_link_rates(UpdateResult& r) {
-  std::vector<LinkStats> links = round_.reported_links();
-  links.insert(links.end(), own_links_.begin(), own_links_.end());
+  auto links = round_.reported_links();
+  for (const auto& l : own_links_) links[l.peer] = UpdateRound::InboundLink{0, l.bytes_sent, l.send_busy};
   const auto& group = round_.group();  // group[i] is rank i + 1
-  double slowest = 0;
-  bool by_link = false;
+  std::map<int, SubscriberOutcome*> by_rank;
   for (auto& o : r.subscribers) {
     const auto at = std::find(group.begin(), group.end(), o.worker_id);
-    const int rank = at == group.end() ? -1 : static_cast<int>(at - group.begin()) + 1;
-    for (const auto& l : links)
-      if (l.peer == rank && l.send_busy.count() > 0)
-        o.link_rate = static_cast<double>(l.bytes_sent) / std::chrono::duration<double>(l.send_busy).count();
-    if (o.seconds > 0 || o.bytes > 0)
-      server_.set_member_last_update(o.worker_id, r.version, o.status.ok(), o.bytes,
-                                     static_cast<uint64_t>(o.seconds * 1000), static_cast<uint64_t>(o.link_rate));
+    if (at == group.end()) continue;
+    const int rank = static_cast<int>(at - group.begin()) + 1;
+    by_rank[rank] = &o;
+    const auto l = links.find(rank);
+    if (l != links.end() && l->second.busy.count() > 0)
+      o.link_rate = static_cast<double>(l->second.bytes) / std::chrono::duration<double>(l->second.busy).count();
+    if (o.link_rate > 0) server_.set_member_link_rate(o.worker_id, r.version, static_cast<uint64_t>(o.link_rate));
   }
+  bool by_link = false;
   for (const auto& o : r.subscribers) by_link = by_link || o.link_rate > 0;
-  for (const auto& o : r.subscribers) {
-    const double rate = by_link ? o.link_rate : o.rate();
-    if (rate > 0 && (r.slowest.empty() || rate < slowest)) {
-      r.slowest = o.worker_id;
-      slowest = rate;
+  int slowest = -1;
+  double slowest_rate = 0;
+  for (const auto& [rank, o] : by_rank) {
+    const double rate = by_link ? o->link_rate : o->rate();
+    if (rate > 0 && (slowest < 0 || rate < slowest_rate)) {
+      slowest = rank;
+      slowest_rate = rate;
     }
   }
+  for (size_t hops = 0; by_link && slowest > 0 && hops < group.size(); ++hops) {  // bounded: figures come from the network
+    int next = -1;
+    for (const auto& [rank, l] : links)
+      if (l.parent == slowest && by_rank.count(rank) && by_rank[rank]->link_rate > 0 &&
+          by_rank[rank]->link_rate <= 1.25 * by_rank[slowest]->link_rate &&
+          (next < 0 || by_rank[rank]->link_rate < by_rank[next]->link_rate))
+        next = rank;
+    if (next < 0) break;
+    slowest = next;
+  }
+  if (slowest > 0) r.slowest = by_rank[slowest]->worker_id;
 }
 
 std::string PublisherImpl::slowest_receiver(uint64_t version) const {
@@ -431,6 +449,7 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
     if (env.getBody().which() == B::APPLIED) {
       auto a = env.getBody().getApplied();
       const bool refused = a.getErrorCode() == static_cast<uint32_t>(Code::kRejected);
+      server_.set_member_last_update(id, a.getVersion(), a.getOk(), a.getBytes(), a.getReceiveMs());
       if (a.getOk()) server_.set_member_weights(id, a.getVersion(), proto::WeightState::CONSISTENT);
       else if (!refused) server_.set_member_weights(id, 0, proto::WeightState::DIRTY);  // a refused plan wrote nothing
     }

@@ -60,9 +60,10 @@ struct UpdateResult {
   std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
   // The plan went out without an accept round (publisher.reuse_validated_plan).
   bool precommitted = false;
-  // The member whose inbound link was slowest (link_rate; rate() where no
-  // link figures exist), empty with no report: where to look when updates
-  // are slow.
+  // The member whose inbound link was slowest (link_rate, followed down the
+  // tree to the deepest link about as slow, since a slow link also slows the
+  // links above it; rate() where no link figures exist), empty with no
+  // report: where to look when updates are slow.
   std::string slowest;
   bool ok() const { return status.ok(); }
 };

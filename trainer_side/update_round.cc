@@ -1,12 +1,14 @@
 #include "trainer_side/update_round.h"
 
 #include <algorithm>
+#include <set>
 
 namespace paramcast {
 
-void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::string> group) {
+void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::string> group, uint64_t total_bytes) {
   epoch_ = epoch;
   version_ = version;
+  total_bytes_ = total_bytes;
   group_ = std::move(group);
   plan_.clear();
   applied_.clear();
@@ -65,9 +67,17 @@ bool UpdateRound::record(const std::string& id, proto::Envelope::Reader env) {
   }
 }
 
-std::vector<LinkStats> UpdateRound::reported_links() const {
-  std::vector<LinkStats> out;
-  for (const auto& [id, a] : applied_) out.insert(out.end(), a.links.begin(), a.links.end());
+std::map<int, UpdateRound::InboundLink> UpdateRound::reported_links() const {
+  std::map<int, InboundLink> out;
+  std::set<int> claimed_twice;
+  for (const auto& [id, a] : applied_) {
+    const auto at = std::find(group_.begin(), group_.end(), id);
+    if (at == group_.end()) continue;
+    const int parent = static_cast<int>(at - group_.begin()) + 1;  // group_[i] is rank i + 1
+    for (const auto& l : a.links)
+      if (!out.emplace(l.peer, InboundLink{parent, l.bytes_sent, l.send_busy}).second) claimed_twice.insert(l.peer);
+  }
+  for (int rank : claimed_twice) out.erase(rank);
   return out;
 }
 
@@ -76,16 +86,22 @@ bool UpdateRound::record_applied(const std::string& id, proto::Applied::Reader a
   AppliedAnswer ans;
   ans.bytes = a.getBytes();
   ans.seconds = static_cast<double>(a.getReceiveMs()) / 1000.0;
-  // From the network: only ranks of this group, at most one entry per rank.
-  for (auto l : a.getLinks()) {
-    if (l.getRank() == 0 || l.getRank() > group_.size() || ans.links.size() >= group_.size()) continue;
-    const auto seen = [&](const LinkStats& s) { return s.peer == static_cast<int>(l.getRank()); };
-    if (std::any_of(ans.links.begin(), ans.links.end(), seen)) continue;
-    LinkStats s;
-    s.peer = static_cast<int>(l.getRank());
-    s.bytes_sent = l.getBytes();
-    s.send_busy = std::chrono::milliseconds(std::min<uint64_t>(l.getBusyMs(), uint64_t(1) << 40));
-    ans.links.push_back(s);
+  // From the network: a member has fewer children than the group has
+  // members (a longer list is ignored whole); only ranks of this group, one
+  // entry per rank, bytes at most the plan's, busy time bounded.
+  const auto links = a.getLinks();
+  if (links.size() <= group_.size()) {
+    std::vector<bool> seen(group_.size() + 1, false);
+    for (auto l : links) {
+      const uint32_t rank = l.getRank();
+      if (rank == 0 || rank > group_.size() || seen[rank]) continue;
+      seen[rank] = true;
+      LinkStats s;
+      s.peer = static_cast<int>(rank);
+      s.bytes_sent = std::min(l.getBytes(), total_bytes_);
+      s.send_busy = std::chrono::microseconds(std::min<uint64_t>(l.getBusyUs(), uint64_t(1) << 40));
+      ans.links.push_back(s);
+    }
   }
   if (!a.getOk()) {
     // An error code that is not a failure code still reports a failure.

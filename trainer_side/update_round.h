@@ -6,6 +6,7 @@
 // shares with the control thread.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <string>
@@ -24,7 +25,8 @@ class UpdateRound {
  public:
   using IsLive = std::function<bool(const std::string& id)>;
 
-  void begin(uint64_t epoch, uint64_t version, std::vector<std::string> group);
+  // `total_bytes`: the plan's, the most any member can have moved.
+  void begin(uint64_t epoch, uint64_t version, std::vector<std::string> group, uint64_t total_bytes);
   void end() { version_ = 0; }
   // The Plan / the Commit (or precommitted Plan) left after heartbeat `seq`
   // (ControlServer::send_to).
@@ -35,9 +37,16 @@ class UpdateRound {
   }
   uint64_t version() const { return version_; }
   const std::vector<std::string>& group() const { return group_; }
-  // The links the members reported forwarding on (Applied.links): the
-  // figures of every rank that has a parent other than the publisher.
-  std::vector<LinkStats> reported_links() const;
+  // The inbound links the members reported forwarding on (Applied.links),
+  // by the receiving rank: the figures of every rank whose parent in the
+  // broadcast tree is a member. A rank two members claim is left out (one
+  // of them is wrong).
+  struct InboundLink {
+    int parent = -1;  // the reporting member's rank
+    uint64_t bytes = 0;
+    std::chrono::nanoseconds busy{0};
+  };
+  std::map<int, InboundLink> reported_links() const;
 
   // A PlanAccept, PlanReject or Applied from `id` for this round; returns
   // false for anything else (another message, epoch or version).
@@ -82,6 +91,7 @@ class UpdateRound {
 
   uint64_t epoch_ = 0;
   uint64_t version_ = 0;  // 0: no round open
+  uint64_t total_bytes_ = 0;
   uint64_t plan_seq_ = 0, commit_seq_ = 0;
   bool committed_ = false;
   std::map<std::string, std::string> missed_;  // lost control messages, per member

@@ -159,7 +159,7 @@ void ControlServer::set_member_weights(const std::string& id, uint64_t version, 
 }
 
 void ControlServer::set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes,
-                                           uint64_t ms, uint64_t link_rate) {
+                                           uint64_t ms) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(id);
   if (it == members_.end()) return;
@@ -167,8 +167,14 @@ void ControlServer::set_member_last_update(const std::string& id, uint64_t versi
   it->second.last_update_ok = ok;
   it->second.last_update_bytes = bytes;
   it->second.last_update_ms = ms;
-  it->second.last_update_link_rate = link_rate;
+  it->second.last_update_link_rate = 0;  // known once the publisher has every member's figures
   if (it->second.receiving_version == version) it->second.receiving_version = 0;  // done, whatever the next heartbeat says
+}
+
+void ControlServer::set_member_link_rate(const std::string& id, uint64_t version, uint64_t link_rate) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = members_.find(id);
+  if (it != members_.end() && it->second.last_update_version == version) it->second.last_update_link_rate = link_rate;
 }
 
 std::optional<Member> ControlServer::member(const std::string& id) const {

@@ -137,8 +137,10 @@ class ControlServer {
   // What a member reported in Applied: `version` held consistently, or dirty.
   void set_member_weights(const std::string& id, uint64_t version, proto::WeightState state);
   // Records a member's Applied figures for `paramcast status`.
-  void set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes, uint64_t ms,
-                              uint64_t link_rate);
+  void set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes, uint64_t ms);
+  // Its inbound link's rate in that update (bytes/s), once the publisher
+  // worked it out; ignored unless `version` is its last update.
+  void set_member_link_rate(const std::string& id, uint64_t version, uint64_t link_rate);
 
   std::vector<std::string> live_ids() const;
   bool is_live(const std::string& id) const;

@@ -10,9 +10,11 @@
 //   cut(i)    `ip link set ... down`: the link goes down, both ends fall silent
 //   block(i)  the bridge port is disabled: frames are dropped, links stay up
 //   shape(i)  a token-bucket rate limit on frames towards the node (tc tbf)
-//   starve(i, port)  every TCP segment towards the node except those from
-//             `port` (the control endpoint) is held at 8 bit/s (tc htb + u32):
-//             the data plane stops, the control plane and the link stay up
+//   throttle_data(i, port, rate)  every TCP segment towards the node except
+//             those from `port` (the control endpoint) is limited to `rate`
+//             (tc htb + u32): the data plane slows, the control plane does not
+//   starve(i, port)  the same at 8 bit/s: the data plane stops, the control
+//             plane and the link stay up
 // Each has its undo (heal, unblock, unshape).
 //
 // The tag is unique per process and lab, so parallel or repeated runs never
@@ -52,15 +54,16 @@ class NetworkLab {
     return sh("tc qdisc replace dev " + port(node) + " root tbf rate " + rate + " burst 32kb latency 400ms");
   }
   bool unshape(int node) { return sh("tc qdisc del dev " + port(node) + " root"); }
-  bool starve(int node, int keep_port) {
+  bool throttle_data(int node, int keep_port, const std::string& rate) {
     const std::string dev = " dev " + port(node) + " ";
     return sh("tc qdisc replace" + dev + "root handle 1: htb default 10 r2q 100000") &&
            sh("tc class add" + dev + "parent 1: classid 1:10 htb rate 10gbit") &&
-           sh("tc class add" + dev + "parent 1: classid 1:20 htb rate 8bit ceil 8bit") &&
+           sh("tc class add" + dev + "parent 1: classid 1:20 htb rate " + rate + " ceil " + rate) &&
            sh("tc filter add" + dev + "parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip sport " +
               std::to_string(keep_port) + " 0xffff flowid 1:10") &&
            sh("tc filter add" + dev + "parent 1: protocol ip prio 2 u32 match ip protocol 6 0xff flowid 1:20");
   }
+  bool starve(int node, int keep_port) { return throttle_data(node, keep_port, "8bit"); }
   bool unstarve(int node) { return unshape(node); }
   // Whether both ends of `node`'s veth report carrier (the link is up).
   bool link_up(int node);

@@ -1,0 +1,89 @@
+// UpdateRound: what it takes from members' Applied link figures, which come
+// from the network (docs/protocol.md "One update"): ranks of the group only,
+// one entry per rank and member, bytes up to the plan's, a list no longer
+// than the group, and no figure for a rank two members claim.
+#include "trainer_side/update_round.h"
+
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+
+namespace paramcast {
+namespace {
+
+constexpr uint64_t kEpoch = 3, kVersion = 7, kTotal = 1000;
+
+struct Figure {
+  uint32_t rank;
+  uint64_t bytes;
+  uint64_t busy_us;
+};
+
+// Records an Applied(ok) of this round from `id` carrying `links`.
+bool applied(UpdateRound& round, const std::string& id, const std::vector<Figure>& links) {
+  capnp::MallocMessageBuilder builder;
+  auto env = builder.initRoot<proto::Envelope>();
+  env.setEpoch(kEpoch);
+  auto a = env.initBody().initApplied();
+  a.setVersion(kVersion);
+  a.setOk(true);
+  a.setBytes(kTotal);
+  auto list = a.initLinks(static_cast<unsigned>(links.size()));
+  for (size_t i = 0; i < links.size(); ++i) {
+    list[static_cast<unsigned>(i)].setRank(links[i].rank);
+    list[static_cast<unsigned>(i)].setBytes(links[i].bytes);
+    list[static_cast<unsigned>(i)].setBusyUs(links[i].busy_us);
+  }
+  return round.record(id, env.asReader());
+}
+
+class UpdateRoundTest : public ::testing::Test {
+ protected:
+  void SetUp() override { round_.begin(kEpoch, kVersion, {"a", "b", "c", "d"}, kTotal); }  // ranks 1..4
+  UpdateRound round_;
+};
+
+TEST_F(UpdateRoundTest, TakesEachChildsFigureWithItsParent) {
+  ASSERT_TRUE(applied(round_, "a", {{3, 1000, 2000}, {4, 500, 10}}));
+  ASSERT_TRUE(applied(round_, "b", {}));
+  const auto links = round_.reported_links();
+  ASSERT_EQ(links.size(), 2u);
+  EXPECT_EQ(links.at(3).parent, 1);
+  EXPECT_EQ(links.at(3).bytes, 1000u);
+  EXPECT_EQ(links.at(3).busy, std::chrono::microseconds(2000));
+  EXPECT_EQ(links.at(4).bytes, 500u);
+  EXPECT_EQ(links.at(4).busy, std::chrono::microseconds(10));  // microseconds: a fast link keeps its figure
+}
+
+TEST_F(UpdateRoundTest, HostileFiguresAreBoundedOrDropped) {
+  // Rank 0 (the publisher), ranks past the group, a repeated rank, and bytes
+  // beyond the plan's.
+  ASSERT_TRUE(applied(round_, "b", {{0, 10, 10}, {99999, 10, 10}, {3, ~0ull, ~0ull}, {3, 1, 1}}));
+  const auto links = round_.reported_links();
+  ASSERT_EQ(links.size(), 1u);
+  EXPECT_EQ(links.at(3).parent, 2);
+  EXPECT_EQ(links.at(3).bytes, kTotal);                               // not 2^64 - 1
+  EXPECT_LE(links.at(3).busy, std::chrono::microseconds(1ull << 40));  // bounded
+}
+
+TEST_F(UpdateRoundTest, AListLongerThanTheGroupIsIgnoredWhole) {
+  ASSERT_TRUE(applied(round_, "a", {{2, 1, 1}, {3, 1, 1}, {4, 1, 1}, {2, 1, 1}, {3, 1, 1}}));
+  EXPECT_TRUE(round_.reported_links().empty());
+}
+
+TEST_F(UpdateRoundTest, ARankTwoMembersClaimGetsNoFigure) {
+  ASSERT_TRUE(applied(round_, "a", {{3, 100, 100}, {4, 100, 100}}));
+  ASSERT_TRUE(applied(round_, "b", {{3, 100, 1}}));  // b says rank 3's link is 100x faster
+  const auto links = round_.reported_links();
+  EXPECT_EQ(links.count(3), 0u);
+  EXPECT_EQ(links.at(4).parent, 1);
+}
+
+TEST_F(UpdateRoundTest, FiguresOfAnotherVersionOrEpochAreNotTaken) {
+  UpdateRound other;
+  other.begin(kEpoch + 1, kVersion, {"a", "b"}, kTotal);
+  EXPECT_FALSE(applied(other, "a", {{2, 10, 10}}));
+  EXPECT_TRUE(other.reported_links().empty());
+}
+
+}  // namespace
+}  // namespace paramcast
