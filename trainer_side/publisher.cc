@@ -484,8 +484,11 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     const bool gone = event.kind == MemberEvent::Kind::kLost || event.kind == MemberEvent::Kind::kLeft;
     if (rank > 0 || (!gone && groups_.epoch() > 0)) needs_reform_ = true;
     // A member that already applied the update in flight forwarded every
-    // byte it had to; only an unfinished one breaks the collective.
-    if (gone && rank > 0 && !round_.applied_ok(event.worker_id)) to_abort = active_comm_;
+    // byte it had to; only an unfinished one breaks the collective. One that
+    // rejoined with a rank left that group too (ControlServer): it will not
+    // take this broadcast, and waiting for it would last stall_timeout.
+    const bool left_group = gone || event.kind == MemberEvent::Kind::kRejoined;
+    if (left_group && rank > 0 && !round_.applied_ok(event.worker_id)) to_abort = active_comm_;
   }
   cv_.notify_all();
   if (event.kind == MemberEvent::Kind::kJoined || event.kind == MemberEvent::Kind::kRejoined)
