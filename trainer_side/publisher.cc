@@ -370,41 +370,45 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
 // child whose link is about as slow (within 25%), as deep as that goes.
 void PublisherImpl::set_link_rates(UpdateResult& r) {
   auto links = round_.reported_links();
-  for (const auto& l : own_links_) links[l.peer] = UpdateRound::InboundLink{0, l.bytes_sent, l.send_busy};
+  for (const auto& l : own_links_) links[l.peer] = UpdateRound::InboundLink{0, l};
   const auto& group = round_.group();  // group[i] is rank i + 1
-  std::map<int, SubscriberOutcome*> by_rank;
+  std::map<int, const SubscriberOutcome*> by_rank;
+  bool by_link = false;  // the backend shows links (Gloo): compare link rates, else receive rates
   for (auto& o : r.subscribers) {
     const auto at = std::find(group.begin(), group.end(), o.worker_id);
     if (at == group.end()) continue;
     const int rank = static_cast<int>(at - group.begin()) + 1;
     by_rank[rank] = &o;
-    const auto l = links.find(rank);
-    if (l != links.end() && l->second.busy.count() > 0)
-      o.link_rate = static_cast<double>(l->second.bytes) / std::chrono::duration<double>(l->second.busy).count();
+    if (const auto l = links.find(rank); l != links.end()) o.link_rate = l->second.link.send_rate();
     if (o.link_rate > 0) server_.set_member_link_rate(o.worker_id, r.version, static_cast<uint64_t>(o.link_rate));
+    by_link = by_link || o.link_rate > 0;
   }
-  bool by_link = false;
-  for (const auto& o : r.subscribers) by_link = by_link || o.link_rate > 0;
-  int slowest = -1;
-  double slowest_rate = 0;
+  const SubscriberOutcome* slowest = nullptr;
+  int slowest_rank = -1;
   for (const auto& [rank, o] : by_rank) {
     const double rate = by_link ? o->link_rate : o->rate();
-    if (rate > 0 && (slowest < 0 || rate < slowest_rate)) {
-      slowest = rank;
-      slowest_rate = rate;
+    if (rate > 0 && (!slowest || rate < (by_link ? slowest->link_rate : slowest->rate()))) {
+      slowest = o;
+      slowest_rank = rank;
     }
   }
-  for (size_t hops = 0; by_link && slowest > 0 && hops < group.size(); ++hops) {  // bounded: figures come from the network
-    int next = -1;
-    for (const auto& [rank, l] : links)
-      if (l.parent == slowest && by_rank.count(rank) && by_rank[rank]->link_rate > 0 &&
-          by_rank[rank]->link_rate <= 1.25 * by_rank[slowest]->link_rate &&
-          (next < 0 || by_rank[rank]->link_rate < by_rank[next]->link_rate))
-        next = rank;
-    if (next < 0) break;
+  for (size_t hops = 0; by_link && slowest && hops < group.size(); ++hops) {  // bounded: figures come from the network
+    const SubscriberOutcome* next = nullptr;
+    int next_rank = -1;
+    for (const auto& [rank, l] : links) {
+      const auto child = by_rank.find(rank);
+      if (l.parent != slowest_rank || child == by_rank.end()) continue;
+      const double rate = child->second->link_rate;
+      if (rate > 0 && rate <= 1.25 * slowest->link_rate && (!next || rate < next->link_rate)) {
+        next = child->second;
+        next_rank = rank;
+      }
+    }
+    if (!next) break;
     slowest = next;
+    slowest_rank = next_rank;
   }
-  if (slowest > 0) r.slowest = by_rank[slowest]->worker_id;
+  if (slowest) r.slowest = slowest->worker_id;
 }
 
 std::string PublisherImpl::slowest_receiver(uint64_t version) const {

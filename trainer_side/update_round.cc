@@ -75,7 +75,7 @@ std::map<int, UpdateRound::InboundLink> UpdateRound::reported_links() const {
     if (at == group_.end()) continue;
     const int parent = static_cast<int>(at - group_.begin()) + 1;  // group_[i] is rank i + 1
     for (const auto& l : a.links)
-      if (!out.emplace(l.peer, InboundLink{parent, l.bytes_sent, l.send_busy}).second) claimed_twice.insert(l.peer);
+      if (!out.emplace(l.peer, InboundLink{parent, l}).second) claimed_twice.insert(l.peer);
   }
   for (int rank : claimed_twice) out.erase(rank);
   return out;

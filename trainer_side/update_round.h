@@ -43,8 +43,7 @@ class UpdateRound {
   // of them is wrong).
   struct InboundLink {
     int parent = -1;  // the reporting member's rank
-    uint64_t bytes = 0;
-    std::chrono::nanoseconds busy{0};
+    LinkStats link;   // peer: the receiving rank
   };
   std::map<int, InboundLink> reported_links() const;
 

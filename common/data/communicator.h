@@ -66,6 +66,11 @@ struct LinkStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   std::chrono::nanoseconds send_busy{0};
+  // Bytes/s the link sustained while it had bytes waiting; 0 if it never had.
+  double send_rate() const {
+    return send_busy.count() > 0 ? static_cast<double>(bytes_sent) / std::chrono::duration<double>(send_busy).count()
+                                 : 0;
+  }
 };
 
 // After a failure, how long a caller waits for its issued Works to settle

@@ -48,10 +48,10 @@ TEST_F(UpdateRoundTest, TakesEachChildsFigureWithItsParent) {
   const auto links = round_.reported_links();
   ASSERT_EQ(links.size(), 2u);
   EXPECT_EQ(links.at(3).parent, 1);
-  EXPECT_EQ(links.at(3).bytes, 1000u);
-  EXPECT_EQ(links.at(3).busy, std::chrono::microseconds(2000));
-  EXPECT_EQ(links.at(4).bytes, 500u);
-  EXPECT_EQ(links.at(4).busy, std::chrono::microseconds(10));  // microseconds: a fast link keeps its figure
+  EXPECT_EQ(links.at(3).link.bytes_sent, 1000u);
+  EXPECT_EQ(links.at(3).link.send_busy, std::chrono::microseconds(2000));
+  EXPECT_EQ(links.at(4).link.bytes_sent, 500u);
+  EXPECT_EQ(links.at(4).link.send_busy, std::chrono::microseconds(10));  // microseconds: a fast link keeps its figure
 }
 
 TEST_F(UpdateRoundTest, HostileFiguresAreBoundedOrDropped) {
@@ -61,8 +61,8 @@ TEST_F(UpdateRoundTest, HostileFiguresAreBoundedOrDropped) {
   const auto links = round_.reported_links();
   ASSERT_EQ(links.size(), 1u);
   EXPECT_EQ(links.at(3).parent, 2);
-  EXPECT_EQ(links.at(3).bytes, kTotal);                               // not 2^64 - 1
-  EXPECT_LE(links.at(3).busy, std::chrono::microseconds(1ull << 40));  // bounded
+  EXPECT_EQ(links.at(3).link.bytes_sent, kTotal);                               // not 2^64 - 1
+  EXPECT_LE(links.at(3).link.send_busy, std::chrono::microseconds(1ull << 40));  // bounded
 }
 
 TEST_F(UpdateRoundTest, AListLongerThanTheGroupIsIgnoredWhole) {

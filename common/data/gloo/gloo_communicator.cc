@@ -368,11 +368,8 @@ class GlooCommunicator : public Communicator {
     const Flight::Child* slow = r.flight.slowest();
     if (slow && now - slow->last_progress > options_.stall_timeout + r.stall_grace) {
       const auto& link = links_[static_cast<size_t>(slow->rank)];
-      std::string rate = link.send_busy.count() > 0
-                             ? format_bytes(static_cast<uint64_t>(static_cast<double>(link.bytes_sent) /
-                                                                  std::chrono::duration<double>(link.send_busy).count())) +
-                                   "/s"
-                             : "nothing yet";
+      const std::string rate =
+          link.send_rate() > 0 ? format_bytes(static_cast<uint64_t>(link.send_rate())) + "/s" : "nothing yet";
       return {timeout_error(group() + "no progress for " + format_duration(now - slow->last_progress) +
                             " sending to " + who(slow->rank) + " (stall_timeout " +
                             format_duration(options_.stall_timeout) + "): it took " + format_bytes(slow->taken_bytes) +
