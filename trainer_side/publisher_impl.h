@@ -61,6 +61,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   void run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
+  bool membership_grew() const;
   Status form_group();
   bool send_plan(const UpdatePlan& plan, UpdateResult& r);
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);

@@ -168,7 +168,7 @@ TEST(ToolsCliTest, TrainerPrintsMemberEventsWhileAnUpdateIsBlocked) {
     yaml.replace(at, from.size(), to);
   };
   replace("  join_timeout: 30s\n", "  join_timeout: 10s\n");  // then start with worker-1 alone
-  replace("  timeout: 20s\n", "  timeout: 600s\n");           // data plane: the stall must not time out
+  replace("  stall_timeout: 20s\n", "  stall_timeout: 600s\n");  // data plane: the stall must not time out
   const std::string config = test::write_file(dir, "deploy.yaml", yaml);
   const std::string endpoint_file = dir + "/endpoint";
 

@@ -35,7 +35,7 @@ std::string test_config_yaml(int subscribers, const std::string& extra_publisher
          "  bucket_size: 1MiB\n"
          "  direct_min_size: 64KiB\n"
          "  checksum: xxh64\n"
-         "  timeout: 20s\n"
+         "  stall_timeout: 20s\n"
          "  init_timeout: 30s\n" +
          extra_data_plane +
          "publisher:\n"
