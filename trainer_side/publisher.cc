@@ -498,6 +498,10 @@ void PublisherImpl::on_heartbeat(const std::string& id) {
 
 void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
   std::shared_ptr<Communicator> to_abort;
+  // Forgiven before anyone is woken: a formation that sees this member must
+  // not still see it excluded.
+  if (event.kind == MemberEvent::Kind::kJoined || event.kind == MemberEvent::Kind::kRejoined)
+    groups_.forgive(event.worker_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(event);
@@ -513,8 +517,6 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     if (left_group && rank > 0 && !round_.applied_ok(event.worker_id)) to_abort = active_comm_;
   }
   cv_.notify_all();
-  if (event.kind == MemberEvent::Kind::kJoined || event.kind == MemberEvent::Kind::kRejoined)
-    groups_.forgive(event.worker_id);
   groups_.on_member_gone(event.worker_id);
   if (to_abort) to_abort->abort("subscriber '" + event.worker_id + "' " + member_event_name(event.kind));
 }
