@@ -91,16 +91,18 @@ Status PublisherImpl::form_group() {
   }
   std::vector<std::string> members;
   const auto excluded = groups_.excluded();
-  for (auto& id : server_.live_ids())
+  auto live = server_.live();
+  for (auto& id : live.ids)
     if (!excluded.count(id)) members.push_back(std::move(id));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    group_ = members;
+    formed_generation_ = live.generation;  // what on_member_event need not act on again
+  }
   for (const auto& [id, why] : excluded)
     PC_WARN("publisher: forming the group without '" << id << "': it failed two formations in a row (" << why
                                                      << "); it is admitted again when it rejoins");
   auto comm = groups_.form(members);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    group_ = members;
-  }
   if (!comm.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     needs_reform_ = true;
@@ -113,10 +115,9 @@ Status PublisherImpl::form_group() {
 // Re-forms the group when membership changed since the last one, after
 // giving lost members up to one heartbeat timeout to come back.
 Status PublisherImpl::ensure_group() {
-  const bool joined = membership_grew();
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!needs_reform_ && !joined && comm_) return Status();
+    if (!needs_reform_ && comm_) return Status();
     cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout,
                    [&] { return server_.missing().empty() || stopped_; });
   }
@@ -131,21 +132,6 @@ Status PublisherImpl::ensure_group() {
                        what);
   }
   return form_group();
-}
-
-// A subscriber that joined since the group formed is not in it yet. Read
-// from the membership itself, not from the joined event: that event can
-// reach us after a formation that already counted the member.
-bool PublisherImpl::membership_grew() const {
-  std::vector<std::string> group;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    group = group_;
-  }
-  const auto excluded = groups_.excluded();
-  for (const auto& id : server_.live_ids())
-    if (!excluded.count(id) && std::find(group.begin(), group.end(), id) == group.end()) return true;
-  return false;
 }
 
 // Expected subscribers that are not in this update: absent, or left out of
@@ -506,9 +492,13 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(event);
     const bool gone = event.kind == MemberEvent::Kind::kLost || event.kind == MemberEvent::Kind::kLeft;
-    // A new member (joined, no rank) is seen by membership_grew(); one that
-    // rejoined left its group, whatever the membership says.
-    if (rank > 0 || (event.kind == MemberEvent::Kind::kRejoined && groups_.epoch() > 0)) needs_reform_ = true;
+    // The control thread tells us after it changed the membership, so the
+    // last formation may already have read this change: it counted the
+    // member that joined, or left out the one that went. Only a change it
+    // did not read needs another group.
+    const bool in_group = std::find(group_.begin(), group_.end(), event.worker_id) != group_.end();
+    const bool seen = event.generation <= formed_generation_ && in_group == !gone;
+    if (!seen && (rank > 0 || (!gone && groups_.epoch() > 0))) needs_reform_ = true;
     // A member that already applied the update in flight forwarded every
     // byte it had to; only an unfinished one breaks the collective. One that
     // rejoined with a rank left that group too (ControlServer): it will not

@@ -61,7 +61,6 @@ class PublisherImpl : public control::ControlServer::Listener {
   void run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
-  bool membership_grew() const;
   Status form_group();
   bool send_plan(const UpdatePlan& plan, UpdateResult& r);
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);
@@ -91,6 +90,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::condition_variable cv_;
   std::deque<MemberEvent> events_;
   bool needs_reform_ = true;
+  uint64_t formed_generation_ = 0;  // the membership the last formation read (ControlServer::live)
   std::vector<std::string> group_;  // members of the current epoch's group, ranks 1..n
   UpdateRound round_;
   std::shared_ptr<Communicator> active_comm_;  // the communicator of the update in flight

@@ -130,7 +130,7 @@ void ControlServer::admit_locked(const Sender& from, uint64_t inc, proto::Hello:
   PC_INFO("publisher: subscriber '" << id << "' " << member_event_name(kind) << " (" << who << ", "
                                     << m.device.to_string() << ", holds v" << m.weight_version << " "
                                     << state_name(m.state) << ")");
-  out.events.push_back({MemberEvent{kind, id, who}, old_rank});
+  out.events.push_back({event_locked(kind, id, who), old_rank});
   welcome_locked(peer, inc, false);
 }
 

@@ -144,6 +144,19 @@ std::vector<std::string> ControlServer::live_ids() const {
   return ids;
 }
 
+ControlServer::Live ControlServer::live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Live live;
+  for (const auto& [id, m] : members_)
+    if (!m.lost) live.ids.push_back(id);
+  live.generation = generation_;
+  return live;
+}
+
+MemberEvent ControlServer::event_locked(MemberEvent::Kind kind, const std::string& id, std::string detail) {
+  return MemberEvent{kind, id, std::move(detail), ++generation_};
+}
+
 bool ControlServer::is_live(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(id);
@@ -400,7 +413,7 @@ ControlServer::Deliveries ControlServer::dispatch_locked(const Sender& from, pro
       m.lost = true;
       const std::string reason = body.getLeave().getReason().cStr();
       PC_INFO("publisher: subscriber '" << m.id << "' left: " << printable(reason, 256));
-      out.events.push_back({MemberEvent{MemberEvent::Kind::kLeft, m.id, reason}, m.rank});
+      out.events.push_back({event_locked(MemberEvent::Kind::kLeft, m.id, reason), m.rank});
       break;
     }
     default:
@@ -436,7 +449,7 @@ void ControlServer::check_liveness(Clock::time_point now) {
         const auto ms = ms_since(m.last_seen, now);
         PC_WARN("publisher: subscriber '" << id << "' lost: silent for " << ms << "ms (heartbeat_timeout "
                                           << opt_.control.heartbeat_timeout.count() << "ms)");
-        lost.push_back({MemberEvent{MemberEvent::Kind::kLost, id, "silent for " + std::to_string(ms) + "ms"}, m.rank});
+        lost.push_back({event_locked(MemberEvent::Kind::kLost, id, "silent for " + std::to_string(ms) + "ms"), m.rank});
         continue;
       }
       outbox_.emplace_back(m.route, make_message(epoch_, incarnation_, [&](auto b) {

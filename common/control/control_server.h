@@ -143,6 +143,13 @@ class ControlServer {
   void set_member_link_rate(const std::string& id, uint64_t version, uint64_t link_rate);
 
   std::vector<std::string> live_ids() const;
+  // The live ids and the generation of the membership they were read at:
+  // every MemberEvent up to that generation is reflected in them.
+  struct Live {
+    std::vector<std::string> ids;
+    uint64_t generation = 0;
+  };
+  Live live() const;
   bool is_live(const std::string& id) const;
   // Who the deployment still waits for: listed ids that are absent or lost,
   // or placeholders for the count not yet present.
@@ -201,6 +208,7 @@ class ControlServer {
                      uint32_t peer_version = 0);
   void status_reply_locked(const std::string& peer, uint64_t request_id);
   void deliver(const Deliveries& d, const std::string& id, proto::Envelope::Reader envelope);
+  MemberEvent event_locked(MemberEvent::Kind kind, const std::string& id, std::string detail);
 
   const ServerOptions opt_;
   const uint64_t incarnation_;
@@ -222,6 +230,7 @@ class ControlServer {
 
   mutable std::mutex mu_;  // guards everything below; a leaf lock
   std::map<std::string, Member> members_;
+  uint64_t generation_ = 0;  // counts membership events (MemberEvent::generation)
   std::vector<PendingProbe> probes_;
   // Worker id -> incarnation whose probe was answered, and when: the member
   // connection's Hello is taken only after its probe.

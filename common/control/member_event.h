@@ -3,6 +3,7 @@
 // surfaced by Publisher::poll_event and the tools.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace paramcast {
@@ -12,6 +13,9 @@ struct MemberEvent {
   Kind kind;
   std::string worker_id;
   std::string detail;
+  // The membership generation this event produced (ControlServer::live()):
+  // a reader of the membership at that generation or later has seen it.
+  uint64_t generation = 0;
 };
 const char* member_event_name(MemberEvent::Kind k);
 

@@ -141,6 +141,53 @@ TEST_F(ControlPlaneTest, MembersJoinAndMessagesFlowBothWays) {
   EXPECT_TRUE(b_events.get([&] { return b_events.messages.empty(); }));
 }
 
+// Every membership change has a generation, and by the time the listener
+// hears of it the live view already holds it: a reader of live() at that
+// generation or later has seen the change (the publisher relies on this not
+// to re-form for a member its last formation already counted).
+TEST_F(ControlPlaneTest, MembershipEventsCarryTheGenerationTheLiveViewAlreadyShows) {
+  struct Seen : ServerSide {
+    ControlServer* server = nullptr;
+    std::vector<ControlServer::Live> live_at_event;
+    void on_member_event(const MemberEvent& e, int rank) override {
+      auto live = server->live();
+      note([&] { live_at_event.push_back(live); });
+      ServerSide::on_member_event(e, rank);
+    }
+  } seen;
+  ServerOptions o;
+  o.control = fast_options();
+  o.subscriber_count = 2;
+  auto server = std::make_unique<ControlServer>(o);
+  seen.server = server.get();
+  ASSERT_TRUE(server->start(&seen).ok());
+  EXPECT_EQ(server->live().generation, 0u);
+  ClientSide a_events, b_events;
+  auto a = start_client(a_events, "worker-a", server->endpoint());
+  ASSERT_TRUE(seen.wait([&] { return seen.events.size() == 1; }));
+  auto b = start_client(b_events, "worker-b", server->endpoint());
+  ASSERT_TRUE(seen.wait([&] { return seen.events.size() == 2; }));
+  ASSERT_TRUE(b_events.wait([&] { return b_events.joins == 1; }));  // a member says Leave
+  b->stop();
+  ASSERT_TRUE(seen.wait([&] { return seen.events.size() == 3; }));
+  seen.get([&] {
+    const std::vector<std::pair<MemberEvent::Kind, std::string>> want = {
+        {MemberEvent::Kind::kJoined, "worker-a"}, {MemberEvent::Kind::kJoined, "worker-b"}, {MemberEvent::Kind::kLeft, "worker-b"}};
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(seen.events[i].kind, want[i].first) << i;
+      EXPECT_EQ(seen.events[i].worker_id, want[i].second) << i;
+      EXPECT_EQ(seen.events[i].generation, i + 1) << "one generation per change, in order";
+      EXPECT_GE(seen.live_at_event[i].generation, seen.events[i].generation) << i;
+    }
+    const auto& after_join = seen.live_at_event[1].ids;
+    EXPECT_NE(std::find(after_join.begin(), after_join.end(), "worker-b"), after_join.end());
+    return 0;
+  });
+  const auto live = server->live();
+  EXPECT_EQ(live.generation, 3u);
+  EXPECT_EQ(live.ids, (std::vector<std::string>{"worker-a"}));
+}
+
 TEST_F(ControlPlaneTest, DuplicateIdIsRefusedAndTheFirstMemberStays) {
   ServerSide server_events;
   auto server = start_server(server_events, 2);
