@@ -127,8 +127,13 @@ void ControlClient::loop() {
     }
   }
   flush_outbox();
-  if (phase_ == Phase::kMember && dealer_)
+  if (phase_ == Phase::kMember && dealer_) {
     send_on(*dealer_, make_message(epoch_, incarnation_, [](auto b) { b.initLeave().setReason("subscriber stopping"); }));
+    // Linger 0 would drop the Leave still queued for the I/O thread, and the
+    // publisher would name this clean stop a loss a heartbeat timeout later.
+    // The context's teardown waits at most this long for it.
+    dealer_->set(zmq::sockopt::linger, 200);
+  }
   probe_.reset();
   dealer_.reset();
 }
