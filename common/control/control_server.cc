@@ -136,13 +136,7 @@ void ControlServer::assign_ranks(const std::vector<std::string>& group) {
   }
 }
 
-std::vector<std::string> ControlServer::live_ids() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::string> ids;
-  for (const auto& [id, m] : members_)
-    if (!m.lost) ids.push_back(id);
-  return ids;
-}
+std::vector<std::string> ControlServer::live_ids() const { return live().ids; }
 
 ControlServer::Live ControlServer::live() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -118,17 +118,11 @@ TEST_F(FaultToleranceTest, PublisherKilledMidUpdateSubscribersStayAndRejoinANewO
   // first bytes when they get to it (on a loaded machine, later). Killed
   // before that, they would rightly still hold v1 consistent. Their
   // heartbeats say when all three hold part of v2.
-  std::string json;
   for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
        std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(Ms(100))) {
     auto status = Process::start(test::binary("paramcast"), {"status", endpoint, "--json"});
     ASSERT_EQ(status->wait_for(std::chrono::seconds(10)), 0) << status->output();
-    json = status->output();
-    size_t dirty = 0;
-    for (size_t at = json.find("\"state\":\"dirty\""); at != std::string::npos;
-         at = json.find("\"state\":\"dirty\"", at + 1))
-      ++dirty;
-    if (dirty == 3) break;
+    if (test::count(status->output(), "\"state\":\"dirty\"") == 3) break;
   }
   trainer->kill(SIGKILL);
   const auto killed = std::chrono::steady_clock::now();

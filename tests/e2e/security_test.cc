@@ -22,6 +22,7 @@ namespace paramcast {
 namespace {
 
 using namespace std::chrono_literals;
+using test::count;
 using test::Process;
 using Clock = std::chrono::steady_clock;
 
@@ -149,7 +150,6 @@ TEST_F(SecurityTest, KeyBoundToWorker1CannotActAsWorker3) {
 }
 
 int free_port();
-size_t count(const std::string& text, const std::string& needle);
 
 // The publisher as a process, so that its log can be read: a foreign key is
 // named by its fingerprint, a few times per window, then counted.
@@ -328,12 +328,6 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
   return ntohs(a.sin_port);
-}
-
-size_t count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
 }
 
 TEST_F(SecurityTest, GroupIsWholeAgainSecondsAfterAStoppedTrainerResumes) {

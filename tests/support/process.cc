@@ -133,6 +133,12 @@ std::string write_file(const std::string& dir, const std::string& name, const st
   return path;
 }
 
+size_t count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
 int cuda_devices() {
 #if PARAMCAST_HAVE_NCCL
   return nccl_backend::cuda_device_count();

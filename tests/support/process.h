@@ -41,6 +41,7 @@ std::string binary(const std::string& name);  // path of a built tool
 std::string make_temp_dir(const std::string& prefix);
 void remove_tree(const std::string& dir);
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
+size_t count(const std::string& text, const std::string& needle);  // occurrences, overlapping ones included
 int cuda_devices();
 
 }  // namespace paramcast::test
