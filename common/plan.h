@@ -7,7 +7,8 @@
 // direct chunks; smaller tensors are packed, 256-byte aligned, into buckets of
 // at most `bucket_bytes`. The order of buckets is the order of broadcasts.
 //
-// Thread-safety: plain values.
+// Thread-safety: plain values. The wire form is in common/plan_proto.h: this
+// header reaches the public API (publisher.h) and names no Cap'n Proto type.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,6 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "common/tensor.h"
-#include "schemas/control.capnp.h"
 
 namespace paramcast {
 
@@ -87,12 +87,5 @@ uint64_t manifest_hash(const std::vector<TensorSpec>& tensors);
 // Validates the specs (non-empty unique names, sizes without overflow) and lays out buckets.
 StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
                                 const DataPlaneOptions& options);
-
-void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out);
-// Reads and cross-checks a plan from the wire (pieces in range, sizes adding up, hash).
-StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in);
-
-proto::MismatchKind mismatch_kind_to_proto(Mismatch::Kind k);
-Mismatch::Kind mismatch_kind_from_proto(proto::MismatchKind k);
 
 }  // namespace paramcast

@@ -3,6 +3,7 @@
 #include "common/control/messages.h"
 #include "common/group/join_group.h"
 #include "common/log.h"
+#include "common/plan_proto.h"
 #include "common/units.h"
 #include "common/xxhash.h"
 #include "inference_side/plan_check.h"

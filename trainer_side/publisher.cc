@@ -4,6 +4,7 @@
 
 #include "common/control/messages.h"
 #include "common/log.h"
+#include "common/plan_proto.h"
 #include "common/units.h"
 #include "trainer_side/publisher_impl.h"
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "common/plan_proto.h"
+
 namespace paramcast {
 
 void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::string> group, uint64_t total_bytes) {

@@ -23,7 +23,7 @@ def _attend(q, k, v):
         return x.view(b, n, HEADS, DIM // HEADS).transpose(1, 2)
     q, k, v = split(q), split(k), split(v)
     scores = q @ k.transpose(-1, -2) / math.sqrt(DIM // HEADS)
-    mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(mask, float("-inf"))
     out = scores.softmax(-1) @ v
     return out.transpose(1, 2).reshape(b, n, DIM)
@@ -106,15 +106,35 @@ class FusedTinyLM(TinyLM):
 PROMPT = torch.tensor([[1, 17, 256, 999, 42, 7, 512, 3]])
 
 
+def _device(model):
+    return next(model.parameters()).device
+
+
 def logits(model):
+    """The model's logits for PROMPT, on the host."""
     with torch.no_grad():
-        return model(PROMPT)
+        return model(PROMPT.to(_device(model))).cpu()
+
+
+@torch.no_grad()
+def unfused_state(model):
+    """Every parameter under the trainer's (TinyLM's) names, copied to the host: a FusedTinyLM's
+    qkv_proj comes back as q_proj, k_proj and v_proj."""
+    out = {}
+    for name, p in model.named_parameters():
+        m = re.fullmatch(r"blocks\.(\d+)\.qkv_proj\.(weight|bias)", name)
+        if not m:
+            out[name] = p.cpu()
+            continue
+        for i, which in enumerate("qkv"):
+            out[f"blocks.{m.group(1)}.{which}_proj.{m.group(2)}"] = p[i * DIM:(i + 1) * DIM].cpu()
+    return out
 
 
 def train_step(model, optimizer, seed):
     """One optimizer step on a fixed random batch."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (2, 9), generator=g)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=g).to(_device(model))
     out = model(ids[:, :-1])
     loss = F.cross_entropy(out.float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
     optimizer.zero_grad()

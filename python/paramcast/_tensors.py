@@ -60,7 +60,10 @@ def for_dlpack(tensor):
         t = t.view(torch.uint8)
     stream = None
     if t.is_cuda:
-        stream = torch.cuda.current_stream(t.device).cuda_stream
+        # The caller's current stream, which the update is ordered after. Its
+        # handle 0 is the legacy default stream, which DLPack (and CUDA, as
+        # cudaStreamLegacy) calls 1: DLPack reserves 0, and PyTorch refuses it.
+        stream = torch.cuda.current_stream(t.device).cuda_stream or 1
     return t, dtype, stream
 
 

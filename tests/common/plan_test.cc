@@ -1,4 +1,5 @@
 #include "common/plan.h"
+#include "common/plan_proto.h"
 
 #include <capnp/message.h>
 #include <gtest/gtest.h>

@@ -6,6 +6,7 @@
 
 #include "common/control/messages.h"
 #include "common/plan.h"
+#include "common/plan_proto.h"
 
 using namespace paramcast;
 

@@ -7,7 +7,12 @@
 #   PACK/lib   every shared library they need that is not the system's C
 #              library, the CUDA driver or NCCL (from ldd): ZeroMQ, Cap'n
 #              Proto, yaml-cpp, libstdc++, the CUDA runtime, ...
-#   PACK/run.sh, PACK/MANIFEST
+#   PACK/py    what tests/gpu/python.sh needs to build the Python package
+#              for the machine's own python3 (its version and PyTorch are not
+#              this machine's): the static libraries (position independent,
+#              no LTO), the sources of python/ with the headers they include,
+#              yaml-cpp's headers, tests/python and the example model
+#   PACK/run.sh, PACK/python.sh, PACK/MANIFEST
 # The folder must stay under 64 MiB. Test binaries find their helpers next
 # to themselves (/proc/self/exe), so the folder runs from anywhere.
 #   usage: tests/gpu/pack.sh [PACK_DIR] [BUILD_DIR]    (default build-gpu/pack, build-gpu)
@@ -32,6 +37,34 @@ for t in "${targets[@]}"; do
   strip --strip-unneeded "$pack/bin/$t"
 done
 cp "$root/tests/gpu/run.sh" "$pack/run.sh"
+cp "$root/tests/gpu/python.sh" "$pack/python.sh"
+
+# The Python package's inputs. Its extension is compiled there, against that
+# machine's Python headers and pybind11; of this tree, only the sources and
+# headers python/*.cc reach are copied.
+mkdir -p "$pack/py/lib" "$pack/py/include" "$pack/py/src"
+for a in trainer_side/libparamcast_publisher.a inference_side/libparamcast_subscriber.a \
+         common/libparamcast_common.a common/libparamcast_cuda_kernels.a schemas/libparamcast_schemas.a; do
+  if [ ! -f "$build/$a" ]; then echo "pack.sh: $build/$a is missing (was the build configured with NCCL?)" >&2; exit 1; fi
+  cp "$build/$a" "$pack/py/lib/"
+done
+strip --strip-debug "$pack"/py/lib/*.a
+# The one third-party header set python/*.cc reaches (common/config.h's
+# yaml-cpp); the public headers name no Cap'n Proto or ZeroMQ type.
+cp -r /usr/include/yaml-cpp "$pack/py/include/"
+py_include="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+for f in "$root"/python/*.cc; do
+  (cd "$root" && c++ -std=c++20 -I. -I"$build" -isystem "$py_include" -isystem /usr/local/cuda/include -MM "${f#"$root/"}") ||
+    { echo "pack.sh: cannot list what $f includes (python3-dev and pybind11-dev: deploy/install-deps.sh)" >&2; exit 1; }
+done | tr ' \\' '\n\n' | grep -E '\.(h|cc)$' | sort -u > "$pack/py/sources"
+while read -r f; do
+  case "$f" in
+    "$build"/*) mkdir -p "$(dirname "$pack/py/src/${f#"$build/"}")"; cp "$f" "$pack/py/src/${f#"$build/"}" ;;  # generated
+    /*) echo "pack.sh: python/ includes $f, outside the tree and the pack's headers" >&2; exit 1 ;;
+    *) (cd "$root" && cp --parents "$f" "$pack/py/src/") ;;
+  esac
+done < "$pack/py/sources"
+(cd "$root" && cp --parents python/paramcast/*.py tests/python/*.py examples/python/tinylm.py deploy/*.yaml "$pack/py/src/")
 
 # Libraries to leave to the machine: glibc's (libc, libm, libpthread, libdl,
 # librt, ld-linux), the CUDA driver (libcuda, libnvidia-*) and NCCL.

@@ -13,10 +13,15 @@
 #   nccl_suite    data-plane conformance on NCCL, 8 ranks (NCCL_DEBUG=INFO)
 #   gpu_bench     memcpy vs pack/unpack, xxh64-blocks rate, per-bucket overhead
 #   bench_nccl_*  weight_update vs raw ncclBroadcast, separate and arena layouts
+#   python        the Python package built for this machine's python3 and
+#                 PyTorch (python.sh), then tests/python: a CUDA trainer and
+#                 CUDA engine processes over NCCL, then the CPU suites
 # With fewer GPUs than ranks, ranks share GPUs: each gets its own NCCL_HOSTID
 # (set by the tests and the bench) and NCCL_SOCKET_IFNAME=lo. Every log lands
 # in OUT_DIR; a summary closes the run; exit 1 if any stage failed.
-#   usage: run.sh [OUT_DIR]   (env: SIZE=1GiB REPEATS=3 for the weight_update bench)
+#   usage: run.sh [OUT_DIR]   (env: SIZE=1GiB REPEATS=3 for the weight_update bench,
+#                              STAGES="nccl_suite python" to run only those stages,
+#                              NCCL_REPEAT=N to run the NCCL suite N times)
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ -d "$here/bin" ]; then
@@ -75,6 +80,10 @@ failed=0
 stage() {
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
+  if [ -n "${STAGES:-}" ] && [ "$name" != gpu_info ] && [[ " $STAGES " != *" $name "* ]]; then
+    summary+=("$(printf '%-18s not run (STAGES)' "$name")")
+    return
+  fi
   echo "== $name (at most ${limit}s)"
   timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
   rc=$?
@@ -102,13 +111,15 @@ export NCCL_DEBUG_FILE="$out/nccl.%h.%p.log"
 stage data_pieces 60 "$bin/data_pieces_test"
 stage cuda_memory 90 "$bin/cuda_memory_test"
 stage gloo_suite 60 "$bin/communicator_test" --gtest_filter='*/gloo'
-stage nccl_suite 120 "$bin/communicator_test" --gtest_filter='*/nccl'
+stage nccl_suite 120 "$bin/communicator_test" --gtest_filter='*/nccl' --gtest_repeat="${NCCL_REPEAT:-1}"
 stage gpu_bench 60 "$bin/paramcast-gpu-bench" --size 256MiB --repeats 10 --json "$out/gpu_bench.json"
 for layout in separate arena; do
   stage "bench_nccl_$layout" 90 "$bin/paramcast-bench" --backend nccl --world 8 --gpus "$(( gpus > 0 ? gpus : 1 ))" \
     --size "${SIZE:-1GiB}" --repeats "${REPEATS:-3}" --layout "$layout" --checksum xxh64-blocks \
     --json "$out/bench_nccl_$layout.json"
 done
+
+stage python 360 env NCCL_LIB_DIR="$nccl_dir" bash "$pack/python.sh"
 
 echo "== summary ($SECONDS s in all; logs and JSON in $out)"
 printf '   %s\n' "${summary[@]}" | tee "$out/SUMMARY"

@@ -5,6 +5,7 @@ transformer and a paramcast.Subscriber; the test drives it over a pipe.
 """
 
 import multiprocessing
+import os
 import time
 
 import torch
@@ -16,22 +17,42 @@ def config_dict(endpoint="tcp://127.0.0.1:*", subscribers=3):
         "control": {"endpoint": endpoint, "heartbeat_interval": "100ms", "heartbeat_timeout": "1500ms",
                     "join_timeout": "60s", "reconnect_backoff_max": "500ms"},
         "data_plane": {"backend": "gloo", "bucket_size": "64KiB", "direct_min_size": "16KiB",
-                       "checksum": "xxh64", "timeout": "10s", "init_timeout": "30s"},
+                       "checksum": "xxh64", "stall_timeout": "10s", "init_timeout": "30s"},
         "publisher": {"subscribers": subscribers, "update_timeout": "60s"},
         "logging": {"level": "warn"},
     }
 
 
-def _engine_main(conn, endpoint, worker_id, mode, dtype, seed):
+def cuda_config(cfg, device="cuda:0", side="subscriber"):
+    """cfg on the NCCL data plane with `side` ("publisher" or "subscriber") on `device`."""
+    cfg["data_plane"]["backend"] = "nccl"
+    cfg.setdefault(side, {})["device"] = device
+    return cfg
+
+
+def share_one_gpu(name):
+    """Lets this process be one of several NCCL ranks on one GPU (tests only, never a real node):
+    NCCL refuses two ranks of a group on one device of one host, so each process claims a host of
+    its own, and the ranks talk over loopback sockets."""
+    os.environ["NCCL_HOSTID"] = f"paramcast-test-{name}"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+
+
+def _engine_main(conn, endpoint, worker_id, mode, dtype, seed, device="cpu"):
+    if device != "cpu":
+        share_one_gpu(worker_id)  # before NCCL reads its environment
     import paramcast
     import tinylm as tinymodel
 
     torch.set_num_threads(1)
-    model = (tinymodel.FusedTinyLM if mode == "fused" else tinymodel.TinyLM)(seed, getattr(torch, dtype))
+    model = (tinymodel.FusedTinyLM if mode == "fused" else tinymodel.TinyLM)(seed, getattr(torch, dtype)).to(device)
     ctl = {"raise_in": None, "sleep_begin": 0.0, "sleep_once": 0.0}
     events, shards = [], {}
 
-    sub = paramcast.Subscriber(config_dict(endpoint), worker_id)
+    cfg = config_dict(endpoint)
+    if device != "cpu":
+        cuda_config(cfg, device)
+    sub = paramcast.Subscriber(cfg, worker_id)
     if mode == "fused":
         def load_weights(weights):
             if ctl["raise_in"] == "on_weights":
@@ -64,6 +85,8 @@ def _engine_main(conn, endpoint, worker_id, mode, dtype, seed):
                 break
             if cmd == "logits":
                 conn.send(tinymodel.logits(model))
+            elif cmd == "params":  # the trainer's names and layout, on the host
+                conn.send(tinymodel.unfused_state(model))
             elif cmd == "state":
                 conn.send((sub.state, sub.version))
             elif cmd == "wait":
@@ -81,11 +104,11 @@ def _engine_main(conn, endpoint, worker_id, mode, dtype, seed):
 class Engine:
     """One engine process: mode "inplace" (register) or "fused" (on_weights + load_weights)."""
 
-    def __init__(self, endpoint, worker_id, mode="inplace", dtype="float32", seed=1):
+    def __init__(self, endpoint, worker_id, mode="inplace", dtype="float32", seed=1, device="cpu"):
         ctx = multiprocessing.get_context("spawn")
         self.worker_id = worker_id
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_engine_main, args=(child, endpoint, worker_id, mode, dtype, seed),
+        self.proc = ctx.Process(target=_engine_main, args=(child, endpoint, worker_id, mode, dtype, seed, device),
                                 name=worker_id, daemon=True)
         self.proc.start()
 

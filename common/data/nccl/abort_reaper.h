@@ -10,11 +10,20 @@
 // one is detached (it owns everything it touches through the shared state
 // and the function's own captures).
 //
+// A process never exits under a running teardown: ncclCommAbort on a thread
+// left behind would meet the CUDA runtime's own teardown at exit ("driver
+// shutting down") and crash the process. The first start() registers an exit
+// handler that waits, up to kExitWait, for every teardown still running. It
+// is registered after the CUDA runtime initialised (a communicator exists),
+// so it runs before the runtime unloads.
+//
 // Thread-safety: every member may be called from any thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,6 +33,8 @@ namespace paramcast::nccl_backend {
 
 class AbortReaper {
  public:
+  static constexpr std::chrono::seconds kExitWait{20};
+
   AbortReaper() = default;
   AbortReaper(const AbortReaper&) = delete;
   AbortReaper& operator=(const AbortReaper&) = delete;
@@ -39,6 +50,13 @@ class AbortReaper {
     std::lock_guard<std::mutex> lock(thread_mu_);
     if (thread_.joinable() || state_->started) return false;
     state_->started = true;
+    InFlight& all = in_flight();
+    {
+      std::lock_guard<std::mutex> l(all.mu);
+      ++all.count;
+    }
+    static std::once_flag registered;
+    std::call_once(registered, [] { std::atexit(wait_at_exit); });
     thread_ = std::thread([state = state_, fn = std::move(teardown)] {
       fn();
       {
@@ -46,8 +64,19 @@ class AbortReaper {
         state->finished = true;
       }
       state->cv.notify_all();
+      InFlight& all = in_flight();
+      std::lock_guard<std::mutex> l(all.mu);
+      --all.count;
+      all.cv.notify_all();
     });
     return true;
+  }
+
+  // Teardowns started and not yet finished, in this process.
+  static int running() {
+    InFlight& all = in_flight();
+    std::lock_guard<std::mutex> l(all.mu);
+    return all.count;
   }
 
   bool started() const {
@@ -65,6 +94,24 @@ class AbortReaper {
   }
 
  private:
+  struct InFlight {
+    std::mutex mu;
+    std::condition_variable cv;
+    int count = 0;
+  };
+  // Never destroyed: read by the exit handler and by detached threads.
+  static InFlight& in_flight() {
+    static InFlight* all = new InFlight;
+    return *all;
+  }
+  static void wait_at_exit() {
+    InFlight& all = in_flight();
+    std::unique_lock<std::mutex> l(all.mu);
+    if (!all.cv.wait_for(l, kExitWait, [&] { return all.count == 0; }))
+      std::fprintf(stderr, "paramcast: %d NCCL communicator teardown(s) still running %lld s after exit began\n",
+                   all.count, static_cast<long long>(kExitWait.count()));
+  }
+
   struct State {
     std::mutex mu;
     std::condition_variable cv;

@@ -210,28 +210,35 @@ NcclCommunicator::~NcclCommunicator() {
 
 std::shared_ptr<Work> NcclCommunicator::broadcast(void* data, size_t bytes, int root) {
   if (bytes == 0) return std::make_shared<Event>(this, nullptr);
-  std::lock_guard<std::mutex> lock(comm_mu_);
   auto work = std::make_shared<Event>(this, nullptr);
-  if (gone_ || aborted_.load()) {
-    work->status = unusable();
-    return work;
+  Status s;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (gone_ || aborted_.load()) {
+      work->status = unusable();
+      return work;
+    }
+    DeviceGuard g(options_.device.index);
+    auto done = std::make_shared<Completion>();
+    s = nccl_status(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast", comm_);
+    if (s.ok()) s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclBroadcast enqueue");
+    if (s.ok()) {
+      auto* arg = new std::shared_ptr<Completion>(done);
+      s = cuda_status(cudaLaunchHostFunc(stream_, &Completion::fire, arg), "cudaLaunchHostFunc");
+      if (!s.ok()) delete arg;
+    }
+    if (s.ok()) {
+      last_ = done;
+      work->done = std::move(done);
+      return work;
+    }
   }
-  DeviceGuard g(options_.device.index);
-  auto done = std::make_shared<Completion>();
-  Status s = nccl_status(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast", comm_);
-  if (s.ok()) s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclBroadcast enqueue");
-  if (s.ok()) {
-    auto* arg = new std::shared_ptr<Completion>(done);
-    s = cuda_status(cudaLaunchHostFunc(stream_, &Completion::fire, arg), "cudaLaunchHostFunc");
-    if (!s.ok()) delete arg;
-  }
-  if (!s.ok()) {
-    fail(s);
-    work->status = s;
-    return work;
-  }
-  last_ = done;
-  work->done = std::move(done);
+  // A communicator that failed an enqueue (a peer gone: NCCL saw its socket
+  // close) is done for, as after an asynchronous error: the cause is kept and
+  // later work fails at once as unusable, naming it.
+  fail(s);
+  abort(s.message());
+  work->status = s;
   return work;
 }
 

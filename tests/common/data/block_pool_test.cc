@@ -143,6 +143,26 @@ TEST(AbortReaperTest, DestructorNeverWaitsForAHungTeardown) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the detached thread exit
 }
 
+// A teardown left running by a destroyed reaper still ends before the process
+// does: NCCL's abort on a thread that exit() cuts short met the CUDA
+// runtime's own teardown and crashed the process (seen on an H100).
+TEST(AbortReaperDeathTest, ProcessExitWaitsForATeardownStillRunning) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        {
+          AbortReaper reaper;
+          reaper.start([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            std::fprintf(stderr, "teardown finished\n");
+          });
+        }  // detached, still sleeping
+        std::fprintf(stderr, "teardowns running at exit: %d\n", AbortReaper::running());
+        std::exit(7);
+      },
+      ::testing::ExitedWithCode(7), "teardowns running at exit: 1\n(.|\n)*teardown finished");
+}
+
 TEST(AbortReaperTest, NeverStartedReaperIsFinishedNowhere) {
   AbortReaper reaper;
   EXPECT_FALSE(reaper.started());

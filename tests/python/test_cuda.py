@@ -1,0 +1,110 @@
+"""CUDA tensors end to end: a PyTorch trainer on cuda:0 and engine processes on cuda:0 over NCCL.
+
+Every process here shares one GPU: each claims a host of its own (NCCL_HOSTID) and the ranks
+talk over loopback sockets, the arrangement tests/gpu/run.sh uses (never a real node's). On a
+machine without a CUDA device the whole file skips, saying so.
+"""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device: the CUDA path is built but not run here "
+                                       "(tests/gpu/run.sh runs it)")
+
+import paramcast  # noqa: E402
+
+import tinylm as tinymodel  # noqa: E402
+from cluster import Engine, config_dict, cuda_config, share_one_gpu  # noqa: E402
+
+DEVICE = "cuda:0"
+share_one_gpu("trainer")  # this process is the publisher's rank
+
+
+def assert_same_weights(model, engine):
+    want = tinymodel.unfused_state(model)
+    got = engine.call("params")
+    assert sorted(got) == sorted(want), engine.worker_id
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), f"{engine.worker_id}: {name} differs from the trainer's"
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def cluster(request):
+    torch.set_num_threads(1)
+    model = tinymodel.TinyLM(0, getattr(torch, request.param)).to(DEVICE)
+    pub = paramcast.Publisher(cuda_config(config_dict(subscribers=2), DEVICE, side="publisher"))
+    engines = [Engine(pub.endpoint, "engine-1", "inplace", request.param, 1, DEVICE),
+               Engine(pub.endpoint, "engine-2", "fused", request.param, 2, DEVICE)]
+    try:
+        for e in engines:
+            e.wait_ready()
+        pub.start()
+        yield model, pub, engines
+    finally:
+        for e in engines:
+            e.close()
+        pub.close()
+
+
+def test_cuda_engines_match_the_trainer_bit_for_bit(cluster):
+    model, pub, engines = cluster
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(3):
+        result = pub.weight_update(model.named_parameters())
+        assert result.ok and result.bytes == sum(p.numel() * p.element_size() for p in model.parameters())
+        for e in engines:
+            assert e.call("state") == ("consistent", result.version), e.worker_id
+            assert_same_weights(model, e)
+        # The fused engine loaded q, k and v through load_weights, as CUDA tensors.
+        shards = engines[1].call("shards", result.version)
+        assert len(shards) == 3 * 2 * tinymodel.LAYERS
+        tinymodel.train_step(model, optimizer, seed=step)
+    # One optimizer step on the GPU since the last update: the engines now differ.
+    assert not torch.equal(engines[0].call("params")["lm_head.weight"], model.lm_head.weight.cpu())
+
+
+def test_weights_written_on_a_side_stream_are_never_sent_stale(cluster):
+    model, pub, engines = cluster
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.no_grad():
+        # The writes below land ~50 ms after weight_update is called: it must order its reads
+        # after the caller's current stream, not read what the tensors hold at the call.
+        torch.cuda._sleep(50_000_000)
+        for p in model.parameters():
+            p.add_(1.0)
+        result = pub.weight_update(model.named_parameters())
+    torch.cuda.synchronize()
+    assert result.ok
+    for e in engines:
+        assert_same_weights(model, e)
+
+
+def test_a_lost_cuda_engine_is_named_within_seconds_and_a_new_one_heals_the_group(cluster):
+    model, pub, engines = cluster
+    pub.weight_update(model.named_parameters())
+    engines[1].proc.kill()
+    engines[1].proc.join()
+    killed = time.monotonic()
+    with pytest.raises(paramcast.UpdateError) as err:
+        pub.weight_update(model.named_parameters())
+    elapsed = time.monotonic() - killed
+    print(f"lost CUDA engine named after {elapsed:.2f}s: {err.value}")
+    assert "engine-2" in str(err.value)
+    assert err.value.code in ("PEER_LOST", "ABORTED", "TIMEOUT")
+    assert elapsed < 1.5 + 6.0, f"the loss was named after {elapsed:.1f}s (heartbeat_timeout 1.5 s)"
+    # A new engine process takes the id; the next update forms a new NCCL group with it.
+    engines[1] = Engine(pub.endpoint, "engine-2", "fused", str(model.lm_head.weight.dtype).split(".")[1], 7, DEVICE)
+    engines[1].wait_ready()
+    deadline = time.monotonic() + 10
+    while pub.status()["members"].get("engine-2") not in ("joined", "rejoined") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pub.status()["members"].get("engine-2") in ("joined", "rejoined"), pub.status()["members"]
+    epoch = pub.status()["epoch"]
+    result = pub.weight_update(model.named_parameters())
+    assert pub.status()["epoch"] > epoch, "the group must re-form with the new engine-2"
+    for e in engines:
+        assert e.call("state") == ("consistent", result.version), e.worker_id
+        assert_same_weights(model, e)
