@@ -53,7 +53,10 @@ struct UpdateReport {
 };
 
 // Called for each tensor not registered as a destination. The view is valid
-// only during the call.
+// only during the call: on CUDA, device work the callback queues that reads
+// it (an asynchronous copy) must be complete when it returns, since the bytes
+// are reused right after (the Python on_weights waits for torch's current
+// stream for its callers).
 using TensorCallback = std::function<Status(const TensorView& view)>;
 using UpdateBeginHook = std::function<void(uint64_t version)>;
 // Runs after the update's bytes are in place (or the update failed), before

@@ -42,9 +42,18 @@ class Subscriber:
         """``fn(weights)`` receives every tensor not registered, as ``[(name, tensor)]``, like ``load_weights``.
 
         The tensor shares ParamCast's receive buffer and is valid only during
-        the call: copy what you keep (``param.copy_(tensor)`` does).
+        the call: copy what you keep (``param.copy_(tensor)`` does). On CUDA
+        such a copy is only queued on the current stream when ``fn`` returns;
+        ParamCast waits for that stream before the buffer takes other bytes.
         """
-        self._core.on_tensor(lambda ref: fn([(ref.name, to_framework(ref))]))
+        def deliver(ref):
+            tensor = to_framework(ref)
+            fn([(ref.name, tensor)])
+            if getattr(tensor, "is_cuda", False):
+                import torch
+                torch.cuda.current_stream(tensor.device).synchronize()
+
+        self._core.on_tensor(deliver)
         return fn
 
     def on_update_begin(self, fn):

@@ -30,6 +30,7 @@ if [ "${PACK_NO_BUILD:-0}" != 1 ]; then  # PACK_NO_BUILD=1: pack an existing bui
     -DPARAMCAST_BUILD_TESTS=ON -DPARAMCAST_BUILD_BENCH=ON -- "${targets[@]}"
 fi
 
+build="$(cd "$build" && pwd)"  # absolute: the header listing below runs from the source root
 rm -rf "$pack"
 mkdir -p "$pack/bin" "$pack/lib"
 for t in "${targets[@]}"; do

@@ -6,8 +6,11 @@
 # tensors over NCCL) first, then the CPU suites, which check the build itself.
 # Needs a C++20 compiler, Python's headers and pybind11 (pip's is enough) on
 # this machine; no network.
+# It fails when PyTorch sees no CUDA device (test_cuda.py would skip, and the
+# stage would pass having run nothing on a GPU) unless ALLOW_NO_CUDA=1.
 #   usage: python.sh [WORK_DIR]   (env: PYTHON=python3, NCCL_LIB_DIR=dir of libnccl.so.2,
-#                                  CUDA_HOME=/usr/local/cuda, PYTEST_FILES="test_cuda.py ...")
+#                                  CUDA_HOME=/usr/local/cuda (its lib64/libcudadevrt.a),
+#                                  PYTEST_FILES="test_cuda.py ...", ALLOW_NO_CUDA=1)
 set -euo pipefail
 pack="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="${1:-${TMPDIR:-/tmp}/paramcast-python}"
@@ -36,7 +39,7 @@ fi
 
 # The pack's libraries without its C++ runtime: python's (loaded with
 # PyTorch) is the machine's, newer than the build machine's.
-rm -rf "$work"
+rm -rf "$work/paramcast" "$work/lib"  # this script's outputs only: WORK_DIR may hold other things
 mkdir -p "$work/paramcast" "$work/lib"
 for f in "$pack"/lib/*; do
   case "$(basename "$f")" in libstdc++.so*|libgcc_s.so*) ;; *) ln -s "$f" "$work/lib/" ;; esac
@@ -48,7 +51,7 @@ shared=()
 for f in "$work"/lib/*.so*; do shared+=("$f"); done
 t0=$SECONDS
 c++ -O2 -std=c++20 -shared -fPIC -fvisibility=hidden -w \
-  -I"$src" -I"$pack/py/include" -isystem "$include" "${pybind_flags[@]}" -isystem "$cuda_home/include" \
+  -I"$src" -I"$pack/py/include" -isystem "$include" ${pybind_flags[@]+"${pybind_flags[@]}"} -isystem "$cuda_home/include" \
   "$src"/python/*.cc -o "$work/paramcast/_core$suffix" \
   -Wl,--start-group "$pack"/py/lib/*.a -Wl,--end-group \
   "${shared[@]}" "$nccl/libnccl.so.2" -L"$cuda_home/lib64" -lcudadevrt -lpthread -ldl -lrt \
@@ -58,6 +61,13 @@ echo "python.sh: built in $((SECONDS - t0)) s"
 export PYTHONPATH="$work${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$work/lib:$nccl"
 "$py" -c 'import paramcast, torch; print("python.sh: paramcast imports beside torch", torch.__version__)'
+if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  if [ "${ALLOW_NO_CUDA:-0}" != 1 ]; then
+    echo "python.sh: PyTorch sees no CUDA device: test_cuda.py would run nothing (ALLOW_NO_CUDA=1 to go on)" >&2
+    exit 1
+  fi
+  echo "python.sh: no CUDA device; ALLOW_NO_CUDA=1: the CUDA tests skip"
+fi
 cd "$src/tests/python"
 failed=0
 for f in ${PYTEST_FILES:-test_cuda.py test_tensors.py test_config.py test_sync.py test_faults.py}; do

@@ -76,6 +76,10 @@ echo "== pack $pack; NCCL from ${nccl_dir:-nowhere (NCCL stages will fail)}; log
 
 summary=()
 failed=0
+known="gpu_info data_pieces cuda_memory gloo_suite nccl_suite gpu_bench bench_nccl_separate bench_nccl_arena python"
+for name in ${STAGES:-}; do
+  if [[ " $known " != *" $name "* ]]; then echo "run.sh: STAGES names '$name'; the stages are: $known" >&2; exit 2; fi
+done
 # stage NAME SECONDS CMD...: runs bounded, logs to OUT/NAME.log, never stops the run.
 stage() {
   local name=$1 limit=$2 t0=$SECONDS rc

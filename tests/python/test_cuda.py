@@ -20,7 +20,6 @@ import tinylm as tinymodel  # noqa: E402
 from cluster import Engine, config_dict, cuda_config, share_one_gpu  # noqa: E402
 
 DEVICE = "cuda:0"
-share_one_gpu("trainer")  # this process is the publisher's rank
 
 
 def assert_same_weights(model, engine):
@@ -34,11 +33,13 @@ def assert_same_weights(model, engine):
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def cluster(request):
     torch.set_num_threads(1)
+    share_one_gpu("trainer")  # this process is the publisher's rank
     model = tinymodel.TinyLM(0, getattr(torch, request.param)).to(DEVICE)
     pub = paramcast.Publisher(cuda_config(config_dict(subscribers=2), DEVICE, side="publisher"))
-    engines = [Engine(pub.endpoint, "engine-1", "inplace", request.param, 1, DEVICE),
-               Engine(pub.endpoint, "engine-2", "fused", request.param, 2, DEVICE)]
+    engines = []
     try:
+        for worker, mode, seed in (("engine-1", "inplace", 1), ("engine-2", "fused", 2)):
+            engines.append(Engine(pub.endpoint, worker, mode, request.param, seed, DEVICE))
         for e in engines:
             e.wait_ready()
         pub.start()
@@ -70,9 +71,10 @@ def test_weights_written_on_a_side_stream_are_never_sent_stale(cluster):
     model, pub, engines = cluster
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream), torch.no_grad():
-        # The writes below land ~50 ms after weight_update is called: it must order its reads
-        # after the caller's current stream, not read what the tensors hold at the call.
-        torch.cuda._sleep(50_000_000)
+        # The writes below land about half a second after weight_update is called (a whole
+        # update takes 15-40 ms here): it must order its reads after the caller's current
+        # stream, not read what the tensors hold at the call.
+        torch.cuda._sleep(1_000_000_000)
         for p in model.parameters():
             p.add_(1.0)
         result = pub.weight_update(model.named_parameters())

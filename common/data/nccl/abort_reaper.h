@@ -15,7 +15,8 @@
 // shutting down") and crash the process. The first start() registers an exit
 // handler that waits, up to kExitWait, for every teardown still running. It
 // is registered after the CUDA runtime initialised (a communicator exists),
-// so it runs before the runtime unloads.
+// so it runs before the runtime unloads. Exits that skip exit handlers
+// (_exit, quick_exit, Python's os._exit) are not covered.
 //
 // Thread-safety: every member may be called from any thread.
 #pragma once
@@ -57,18 +58,25 @@ class AbortReaper {
     }
     static std::once_flag registered;
     std::call_once(registered, [] { std::atexit(wait_at_exit); });
-    thread_ = std::thread([state = state_, fn = std::move(teardown)] {
-      fn();
-      {
-        std::lock_guard<std::mutex> l(state->mu);
-        state->finished = true;
-      }
-      state->cv.notify_all();
-      InFlight& all = in_flight();
+    try {
+      thread_ = std::thread([state = state_, fn = std::move(teardown)]() mutable {
+        fn();
+        fn = nullptr;  // its captures go before the exit handler is told
+        {
+          std::lock_guard<std::mutex> l(state->mu);
+          state->finished = true;
+        }
+        state->cv.notify_all();
+        InFlight& all = in_flight();
+        std::lock_guard<std::mutex> l(all.mu);
+        --all.count;
+        all.cv.notify_all();
+      });
+    } catch (...) {  // no thread: nothing in flight for the exit handler to wait for
       std::lock_guard<std::mutex> l(all.mu);
       --all.count;
-      all.cv.notify_all();
-    });
+      throw;
+    }
     return true;
   }
 

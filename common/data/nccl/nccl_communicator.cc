@@ -135,14 +135,23 @@ class NcclCommunicator : public Communicator {
 struct NcclCommunicator::Event : Work {
   Event(NcclCommunicator* c, std::shared_ptr<Completion> d) : comm(c), done(std::move(d)) {}
   Status wait(Deadline deadline) override;
-  bool settled() override { return !done || done->is_done() || comm->reaper_.finished(); }
+  bool settled() override {
+    if (!status.ok()) return !queued || comm->reaper_.finished();
+    return !done || done->is_done() || comm->reaper_.finished();
+  }
   NcclCommunicator* comm;
   std::shared_ptr<Completion> done;  // null: nothing was issued
   Status status;
+  // The enqueue failed after ncclBroadcast took the work: its kernel may
+  // still write the buffer until the abort that followed ends.
+  bool queued = false;
   Clock::time_point issued = Clock::now();
 };
 
 Status NcclCommunicator::Event::wait(Deadline deadline) {
+  if (!status.ok() && queued && !comm->reaper_.wait_for(kAbortGrace))
+    PC_WARN("nccl (" << comm->where() << "): ncclCommAbort still running after "
+                     << std::chrono::seconds(kAbortGrace).count() << "s; the broadcast's buffer is let go");
   if (!status.ok() || !done) return status;
   for (;;) {
     if (done->wait_until(std::min(deadline, Clock::now() + kErrorPoll))) {
@@ -221,6 +230,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcast(void* data, size_t bytes, int 
     DeviceGuard g(options_.device.index);
     auto done = std::make_shared<Completion>();
     s = nccl_status(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast", comm_);
+    work->queued = s.ok();
     if (s.ok()) s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclBroadcast enqueue");
     if (s.ok()) {
       auto* arg = new std::shared_ptr<Completion>(done);
