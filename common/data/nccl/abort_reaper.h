@@ -16,13 +16,16 @@
 // handler that waits, up to kExitWait, for every teardown still running. It
 // is registered after the CUDA runtime initialised (a communicator exists),
 // so it runs before the runtime unloads. Exits that skip exit handlers
-// (_exit, quick_exit, Python's os._exit) are not covered.
+// (_exit, quick_exit, Python's os._exit) are not covered. A child forked
+// meanwhile starts with nothing in flight.
 //
 // Thread-safety: every member may be called from any thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <pthread.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -57,7 +60,17 @@ class AbortReaper {
       ++all.count;
     }
     static std::once_flag registered;
-    std::call_once(registered, [] { std::atexit(wait_at_exit); });
+    std::call_once(registered, [] {
+      std::atexit(wait_at_exit);
+      // A forked child has none of the parent's threads: it starts with
+      // nothing in flight (else its exit would wait out kExitWait), and the
+      // lock is held across fork so that the child never inherits it taken.
+      pthread_atfork([] { in_flight().mu.lock(); }, [] { in_flight().mu.unlock(); },
+                     [] {
+                       in_flight().count = 0;
+                       in_flight().mu.unlock();
+                     });
+    });
     try {
       thread_ = std::thread([state = state_, fn = std::move(teardown)]() mutable {
         fn();

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <set>
@@ -161,6 +164,29 @@ TEST(AbortReaperDeathTest, ProcessExitWaitsForATeardownStillRunning) {
         std::exit(7);
       },
       ::testing::ExitedWithCode(7), "teardowns running at exit: 1\n(.|\n)*teardown finished");
+}
+
+// A child forked while a teardown runs in its parent has no such thread: its
+// exit does not wait for one (it waited out the 20 s exit bound before).
+TEST(AbortReaperDeathTest, ForkedChildExitsWithoutWaitingForItsParentsTeardown) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        double secs = 0;
+        {
+          AbortReaper reaper;
+          reaper.start([] { std::this_thread::sleep_for(std::chrono::seconds(2)); });
+          const auto t0 = std::chrono::steady_clock::now();
+          const pid_t child = fork();
+          if (child == 0) std::exit(0);
+          int status = 0;
+          waitpid(child, &status, 0);
+          secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }  // detached, still sleeping: this process's exit waits for it
+        std::fprintf(stderr, "forked child exited in %.2f s\n", secs);
+        std::exit(secs < 10 ? 7 : 8);  // 10 s: far above a loaded fork, far below the 20 s bound
+      },
+      ::testing::ExitedWithCode(7), "forked child exited in");
 }
 
 TEST(AbortReaperTest, NeverStartedReaperIsFinishedNowhere) {
