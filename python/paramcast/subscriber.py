@@ -5,7 +5,7 @@ import time
 from . import _core
 from . import _lifetime
 from ._config import load_config
-from ._tensors import for_dlpack, named_items, to_framework
+from ._tensors import _torch_module, for_dlpack, named_items, to_framework
 from .errors import DeadlineExceeded
 
 _SLICE_SECONDS = 0.05
@@ -50,8 +50,7 @@ class Subscriber:
             tensor = to_framework(ref)
             fn([(ref.name, tensor)])
             if getattr(tensor, "is_cuda", False):
-                import torch
-                torch.cuda.current_stream(tensor.device).synchronize()
+                _torch_module().cuda.current_stream(tensor.device).synchronize()
 
         self._core.on_tensor(deliver)
         return fn

@@ -101,6 +101,26 @@ def _engine_main(conn, endpoint, worker_id, mode, dtype, seed, device="cpu"):
     conn.send("stopped")
 
 
+def kill_and_expect_named(pub, model, engine, label="lost engine"):
+    """Kills `engine`'s process; the next update must fail naming it within the heartbeat bound."""
+    import paramcast
+    import pytest
+
+    pub.weight_update(model.named_parameters())
+    engine.proc.kill()
+    engine.proc.join()
+    killed = time.monotonic()
+    with pytest.raises(paramcast.UpdateError) as err:
+        pub.weight_update(model.named_parameters())
+    elapsed = time.monotonic() - killed
+    print(f"{label} named after {elapsed:.2f}s: {err.value}")
+    assert engine.worker_id in str(err.value)
+    assert err.value.code in ("PEER_LOST", "ABORTED", "TIMEOUT")
+    # heartbeat_timeout is 1.5 s (config_dict); the margin is for a loaded machine.
+    assert elapsed < 1.5 + 6.0, f"the loss was named after {elapsed:.1f}s"
+    return err.value
+
+
 class Engine:
     """One engine process: mode "inplace" (register) or "fused" (on_weights + load_weights)."""
 

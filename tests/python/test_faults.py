@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import paramcast  # noqa: E402
 
 import tinylm as tinymodel  # noqa: E402
-from cluster import Engine, config_dict  # noqa: E402
+from cluster import Engine, config_dict, kill_and_expect_named  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "python")
@@ -101,18 +101,7 @@ def test_lost_engine_is_named_within_the_heartbeat_bound():
             for e in engines:
                 e.wait_ready()
             pub.start()
-            pub.weight_update(model.named_parameters())
-            engines[1].proc.kill()
-            engines[1].proc.join()
-            killed = time.monotonic()
-            with pytest.raises(paramcast.UpdateError) as err:
-                pub.weight_update(model.named_parameters())
-            elapsed = time.monotonic() - killed
-            print(f"lost engine named after {elapsed:.2f}s: {err.value}")
-            assert "engine-2" in str(err.value)
-            assert err.value.code in ("PEER_LOST", "ABORTED", "TIMEOUT")
-            # heartbeat_timeout is 1.5 s; the margin is for a loaded machine.
-            assert elapsed < 1.5 + 6.0, f"the loss was named after {elapsed:.1f}s"
+            kill_and_expect_named(pub, model, engines[1])
             deadline = time.monotonic() + 10
             while pub.status()["members"].get("engine-2") != "lost" and time.monotonic() < deadline:
                 time.sleep(0.05)

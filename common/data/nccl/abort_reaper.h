@@ -22,10 +22,10 @@
 // Thread-safety: every member may be called from any thread.
 #pragma once
 
-#include <chrono>
-#include <condition_variable>
 #include <pthread.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>

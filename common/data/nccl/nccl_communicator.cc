@@ -146,12 +146,17 @@ struct NcclCommunicator::Event : Work {
   // still write the buffer until the abort that followed ends.
   bool queued = false;
   Clock::time_point issued = Clock::now();
+  // After an abort: the broadcast's kernel may still write its buffer until
+  // the abort ends, so wait for it (bounded) before the caller reuses it.
+  void await_abort() const {
+    if (!comm->reaper_.wait_for(kAbortGrace))
+      PC_WARN("nccl (" << comm->where() << "): ncclCommAbort still running after "
+                       << std::chrono::seconds(kAbortGrace).count() << "s; the broadcast's buffer is let go");
+  }
 };
 
 Status NcclCommunicator::Event::wait(Deadline deadline) {
-  if (!status.ok() && queued && !comm->reaper_.wait_for(kAbortGrace))
-    PC_WARN("nccl (" << comm->where() << "): ncclCommAbort still running after "
-                     << std::chrono::seconds(kAbortGrace).count() << "s; the broadcast's buffer is let go");
+  if (!status.ok() && queued) await_abort();
   if (!status.ok() || !done) return status;
   for (;;) {
     if (done->wait_until(std::min(deadline, Clock::now() + kErrorPoll))) {
@@ -181,10 +186,7 @@ Status NcclCommunicator::Event::wait(Deadline deadline) {
     } else {
       continue;
     }
-    // The broadcast's kernel may still write its buffer until the abort ends.
-    if (!done->is_done() && !comm->reaper_.wait_for(kAbortGrace))
-      PC_WARN("nccl (" << comm->where() << "): ncclCommAbort still running after "
-                       << std::chrono::seconds(kAbortGrace).count() << "s; the broadcast's buffer is let go");
+    if (!done->is_done()) await_abort();
     return failure;
   }
 }
