@@ -10,12 +10,13 @@ if(PARAMCAST_WITH_NCCL STREQUAL "OFF")
 endif()
 
 find_package(CUDAToolkit QUIET)
-set(_nccl_hints ${NCCL_HOME} $ENV{NCCL_HOME} ${CUDA_HOME} $ENV{CUDA_HOME})
+# /opt/paramcast/nccl: where deploy/install-deps.sh puts NCCL from PyPI.
+set(_nccl_hints ${NCCL_HOME} $ENV{NCCL_HOME} ${CUDA_HOME} $ENV{CUDA_HOME} /opt/paramcast/nccl)
 if(CUDAToolkit_FOUND)
   list(APPEND _nccl_hints ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_TARGET_DIR})
 endif()
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 
 set(_missing "")
 if(NOT CUDAToolkit_FOUND)

@@ -1,5 +1,6 @@
 #include "common/plan.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "common/xxhash.h"
@@ -41,19 +42,17 @@ uint64_t manifest_hash(const std::vector<TensorSpec>& tensors) {
   return h.digest();
 }
 
-StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
-                                const DataPlaneOptions& options) {
+namespace {
+// The specs' checks and per-tensor sizes, shared by both kinds of plan.
+// `each(i, nbytes)` runs for every tensor once checked.
+template <typename F>
+StatusOr<UpdatePlan> plan_tensors(uint64_t version, const std::vector<TensorSpec>& tensors,
+                                  const DataPlaneOptions& options, F&& each) {
   UpdatePlan plan;
   plan.version = version;
   plan.tensors = tensors;
   plan.checksum = options.checksum;
-  const uint64_t bucket = options.bucket_bytes;
   std::unordered_set<std::string> names;
-  PlanBucket open;
-  auto flush = [&] {
-    if (!open.pieces.empty()) plan.buckets.push_back(std::move(open));
-    open = PlanBucket();
-  };
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     if (t.name.empty()) return invalid_argument("tensor #" + std::to_string(i) + " has an empty name");
@@ -64,23 +63,92 @@ StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>&
     auto total = checked_add(plan.total_bytes, *n);
     if (!total) return invalid_argument("total update size overflows 64 bits at tensor '" + t.name + "'");
     plan.total_bytes = *total;
-    if (*n >= options.direct_min_bytes && *n > 0) {
-      for (uint64_t off = 0; off < *n; off += bucket) {
-        const uint64_t len = std::min(bucket, *n - off);
+    each(plan, i, *n);
+  }
+  plan.manifest_hash = manifest_hash(tensors);
+  return plan;
+}
+}  // namespace
+
+StatusOr<UpdatePlan> build_streamed_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
+                                         const DataPlaneOptions& options) {
+  auto plan = plan_tensors(version, tensors, options, [](UpdatePlan&, uint32_t, uint64_t) {});
+  if (!plan.ok()) return plan;
+  plan->streamed = true;
+  plan->bucket_bytes = options.bucket_bytes;
+  for (uint64_t n : plan->nbytes)  // a packed tensor larger than a bucket has one of its own
+    if (n < options.direct_min_bytes) plan->bucket_bytes = std::max(plan->bucket_bytes, n);
+  plan->covered.assign(plan->tensors.size(), 0);
+  return plan;
+}
+
+Status check_bucket(const UpdatePlan& plan, const PlanBucket& b, std::vector<uint64_t>& covered) {
+  const std::string v = "plan v" + std::to_string(plan.version);
+  if (b.pieces.empty()) return protocol_error(v + ": a bucket without pieces");
+  for (const auto& piece : b.pieces) {
+    if (piece.tensor >= plan.tensors.size())
+      return protocol_error(v + ": piece names tensor #" + std::to_string(piece.tensor) + " of " +
+                            std::to_string(plan.tensors.size()));
+    auto tend = checked_add(piece.tensor_offset, piece.length);
+    auto bend = checked_add(piece.bucket_offset, piece.length);
+    if (!tend || !bend || *tend > plan.nbytes[piece.tensor] || *bend > b.bytes)
+      return protocol_error(v + ": piece of tensor '" + plan.tensors[piece.tensor].name +
+                            "' lies outside its tensor or bucket");
+    covered[piece.tensor] += piece.length;
+    if (covered[piece.tensor] > plan.nbytes[piece.tensor])
+      return protocol_error(v + ": buckets cover more than the " + std::to_string(plan.nbytes[piece.tensor]) +
+                            " bytes of '" + plan.tensors[piece.tensor].name + "'");
+  }
+  if (b.direct && (b.pieces.size() != 1 || b.pieces[0].length != b.bytes))
+    return protocol_error(v + ": direct bucket must be one whole piece");
+  return Status();
+}
+
+Status UpdatePlan::add_streamed_bucket(PlanBucket b) {
+  if (!streamed) return internal_error("add_streamed_bucket on a plan that lists its buckets");
+  if (b.bytes > bucket_bytes)
+    return protocol_error("plan v" + std::to_string(version) + ": streamed bucket " + std::to_string(buckets.size()) +
+                          " of " + std::to_string(b.bytes) + " bytes exceeds the plan's bucket size " +
+                          std::to_string(bucket_bytes));
+  PC_RETURN_IF_ERROR(check_bucket(*this, b, covered));
+  buckets.push_back(std::move(b));
+  return Status();
+}
+
+Status UpdatePlan::end_stream() const {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (covered[i] != nbytes[i])
+      return protocol_error("plan v" + std::to_string(version) + ": the stream ended with " +
+                            std::to_string(covered[i]) + " of the " + std::to_string(nbytes[i]) + " bytes of '" +
+                            tensors[i].name + "' sent");
+  return Status();
+}
+
+StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
+                                const DataPlaneOptions& options) {
+  const uint64_t bucket = options.bucket_bytes;
+  PlanBucket open;
+  auto flush = [&](UpdatePlan& plan) {
+    if (!open.pieces.empty()) plan.buckets.push_back(std::move(open));
+    open = PlanBucket();
+  };
+  auto plan = plan_tensors(version, tensors, options, [&](UpdatePlan& plan, uint32_t i, uint64_t n) {
+    if (n >= options.direct_min_bytes && n > 0) {
+      for (uint64_t off = 0; off < n; off += bucket) {
+        const uint64_t len = std::min(bucket, n - off);
         plan.buckets.push_back(PlanBucket{len, true, {PlanPiece{i, off, 0, len}}});
       }
-      continue;
+      return;
     }
     uint64_t at = (open.bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
-    if (!open.pieces.empty() && at + *n > bucket) {
-      flush();
+    if (!open.pieces.empty() && at + n > bucket) {
+      flush(plan);
       at = 0;
     }
-    open.pieces.push_back(PlanPiece{i, 0, at, *n});
-    open.bytes = at + *n;
-  }
-  flush();
-  plan.manifest_hash = manifest_hash(tensors);
+    open.pieces.push_back(PlanPiece{i, 0, at, n});
+    open.bytes = at + n;
+  });
+  if (plan.ok()) flush(*plan);
   return plan;
 }
 

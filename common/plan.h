@@ -7,6 +7,13 @@
 // direct chunks; smaller tensors are packed, 256-byte aligned, into buckets of
 // at most `bucket_bytes`. The order of buckets is the order of broadcasts.
 //
+// A streamed plan (Publisher::begin_update) names its tensors up front but
+// not its buckets: the publisher lays them out as the trainer hands it
+// tensors, in arrival order, and announces each before its broadcast;
+// add_streamed_bucket() checks and appends one, end_stream() checks that
+// every tensor was covered. A partial plan carries a subset of the engines'
+// tensors (the others keep their bytes).
+//
 // Thread-safety: plain values. The wire form is in common/plan_proto.h: this
 // header reaches the public API (publisher.h) and names no Cap'n Proto type.
 #pragma once
@@ -44,6 +51,16 @@ struct UpdatePlan {
   std::vector<PlanBucket> buckets;
   Checksum checksum = Checksum::kNone;
   uint64_t total_bytes = 0;
+  bool streamed = false;      // buckets arrive one by one (add_streamed_bucket)
+  uint64_t bucket_bytes = 0;  // streamed: no bucket is larger
+  bool partial = false;       // a subset of the engines' tensors
+  // Streamed plans: checks bucket `b` against the tensors (pieces inside
+  // their tensor and the bucket, a tensor's bytes covered at most once, no
+  // bucket above bucket_bytes) and appends it; and, once the publisher says
+  // the stream ended, that every tensor was covered whole.
+  Status add_streamed_bucket(PlanBucket b);
+  Status end_stream() const;
+  std::vector<uint64_t> covered;  // streamed: bytes of each tensor laid out so far
   // Names of the tensors a bucket carries, for error messages ("a, b, c" / "+N more").
   std::string bucket_tensor_names(size_t bucket) const;
   // If the non-empty pieces of packed bucket `bucket` tile it without gaps
@@ -87,5 +104,11 @@ uint64_t manifest_hash(const std::vector<TensorSpec>& tensors);
 // Validates the specs (non-empty unique names, sizes without overflow) and lays out buckets.
 StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
                                 const DataPlaneOptions& options);
+// The same checks for a streamed plan: the tensors only, buckets to follow.
+StatusOr<UpdatePlan> build_streamed_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
+                                         const DataPlaneOptions& options);
+// Checks one bucket's pieces against `plan`'s tensors (shared by received
+// plans and streamed buckets); adds each piece's length to covered[tensor].
+Status check_bucket(const UpdatePlan& plan, const PlanBucket& b, std::vector<uint64_t>& covered);
 
 }  // namespace paramcast

@@ -26,6 +26,28 @@ Mismatch::Kind mismatch_kind_from_proto(proto::MismatchKind k) {
   return Mismatch::Kind::kOther;
 }
 
+PlanBucket bucket_from_proto(proto::Bucket::Reader in) {
+  PlanBucket bucket;
+  bucket.bytes = in.getBytes();
+  bucket.direct = in.getDirect();
+  for (auto p : in.getPieces())
+    bucket.pieces.push_back(PlanPiece{p.getTensor(), p.getTensorOffset(), p.getBucketOffset(), p.getLength()});
+  return bucket;
+}
+
+void bucket_to_proto(const PlanBucket& src, proto::Bucket::Builder dst) {
+  dst.setBytes(src.bytes);
+  dst.setDirect(src.direct);
+  auto pieces = dst.initPieces(static_cast<unsigned>(src.pieces.size()));
+  for (size_t p = 0; p < src.pieces.size(); ++p) {
+    auto d = pieces[static_cast<unsigned>(p)];
+    d.setTensor(src.pieces[p].tensor);
+    d.setTensorOffset(src.pieces[p].tensor_offset);
+    d.setBucketOffset(src.pieces[p].bucket_offset);
+    d.setLength(src.pieces[p].length);
+  }
+}
+
 void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
   out.setVersion(plan.version);
   out.setManifestHash(plan.manifest_hash);
@@ -44,20 +66,10 @@ void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
     e.setNbytes(plan.nbytes[i]);
   }
   auto buckets = out.initBuckets(static_cast<unsigned>(plan.buckets.size()));
-  for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    const auto& src = plan.buckets[b];
-    auto dst = buckets[static_cast<unsigned>(b)];
-    dst.setBytes(src.bytes);
-    dst.setDirect(src.direct);
-    auto pieces = dst.initPieces(static_cast<unsigned>(src.pieces.size()));
-    for (size_t p = 0; p < src.pieces.size(); ++p) {
-      auto d = pieces[static_cast<unsigned>(p)];
-      d.setTensor(src.pieces[p].tensor);
-      d.setTensorOffset(src.pieces[p].tensor_offset);
-      d.setBucketOffset(src.pieces[p].bucket_offset);
-      d.setLength(src.pieces[p].length);
-    }
-  }
+  for (size_t b = 0; b < plan.buckets.size(); ++b) bucket_to_proto(plan.buckets[b], buckets[static_cast<unsigned>(b)]);
+  out.setStreamed(plan.streamed);
+  out.setBucketBytes(plan.bucket_bytes);
+  out.setPartial(plan.partial);
 }
 
 StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
@@ -92,32 +104,30 @@ StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
   }
   if (plan.total_bytes != in.getTotalBytes())
     return protocol_error("plan v" + std::to_string(plan.version) + ": total bytes disagree with the tensors");
+  plan.streamed = in.getStreamed();
+  plan.partial = in.getPartial();
+  plan.bucket_bytes = in.getBucketBytes();
   std::vector<uint64_t> covered(plan.tensors.size(), 0);
-  for (auto b : in.getBuckets()) {
-    PlanBucket bucket;
-    bucket.bytes = b.getBytes();
-    bucket.direct = b.getDirect();
-    for (auto p : b.getPieces()) {
-      PlanPiece piece{p.getTensor(), p.getTensorOffset(), p.getBucketOffset(), p.getLength()};
-      if (piece.tensor >= plan.tensors.size())
-        return protocol_error("plan v" + std::to_string(plan.version) + ": piece names tensor #" +
-                              std::to_string(piece.tensor) + " of " + std::to_string(plan.tensors.size()));
-      auto tend = checked_add(piece.tensor_offset, piece.length);
-      auto bend = checked_add(piece.bucket_offset, piece.length);
-      if (!tend || !bend || *tend > plan.nbytes[piece.tensor] || *bend > bucket.bytes)
-        return protocol_error("plan v" + std::to_string(plan.version) + ": piece of tensor '" +
-                              plan.tensors[piece.tensor].name + "' lies outside its tensor or bucket");
-      covered[piece.tensor] += piece.length;
-      bucket.pieces.push_back(piece);
+  if (plan.streamed) {
+    if (in.getBuckets().size() != 0)
+      return protocol_error("plan v" + std::to_string(plan.version) + ": a streamed plan lists buckets");
+    if (plan.bucket_bytes == 0 || plan.bucket_bytes > kMaxStreamedBucketBytes)
+      return protocol_error("plan v" + std::to_string(plan.version) + ": streamed bucket size " +
+                            std::to_string(plan.bucket_bytes) + " is not in 1.." +
+                            std::to_string(kMaxStreamedBucketBytes));
+    plan.covered = std::move(covered);
+  } else {
+    for (auto b : in.getBuckets()) {
+      auto bucket = bucket_from_proto(b);
+      PC_RETURN_IF_ERROR(check_bucket(plan, bucket, covered));
+      plan.buckets.push_back(std::move(bucket));
     }
-    if (bucket.direct && (bucket.pieces.size() != 1 || bucket.pieces[0].length != bucket.bytes))
-      return protocol_error("plan v" + std::to_string(plan.version) + ": direct bucket must be one whole piece");
-    plan.buckets.push_back(std::move(bucket));
+    for (size_t i = 0; i < covered.size(); ++i)
+      if (covered[i] != plan.nbytes[i])
+        return protocol_error("plan v" + std::to_string(plan.version) + ": buckets cover " +
+                              std::to_string(covered[i]) + " of the " + std::to_string(plan.nbytes[i]) +
+                              " bytes of '" + plan.tensors[i].name + "'");
   }
-  for (size_t i = 0; i < covered.size(); ++i)
-    if (covered[i] != plan.nbytes[i])
-      return protocol_error("plan v" + std::to_string(plan.version) + ": buckets cover " + std::to_string(covered[i]) +
-                            " of the " + std::to_string(plan.nbytes[i]) + " bytes of '" + plan.tensors[i].name + "'");
   if (manifest_hash(plan.tensors) != plan.manifest_hash)
     return protocol_error("plan v" + std::to_string(plan.version) + ": manifest hash does not match its tensors");
   return plan;

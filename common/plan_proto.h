@@ -11,7 +11,15 @@
 
 namespace paramcast {
 
+// A streamed plan's buckets are at most this large on the wire: a receiver
+// stages two of them, so a hostile size must not make it allocate more.
+inline constexpr uint64_t kMaxStreamedBucketBytes = 16ull << 30;
+
 void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out);
+// One bucket's layout, as the Plan lists it or BucketLayouts announces it
+// (unchecked: check_bucket in common/plan.h does that against the plan).
+void bucket_to_proto(const PlanBucket& bucket, proto::Bucket::Builder out);
+PlanBucket bucket_from_proto(proto::Bucket::Reader in);
 // Reads and cross-checks a plan from the wire (pieces in range, sizes adding up, hash).
 StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in);
 

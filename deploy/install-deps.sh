@@ -3,9 +3,12 @@
 # Debian 12 / Ubuntu 22.04+. Idempotent and non-interactive: packages already
 # present are not touched, and apt runs only when something is missing.
 #
-# The CUDA Toolkit and NCCL are not Debian packages; the build uses them when
-# found (CUDA's standard prefix, or NCCL_HOME / CUDA_HOME) and otherwise builds
-# the Gloo data plane only (see PARAMCAST_WITH_NCCL in the README).
+# The CUDA Toolkit is not a Debian package; where it is installed (CUDA's
+# standard prefix, or CUDA_HOME) and NCCL is not, NCCL comes from PyPI (the
+# nvidia-nccl-cu13 wheel, the same NCCL the GPU machines run) into
+# /opt/paramcast/nccl, where cmake/FindNCCL.cmake looks: the NCCL data plane
+# then compiles and links in every build, and its tests skip, saying why,
+# without a device. Without CUDA the build has the Gloo data plane only.
 set -euo pipefail
 
 packages=(
@@ -24,13 +27,38 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+# NCCL from PyPI where CUDA is present and NCCL is not (version pinned: the
+# one the lent GPU machines carry, so that a build here links against what
+# runs there).
+nccl_prefix=/opt/paramcast/nccl
+nccl_wheel="nvidia-nccl-cu13==2.28.9"
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+install_nccl() {
+  [ -x "$cuda_home/bin/nvcc" ] || return 0
+  [ -f "$cuda_home/include/nccl.h" ] || [ -f "${NCCL_HOME:-/nonexistent}/include/nccl.h" ] && return 0
+  [ -f "$nccl_prefix/include/nccl.h" ] && [ -e "$nccl_prefix/lib/libnccl.so" ] && return 0
+  local py pip_dir
+  py="$(command -v python3)"
+  echo "install-deps: NCCL from PyPI ($nccl_wheel) into $nccl_prefix"
+  pip_dir="$(mktemp -d)"
+  $SUDO "$py" -m pip install --quiet --disable-pip-version-check --no-deps --target "$pip_dir" "$nccl_wheel"
+  $SUDO mkdir -p "$nccl_prefix"
+  $SUDO rm -rf "$nccl_prefix/include" "$nccl_prefix/lib"
+  $SUDO cp -r "$pip_dir/nvidia/nccl/include" "$pip_dir/nvidia/nccl/lib" "$nccl_prefix/"
+  $SUDO ln -sf libnccl.so.2 "$nccl_prefix/lib/libnccl.so"
+  $SUDO rm -rf "$pip_dir"
+}
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 if [ ${#missing[@]} -eq 0 ]; then
+  install_nccl
   exit 0
 fi
 
-SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null; then SUDO="sudo"; else
+  if [ -z "$SUDO" ]; then
     echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2
     exit 1
   fi
@@ -39,4 +67,5 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_nccl
 echo "install-deps: done"

@@ -189,8 +189,14 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
       cv_.notify_all();
       return;
     }
+    case B::BUCKET_LAYOUTS: return on_layouts(body.getBucketLayouts());
     case B::ABANDON: {
       auto a = body.getAbandon();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        abandoned_version_ = std::max(abandoned_version_, a.getVersion());
+        cv_.notify_all();  // a receive waiting for a layout or checksum gives up
+      }
       if (pending_plan_ && pending_plan_->version == a.getVersion()) pending_plan_.reset();
       abort_comm(std::string("publisher abandoned the update: ") + a.getReason().cStr(), a.getVersion());
       return;
@@ -227,6 +233,8 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
     std::lock_guard<std::mutex> lock(mu_);
     epoch_ = epoch;
     checksums_.clear();
+    layouts_.clear();
+    stream_end_.clear();
   }
   client_->set_epoch(epoch);
   push_job(std::move(job));
@@ -271,6 +279,25 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
     answer_plan(version, mismatches);
   }
   push_job(std::move(job));
+}
+
+// A streamed plan's bucket layouts, kept until the data thread takes them.
+// Bounded: a publisher cannot make this member hold more than
+// kMaxPendingLayouts of them (the data thread takes each as it goes).
+void SubscriberImpl::on_layouts(proto::BucketLayouts::Reader l) {
+  constexpr size_t kMaxPendingLayouts = 1 << 16;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t k = l.getFirst();
+  for (auto b : l.getBuckets()) {
+    if (layouts_.size() >= kMaxPendingLayouts) {
+      PC_WARN(id_ << ": more than " << kMaxPendingLayouts << " bucket layouts pending; v" << l.getVersion()
+                  << " bucket " << k << " and later dropped");
+      break;
+    }
+    layouts_[{l.getVersion(), k++}] = bucket_from_proto(b);
+  }
+  if (l.getEnd()) stream_end_[l.getVersion()] = k;
+  cv_.notify_all();
 }
 
 // PlanAccept, or PlanReject with every mismatch.
@@ -414,7 +441,9 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
   const UpdatePlan& plan = *job.plan;
   if (!comm) return aborted("no communicator for epoch " + std::to_string(job.epoch));
   if (!job.discard.empty()) {
-    Status s = receiver_->drop(plan, *comm, deadline());
+    transfer::BucketReceiver::Hooks hooks;
+    hooks.next_bucket = [&](size_t k, bool wait, PlanBucket& b) { return next_bucket(plan.version, k, wait, b); };
+    Status s = receiver_->drop(*job.plan, *comm, hooks, deadline());
     collective_done = s.ok();
     if (!s.ok()) return s;
     return rejected("precommitted plan v" + std::to_string(plan.version) + " does not fit this worker (" +
@@ -433,9 +462,34 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
   transfer::BucketReceiver::Hooks hooks;
   hooks.expected_checksum = [&](size_t k) { return expected_checksum(plan.version, k); };
   hooks.on_tensor = callback_;
-  Status s = receiver_->receive(plan, dest, *comm, hooks, deadline());
+  hooks.next_bucket = [&](size_t k, bool wait, PlanBucket& b) { return next_bucket(plan.version, k, wait, b); };
+  Status s = receiver_->receive(*job.plan, dest, *comm, hooks, deadline());
   collective_done = s.ok();
   return s;
+}
+
+StatusOr<SubscriberImpl::Next> SubscriberImpl::next_bucket(uint64_t version, size_t bucket, bool wait,
+                                                            PlanBucket& out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto key = std::make_pair(version, static_cast<uint32_t>(bucket));
+  auto ready = [&] {
+    auto end = stream_end_.find(version);
+    return layouts_.count(key) || (end != stream_end_.end() && end->second <= bucket);
+  };
+  auto gone = [&] { return stopping_ || !client_->joined() || abandoned_version_ >= version; };
+  if (!ready() && !wait) return Next::kNotYet;
+  if (!cv_.wait_until(lock, deadline_, [&] { return ready() || gone(); }))
+    return timeout_error("the layout of streamed bucket " + std::to_string(bucket) + " of v" + std::to_string(version) +
+                         " never arrived within update_timeout (" + format_duration(update_cap_) + ")");
+  if (auto it = layouts_.find(key); it != layouts_.end()) {
+    out = std::move(it->second);
+    layouts_.erase(it);
+    return Next::kReady;
+  }
+  if (ready()) return Next::kEnded;
+  if (stopping_) return aborted("subscriber stopping");
+  if (abandoned_version_ >= version) return aborted("the publisher abandoned v" + std::to_string(version));
+  return peer_lost("publisher lost before the layout of streamed bucket " + std::to_string(bucket) + " arrived");
 }
 
 StatusOr<uint64_t> SubscriberImpl::expected_checksum(uint64_t version, size_t bucket) {
@@ -471,6 +525,9 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     receiving_version_ = 0;
     for (auto it = checksums_.begin(); it != checksums_.end();)
       it = it->first.first <= plan.version ? checksums_.erase(it) : std::next(it);
+    for (auto it = layouts_.begin(); it != layouts_.end();)
+      it = it->first.first <= plan.version ? layouts_.erase(it) : std::next(it);
+    stream_end_.erase(stream_end_.begin(), stream_end_.upper_bound(plan.version));
     if (s.ok()) {
       state_.kind = WeightStateKind::kConsistent;
       state_.version = plan.version;

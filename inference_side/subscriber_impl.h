@@ -85,6 +85,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   void receive(const Job& job);
   Status move(const Job& job, Communicator* comm, bool& collective_done);
   StatusOr<uint64_t> expected_checksum(uint64_t version, size_t bucket);
+  using Next = transfer::BucketReceiver::Hooks::Next;
+  StatusOr<Next> next_bucket(uint64_t version, size_t bucket, bool wait, PlanBucket& out);
+  void on_layouts(proto::BucketLayouts::Reader layouts);
   uint64_t combined_checksum(const UpdatePlan& plan);
   void report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
               std::chrono::milliseconds receive_time, const std::vector<LinkStats>& links);
@@ -119,6 +122,11 @@ class SubscriberImpl : public control::ControlClient::Listener {
     return deadline_;
   }
   std::map<std::pair<uint64_t, uint32_t>, uint64_t> checksums_;
+  // Streamed plans: bucket layouts announced and not yet taken, and the
+  // bucket count of each stream that ended (by version).
+  std::map<std::pair<uint64_t, uint32_t>, PlanBucket> layouts_;
+  std::map<uint64_t, uint64_t> stream_end_;
+  uint64_t abandoned_version_ = 0;  // the last update the publisher abandoned
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_
   std::shared_ptr<UpdatePlan> pending_plan_;  // control thread only

@@ -9,8 +9,10 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("paramcast::proto");
 
-const protocolVersion :UInt32 = 2;
+const protocolVersion :UInt32 = 3;
 # Bumped on any change that an older peer cannot understand.
+# 3: streamed plans (Plan.streamed, BucketLayouts) and partial plans
+#    (Plan.partial): a version-2 subscriber would misread both.
 # 2: member connections are "member/<id>/<nonce>" (no longer the bare worker
 #    id); a member Hello is taken only after its probe; text length limits.
 
@@ -265,6 +267,15 @@ struct Plan {
   # cannot take the plan answers PlanReject, still receives every bucket
   # (dropping them: the collective must complete), and reports Applied with
   # ok = false and the rejected code; its tensors are untouched.
+  streamed @7 :Bool;
+  # `buckets` is empty: the trainer hands the publisher its tensors one at a
+  # time (Publisher::begin_update), and the publisher lays each bucket out
+  # in arrival order and announces it in BucketLayouts before its broadcast.
+  bucketBytes @8 :UInt64;
+  # Streamed plans: no bucket is larger (what a receiver stages at most).
+  partial @9 :Bool;
+  # The update carries a subset of the engines' tensors: a registered tensor
+  # it does not name keeps its bytes (no missingName mismatch for it).
 }
 
 enum MismatchKind {
@@ -320,6 +331,19 @@ struct BucketChecksums {
   # Index of the first bucket covered.
   values @2 :List(UInt64);
   # xxh64 of buckets first, first+1, ...
+}
+
+struct BucketLayouts {
+  # A streamed plan's buckets, announced as the publisher seals them.
+  version @0 :UInt64;
+  # Update the buckets belong to.
+  first @1 :UInt32;
+  # Index of the first bucket listed (broadcast order).
+  buckets @2 :List(Bucket);
+  # Layouts of buckets first, first+1, ...; each is checked against the
+  # plan's tensors and bucketBytes before its broadcast is received.
+  end @3 :Bool;
+  # No bucket follows: first + the length of `buckets` is the bucket count.
 }
 
 struct Applied {
@@ -438,5 +462,6 @@ struct Envelope {
     applied @20 :Applied;
     statusRequest @21 :StatusRequest;
     statusReply @22 :StatusReply;
+    bucketLayouts @23 :BucketLayouts;
   }
 }

@@ -149,52 +149,66 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
   const auto t0 = Clock::now();
   cap_ = t0 + cfg_.publisher.update_timeout;  // plan, move and applied all end by then
   UpdateResult r;
-  auto plan = make_plan(tensors, options.version, r);
+  r.tensors = tensors.size();
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) specs.push_back(t.spec);
+  Status checked = check_tensors(tensors);
+  auto plan = checked.ok() ? make_plan(specs, options, false, r) : StatusOr<UpdatePlan>(checked);
   if (plan.ok()) run(*plan, tensors, options, r);
   else r.status = plan.status();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  log_result(r);
+  return r;
+}
+
+void PublisherImpl::log_result(const UpdateResult& r) const {
   if (!r.ok()) {
     PC_WARN("publisher: update v" << r.version << " failed: " << r.status.to_string());
   } else if (!r.missing.empty()) {
     PC_WARN("publisher: update v" << r.version << " applied to " << r.subscribers.size() << " of "
                                   << cfg_.expected_count() << " subscribers; missing: " << join_ids(r.missing));
   }
-  return r;
 }
 
-// 1. Plan: checks the caller's tensors and lays out the buckets. The version
-// is reserved even when the update fails later: it is never reused.
-StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorView>& tensors,
-                                              std::optional<uint64_t> version, UpdateResult& r) {
+// 1. Plan: checks the caller's tensors and lays out the buckets (a streamed
+// plan: the tensors only). The version is reserved even when the update
+// fails later: it is never reused.
+StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorSpec>& specs, const UpdateOptions& options,
+                                              bool streamed, UpdateResult& r) {
   // Versions never go backwards, also across publisher restarts: the floor is
   // the highest version a live subscriber reports holding or having tried.
   std::string holder;
   const uint64_t held = highest_member_version(holder);
   const uint64_t floor = std::max(last_version_, held);
-  r.version = version.value_or(floor + 1);
-  r.tensors = tensors.size();
-  if (version && *version <= floor)
-    return invalid_argument("version " + std::to_string(*version) + " does not exceed " +
+  r.version = options.version.value_or(floor + 1);
+  r.tensors = specs.size();
+  if (options.version && *options.version <= floor)
+    return invalid_argument("version " + std::to_string(*options.version) + " does not exceed " +
                             (held > last_version_ ? "version " + std::to_string(held) + " held by subscriber '" +
                                                         holder + "' (versions never go backwards)"
                                                   : "the last version " + std::to_string(last_version_)));
-  std::vector<TensorSpec> specs;
-  specs.reserve(tensors.size());
-  for (const auto& t : tensors) {
-    if (t.device != cfg_.publisher.device)
-      return invalid_argument("tensor '" + t.spec.name + "' is on " + t.device.to_string() +
-                              " but publisher.device is " + cfg_.publisher.device.to_string());
-    specs.push_back(t.spec);
-  }
-  auto plan = build_plan(r.version, specs, cfg_.data_plane);
+  auto plan = streamed ? build_streamed_plan(r.version, specs, cfg_.data_plane)
+                       : build_plan(r.version, specs, cfg_.data_plane);
   if (!plan.ok()) return plan.status();
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (plan->nbytes[i] > 0 && tensors[i].data == nullptr)
-      return invalid_argument("tensor '" + tensors[i].spec.name + "' has no data pointer");
+  plan->partial = options.partial;
   r.bytes = plan->total_bytes;
   r.buckets = plan->buckets.size();
   last_version_ = r.version;
   return plan;
+}
+
+// The caller's tensors of a weight_update: on the publisher's device, with data.
+Status PublisherImpl::check_tensors(const std::vector<TensorView>& tensors) const {
+  for (const auto& t : tensors) {
+    if (t.device != cfg_.publisher.device)
+      return invalid_argument("tensor '" + t.spec.name + "' is on " + t.device.to_string() +
+                              " but publisher.device is " + cfg_.publisher.device.to_string());
+    auto n = t.spec.nbytes();
+    if (n.ok() && *n > 0 && t.data == nullptr)
+      return invalid_argument("tensor '" + t.spec.name + "' has no data pointer");
+  }
+  return Status();
 }
 
 uint64_t PublisherImpl::next_version() {
@@ -235,7 +249,8 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t epoch = groups_.epoch();
   const bool precommitted = cfg_.publisher.reuse_validated_plan && validated_ && validated_->epoch == epoch &&
-                            validated_->hash == plan.manifest_hash && validated_->checksum == plan.checksum;
+                            validated_->hash == plan.manifest_hash && validated_->checksum == plan.checksum &&
+                            validated_->partial == plan.partial;
   validated_.reset();  // set again only when this update succeeds everywhere
   r.epoch = epoch;
   r.precommitted = precommitted;
@@ -285,38 +300,55 @@ bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
 
 // 4. Move: the buckets go out; checksums travel on the control channel.
 Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream) {
+  MoveState m = start_move();
   transfer::BucketSender::Hooks hooks;
-  const uint64_t epoch = groups_.epoch();
-  std::vector<std::string> group;
+  hooks.on_checksum = checksum_hook(plan, m);
+  hooks.on_progress = progress_hook(plan, m);
+  return end_move(plan, m, sender_->send(plan, tensors, *comm_, hooks, cap_, after_stream));
+}
+
+PublisherImpl::MoveState PublisherImpl::start_move() {
+  MoveState m;
+  m.epoch = groups_.epoch();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    group = round_.group();
+    m.group = round_.group();
   }
-  hooks.on_checksum = [&](size_t k, uint64_t sum) {
-    server_.send_to(group, control::make_message(epoch, server_.incarnation(), [&](auto m) {
-                      auto c = m.initBucketChecksums();
+  m.t0 = Clock::now();
+  m.links_before = comm_->link_stats();
+  return m;
+}
+
+std::function<void(size_t, uint64_t)> PublisherImpl::checksum_hook(const UpdatePlan& plan, const MoveState& m) {
+  return [this, &plan, &m](size_t k, uint64_t sum) {
+    server_.send_to(m.group, control::make_message(m.epoch, server_.incarnation(), [&](auto b) {
+                      auto c = b.initBucketChecksums();
                       c.setVersion(plan.version);
                       c.setFirst(static_cast<uint32_t>(k));
                       c.initValues(1).set(0, sum);
                     }));
   };
-  uint64_t sent_bytes = 0;
-  hooks.on_progress = [&](uint64_t sent, uint64_t total) {
-    sent_bytes = sent;
+}
+
+std::function<void(uint64_t, uint64_t)> PublisherImpl::progress_hook(const UpdatePlan& plan, MoveState& m) {
+  return [this, &plan, &m](uint64_t sent, uint64_t total) {
+    m.sent = sent;
     if (progress_) progress_(plan.version, sent, total);
   };
-  const auto t0 = Clock::now();
-  const auto links_before = comm_->link_stats();
-  Status data = sender_->send(plan, tensors, *comm_, hooks, cap_, after_stream);
-  own_links_ = link_delta(links_before, comm_->link_stats());
+}
+
+// After the last byte left (or the data plane failed): the links' figures,
+// and on a failure the communicator aborted and the members told.
+Status PublisherImpl::end_move(const UpdatePlan& plan, const MoveState& m, Status data) {
+  own_links_ = link_delta(m.links_before, comm_->link_stats());
   if (data.code() == Code::kTimeout && Clock::now() >= cap_) {
     // The cap, not a stalled link: say how far the update got, and how fast.
-    const auto took = Clock::now() - t0;
+    const auto took = Clock::now() - m.t0;
     const double secs = std::chrono::duration<double>(took).count();
     data = timeout_error("update_timeout (" + format_duration(cfg_.publisher.update_timeout) + ") passed with " +
-                         format_bytes(sent_bytes) + " of " + format_bytes(plan.total_bytes) + " sent to every member in " +
+                         format_bytes(m.sent) + " of " + format_bytes(plan.total_bytes) + " sent to every member in " +
                          format_duration(took) + " (" +
-                         format_bytes(secs > 0 ? static_cast<uint64_t>(static_cast<double>(sent_bytes) / secs) : 0) +
+                         format_bytes(secs > 0 ? static_cast<uint64_t>(static_cast<double>(m.sent) / secs) : 0) +
                          "/s)" + slowest_receiver(plan.version) + ": " + data.message());
   }
   {
@@ -349,7 +381,7 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   if (code == Code::kOk) {
     published_version_ = r.version;
     server_.set_published_version(r.version);
-    validated_ = ValidatedManifest{groups_.epoch(), plan.manifest_hash, plan.checksum};
+    validated_ = ValidatedManifest{groups_.epoch(), plan.manifest_hash, plan.checksum, plan.partial};
     round_.end();
     return;
   }

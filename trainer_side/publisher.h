@@ -78,8 +78,65 @@ struct UpdateOptions {
   // copies and broadcasts are ordered after everything queued on it when
   // weight_update is called, so a tensor written there just before is never
   // sent stale. nullptr means the legacy default stream of the tensors'
-  // device. Ignored for host tensors.
+  // device. Ignored for host tensors. A streamed update takes the stream of
+  // each tensor with its send().
   void* after_stream = nullptr;
+  // The update carries a subset of the engines' tensors (LoRA adapters, a
+  // trainable subset): registered tensors it does not name keep their bytes,
+  // and the engines are consistent at the new version. Without it, a
+  // registered tensor missing from the update is a mismatch. Default: false
+  bool partial = false;
+};
+
+class PublisherImpl;
+struct StreamState;
+
+// Update: one streamed update (Publisher::begin_update), planned from a
+// manifest before any tensor exists; the trainer then hands over its tensors
+// one at a time, in any order, as it gathers them, and each may be freed as
+// soon as send() returns. Memory: the publisher's staging (2 buckets),
+// whatever the model size.
+//
+//   auto u = pub->begin_update(manifest);    // every engine checked the plan
+//   if (!u->ok()) return u->finish();        // rejected: no byte moved; finish() names every mismatch
+//   for (...) { gather(t); u->send(t); free(t); }
+//   UpdateResult r = u->finish();            // as weight_update's result
+//
+// A send() that fails (a name not in the manifest or sent twice, a wrong
+// dtype, shape or device, the data plane) ends the update: later sends
+// return the same error and finish() reports it. Destroying an Update that
+// was not finished aborts it: the engines are left dirty at its version
+// (their state says so: "dirty (vN incomplete, last consistent vM)"; bytes
+// of the update may have landed) until the next update, which re-forms the
+// group and makes them consistent again.
+//
+// Thread-safety: one thread at a time. The publisher runs no other update
+// while an Update is open; it must not outlive its Publisher.
+class Update {
+ public:
+  ~Update();
+  Update(const Update&) = delete;
+  Update& operator=(const Update&) = delete;
+
+  // OK while the update can go on; else why it cannot (the plan was
+  // rejected, a send failed, ...).
+  Status status() const;
+  bool ok() const { return status().ok(); }
+  uint64_t version() const;
+  // Places one tensor of the manifest (any order, each once). `after_stream`
+  // (CUDA tensors): the stream that produced it, as UpdateOptions says.
+  Status send(const TensorView& tensor, void* after_stream = nullptr);
+  // Ends the update: every tensor of the manifest must have been sent.
+  // Returns when every engine applied it, or naming each failure.
+  UpdateResult finish();
+  // Ends an unfinished update now (as the destructor does), with `why`.
+  void abort(const std::string& why);
+
+ private:
+  friend class Publisher;
+  Update(PublisherImpl* impl, std::unique_ptr<StreamState> state);
+  PublisherImpl* impl_;
+  std::unique_ptr<StreamState> state_;
 };
 
 struct PublisherStats {
@@ -89,8 +146,6 @@ struct PublisherStats {
   uint64_t staging_peak_bytes = 0;  // peak staging memory of the send pipeline
   int live_members = 0;
 };
-
-class PublisherImpl;
 
 class Publisher {
  public:
@@ -112,6 +167,16 @@ class Publisher {
   std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors,
                                                 std::optional<uint64_t> version = {});
   std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors, UpdateOptions options);
+
+  // A streamed update of the tensors `manifest` names (names, dtypes,
+  // shapes; every tensor on publisher.device): the plan is checked by every
+  // engine before this returns (a rejected one moves no byte: the Update is
+  // not ok() and its finish() names every mismatch by engine). The tensors
+  // then follow through Update::send. weight_update(tensors) is the same
+  // update with every tensor at hand: its layout goes in the plan (packed
+  // buckets of a flat buffer move in place, and a manifest the group
+  // accepted before goes out precommitted).
+  std::unique_ptr<Update> begin_update(const std::vector<TensorSpec>& manifest, const UpdateOptions& options = {});
 
   // The version weight_update gives an update when none is passed: one more
   // than the highest of the last published version and every live

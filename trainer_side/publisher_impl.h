@@ -29,6 +29,7 @@
 #include "common/data/device_memory.h"
 #include "common/data/reaper.h"
 #include "common/group/group_host.h"
+#include "common/stream/stream_sender.h"
 #include "common/transfer/bucket_sender.h"
 #include "trainer_side/publisher.h"
 #include "trainer_side/update_round.h"
@@ -37,6 +38,16 @@ namespace paramcast {
 
 class PublisherImpl : public control::ControlServer::Listener {
  public:
+  // What one move needs beside the plan: the group it goes to, its start,
+  // the links' figures before it, and the bytes sent so far.
+  struct MoveState {
+    std::vector<std::string> group;
+    uint64_t epoch = 0;
+    Clock::time_point t0;
+    std::vector<LinkStats> links_before;
+    uint64_t sent = 0;
+  };
+
   explicit PublisherImpl(const Config& config);
   ~PublisherImpl() override;
 
@@ -44,6 +55,12 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::string endpoint() const { return server_.endpoint(); }
   Status start();
   UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
+  // Streamed updates (publisher_stream.cc): the update lock is held from
+  // begin_stream until stream_finish or stream_abort.
+  std::unique_ptr<StreamState> begin_stream(const std::vector<TensorSpec>& manifest, const UpdateOptions& options);
+  Status stream_send(StreamState& st, const TensorView& tensor, void* after_stream);
+  UpdateResult stream_finish(StreamState& st);
+  void stream_abort(StreamState& st, const std::string& why);
   void set_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback);
   std::optional<MemberEvent> poll_event();
   PublisherStats stats() const;
@@ -56,8 +73,14 @@ class PublisherImpl : public control::ControlServer::Listener {
   void on_member_event(const MemberEvent& event, int rank) override;
 
  private:
-  StatusOr<UpdatePlan> make_plan(const std::vector<TensorView>& tensors, std::optional<uint64_t> version,
+  StatusOr<UpdatePlan> make_plan(const std::vector<TensorSpec>& specs, const UpdateOptions& options, bool streamed,
                                  UpdateResult& r);
+  Status check_tensors(const std::vector<TensorView>& tensors) const;
+  void log_result(const UpdateResult& r) const;
+  MoveState start_move();
+  std::function<void(size_t, uint64_t)> checksum_hook(const UpdatePlan& plan, const MoveState& m);
+  std::function<void(uint64_t, uint64_t)> progress_hook(const UpdatePlan& plan, MoveState& m);
+  Status end_move(const UpdatePlan& plan, const MoveState& m, Status data);
   void run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
@@ -99,6 +122,7 @@ class PublisherImpl : public control::ControlServer::Listener {
     uint64_t epoch;
     uint64_t hash;
     Checksum checksum;
+    bool partial;
   };
   std::optional<ValidatedManifest> validated_;
   uint64_t published_version_ = 0;

@@ -201,6 +201,7 @@ const char* body_name(proto::Envelope::Reader envelope) {
       case B::APPLIED: return "applied";
       case B::STATUS_REQUEST: return "statusRequest";
       case B::STATUS_REPLY: return "statusReply";
+      case B::BUCKET_LAYOUTS: return "bucketLayouts";
     }
   } catch (const kj::Exception&) {
   }

@@ -8,7 +8,7 @@
 namespace paramcast::transfer {
 
 struct BucketReceiver::Update {
-  const UpdatePlan& plan;
+  UpdatePlan& plan;
   const std::vector<const TensorView*>& dest;
   Communicator& comm;
   const Hooks& hooks;
@@ -19,35 +19,56 @@ struct BucketReceiver::Update {
   std::vector<bool> in_place;
 
   bool has_dest(uint32_t t) const { return dest[t] != nullptr; }
+  // Bucket k's landing: in place when its destinations lie in bucket layout.
+  void add(size_t k) {
+    const auto& b = plan.buckets[k];
+    auto registered = [&](uint32_t t) -> void* { return dest[t] ? dest[t]->data : nullptr; };
+    in_place_at.push_back(b.direct ? nullptr : plan.in_place_base(k, registered));
+    works.emplace_back();
+    where.push_back(nullptr);
+    in_place.push_back(false);
+  }
   std::string bucket_name(size_t k) const { return "bucket " + std::to_string(k) + " of v" + std::to_string(plan.version); }
 };
 
 BucketReceiver::BucketReceiver(DeviceMemory* memory, Device device, FaultInjection faults)
     : mem_(memory), device_(device), faults_(faults) {}
 
-Status BucketReceiver::receive(const UpdatePlan& plan, const std::vector<const TensorView*>& destinations,
+Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorView*>& destinations,
                                Communicator& comm, const Hooks& hooks, Deadline deadline) {
   deadline_ = deadline;
   received_ = 0;
-  const size_t n = plan.buckets.size();
   PC_CHECK_EQ(destinations.size(), plan.tensors.size());
-  Update u{plan, destinations, comm, hooks, std::vector<uint8_t*>(n, nullptr), {}, std::vector<std::shared_ptr<Work>>(n),
-           std::vector<uint8_t*>(n, nullptr), std::vector<bool>(n, false)};
-  auto registered = [&](uint32_t t) -> void* { return destinations[t] ? destinations[t]->data : nullptr; };
+  Update u{plan, destinations, comm, hooks, {}, {}, {}, {}, {}};
   uint64_t staging_bytes = 0;
-  for (size_t k = 0; k < n; ++k) {
+  for (size_t k = 0; k < plan.buckets.size(); ++k) {
+    u.add(k);
     const auto& b = plan.buckets[k];
-    if (!b.direct) u.in_place_at[k] = plan.in_place_base(k, registered);
     const uint32_t t0 = b.pieces[0].tensor;
     const bool staged = b.direct ? !u.has_dest(t0) && b.bytes == plan.nbytes[t0] : u.in_place_at[k] == nullptr;
     if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
   }
+  // A streamed plan's buckets are not known yet: stage up to its bucket size.
+  if (plan.streamed) staging_bytes = std::min(plan.bucket_bytes, plan.total_bytes);
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, staging_bytes));
-  for (size_t k = 0; k < n; ++k) {
-    Status s;
-    if (k == 0) s = issue(u, 0);
-    if (s.ok() && k + 1 < n) s = issue(u, k + 1);
+  using Next = Hooks::Next;
+  auto first = have(u, 0, true);
+  if (!first.ok()) return settle(u, first.status());
+  if (*first == Next::kReady) {
+    if (Status s = issue(u, 0); !s.ok()) return settle(u, s);
+  }
+  for (size_t k = 0; k < plan.buckets.size(); ++k) {
+    // Bucket k+1 is received while k is verified and unpacked; a streamed
+    // one whose layout is not announced yet is waited for after k.
+    auto next = have(u, k + 1, false);
+    Status s = next.status();
+    if (s.ok() && *next == Next::kReady) s = issue(u, k + 1);
     if (s.ok()) s = finish(u, k);
+    if (s.ok() && *next == Next::kNotYet) {
+      next = have(u, k + 1, true);
+      s = next.status();
+      if (s.ok() && *next == Next::kReady) s = issue(u, k + 1);
+    }
     if (!s.ok()) return settle(u, s);
     if (faults_.stalls_after(plan.version, k)) {
       PC_WARN("subscriber: fault injection: stalling after bucket " << k << " of v" << plan.version);
@@ -59,6 +80,27 @@ Status BucketReceiver::receive(const UpdatePlan& plan, const std::vector<const T
   // complete when receive() returns (before on_update_end and Applied).
   Status s = mem_->synchronize();
   return s.ok() ? s : settle(u, s.with_context("unpacking v" + std::to_string(plan.version)));
+}
+
+// Whether bucket k exists: listed in the plan, or (streamed) announced,
+// checked and appended now; kEnded once the stream ended complete.
+StatusOr<BucketReceiver::Hooks::Next> BucketReceiver::have(Update& u, size_t k, bool wait) {
+  using Next = Hooks::Next;
+  if (k < u.plan.buckets.size()) return Next::kReady;
+  if (!u.plan.streamed) return Next::kEnded;
+  if (!u.hooks.next_bucket) return internal_error("a streamed plan but no source of bucket layouts");
+  PlanBucket b;
+  auto next = u.hooks.next_bucket(k, wait, b);
+  if (!next.ok()) return next.status();
+  if (*next == Next::kEnded) {
+    PC_RETURN_IF_ERROR(u.plan.end_stream());
+    return next;
+  }
+  if (*next == Next::kReady) {
+    PC_RETURN_IF_ERROR(u.plan.add_streamed_bucket(std::move(b)));
+    u.add(k);
+  }
+  return next;
 }
 
 // A failed receive waits out every issued broadcast (at most one bucket
@@ -170,12 +212,18 @@ Status BucketReceiver::deliver(Update& u, size_t k) {
   return Status();
 }
 
-Status BucketReceiver::drop(const UpdatePlan& plan, Communicator& comm, Deadline deadline) {
+Status BucketReceiver::drop(UpdatePlan& plan, Communicator& comm, const Hooks& hooks, Deadline deadline) {
   received_ = 0;
-  uint64_t largest = 0;
+  deadline_ = deadline;
+  uint64_t largest = plan.streamed ? std::min(plan.bucket_bytes, plan.total_bytes) : 0;
   for (const auto& b : plan.buckets) largest = std::max(largest, b.bytes);
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, largest));
-  for (size_t k = 0; k < plan.buckets.size(); ++k) {
+  std::vector<const TensorView*> none(plan.tensors.size(), nullptr);
+  Update u{plan, none, comm, hooks, {}, {}, {}, {}, {}};
+  for (size_t k = 0;; ++k) {
+    auto next = have(u, k, true);
+    if (!next.ok()) return next.status();
+    if (*next != Hooks::Next::kReady) break;
     PC_RETURN_IF_ERROR(comm.broadcast(staging_.slot(k), plan.buckets[k].bytes, 0)
                            ->wait(deadline)
                            .with_context("dropped bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));

@@ -13,6 +13,9 @@
 // is released; on success every registered destination is complete when
 // receive() returns (copies synchronised). drop() follows the collective
 // into staging only (a plan this rank refused) so the others complete.
+// A streamed plan (common/plan.h) arrives without buckets: next_bucket()
+// supplies each layout as the publisher announces it, checked against the
+// plan before its broadcast is received, until the stream's end.
 // Time: no bucket has a deadline of its own (the communicator fails a
 // stalled link); a receive ends by `deadline`, the update's cap. received()
 // tells, from any thread, how far the receive in progress got.
@@ -40,20 +43,26 @@ class BucketReceiver {
     std::function<StatusOr<uint64_t>(size_t bucket)> expected_checksum;
     // A complete tensor that has no destination; the view is valid during the call.
     std::function<Status(const TensorView&)> on_tensor;
+    // Streamed plans: bucket k's layout as announced, waited for when
+    // `wait` (up to the deadline). kEnded: the stream ended before k.
+    enum class Next { kReady, kEnded, kNotYet };
+    std::function<StatusOr<Next>(size_t k, bool wait, PlanBucket& out)> next_bucket;
   };
 
   BucketReceiver(DeviceMemory* memory, Device device, FaultInjection faults = {});
 
   // `destinations[i]` is where plan.tensors[i] goes, or null (on_tensor).
-  Status receive(const UpdatePlan& plan, const std::vector<const TensorView*>& destinations, Communicator& comm,
+  // A streamed plan gains its buckets as they arrive.
+  Status receive(UpdatePlan& plan, const std::vector<const TensorView*>& destinations, Communicator& comm,
                  const Hooks& hooks, Deadline deadline);
-  Status drop(const UpdatePlan& plan, Communicator& comm, Deadline deadline);
+  Status drop(UpdatePlan& plan, Communicator& comm, const Hooks& hooks, Deadline deadline);
   // Bytes of the current (or last) receive or drop that have landed.
   uint64_t received() const { return received_; }
   void stop() { stopping_ = true; }
 
  private:
   struct Update;  // the state of one receive()
+  StatusOr<Hooks::Next> have(Update& u, size_t k, bool wait);
   Status issue(Update& u, size_t k);
   Status finish(Update& u, size_t k);
   Status verify(Update& u, size_t k);

@@ -49,6 +49,9 @@ class BucketSender {
   Status send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
               const Hooks& hooks, Deadline deadline, void* after_stream = nullptr);
   void stop() { stopping_ = true; }
+  // The two staging slots, shared with the publisher's streamed updates
+  // (stream::StreamSender) so that either kind stays within 2 buckets.
+  StagingPair& staging() { return staging_; }
 
  private:
   Status issue(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, uint8_t* in_place,

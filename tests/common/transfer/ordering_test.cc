@@ -161,7 +161,7 @@ class OrderingTest : public ::testing::Test {
 };
 
 TEST_F(OrderingTest, PackingAndBroadcastsWaitForTheCallerAndTheirPacking) {
-  const UpdatePlan p = plan(Checksum::kXxh64Blocks);
+  UpdatePlan p = plan(Checksum::kXxh64Blocks);
   std::vector<std::vector<uint8_t>> src(p.tensors.size()), dst(p.tensors.size());
   std::vector<TensorView> views(p.tensors.size());
   std::vector<TensorView> dest_views(p.tensors.size());
@@ -236,7 +236,7 @@ TEST_F(OrderingTest, PackingAndBroadcastsWaitForTheCallerAndTheirPacking) {
 }
 
 TEST_F(OrderingTest, FailingCallbackWaitsOutTheBucketInFlightBeforeReleasing) {
-  const UpdatePlan p = plan(Checksum::kNone);
+  UpdatePlan p = plan(Checksum::kNone);
   ASSERT_TRUE(p.buckets[0].direct && p.buckets[2].direct && !p.buckets[3].direct);
   std::vector<std::vector<uint8_t>> src(p.tensors.size());
   std::vector<TensorView> views(p.tensors.size());

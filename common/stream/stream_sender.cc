@@ -1,0 +1,155 @@
+#include "common/stream/stream_sender.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+
+namespace paramcast::stream {
+
+StreamSender::StreamSender(DeviceMemory* memory, StagingPair* staging) : mem_(memory), staging_(staging) {}
+
+Status StreamSender::begin(UpdatePlan* plan, Communicator* comm, Hooks hooks, Deadline deadline,
+                           uint64_t direct_min_bytes) {
+  plan_ = plan;
+  comm_ = comm;
+  hooks_ = std::move(hooks);
+  deadline_ = deadline;
+  direct_min_ = std::max<uint64_t>(direct_min_bytes, 1);
+  open_ = PlanBucket();
+  open_slot_ = 0;
+  works_.clear();
+  bytes_.clear();
+  done_ = 0;
+  slot_bucket_[0] = slot_bucket_[1] = -1;
+  sent_ = 0;
+  failed_ = Status();
+  // Staging for packed buckets only: a stream of large tensors needs none.
+  uint64_t packed_max = 0;
+  for (uint64_t n : plan->nbytes)
+    if (n < direct_min_) packed_max = std::max(packed_max, n);
+  if (packed_max == 0) return Status();
+  return fail(staging_->reserve(mem_, std::max(packed_max, std::min(plan->bucket_bytes, plan->total_bytes))));
+}
+
+Status StreamSender::send(uint32_t index, const void* data, void* after_stream) {
+  if (!failed_.ok()) return failed_;
+  const uint64_t n = plan_->nbytes[index];
+  // The tensor was produced on the caller's stream: copies and broadcasts
+  // that read it wait for that stream (a no-op for host memory).
+  PC_RETURN_IF_ERROR(fail(mem_->order_after(after_stream)));
+  PC_RETURN_IF_ERROR(fail(comm_->order_after(after_stream)));
+  const auto* src = static_cast<const uint8_t*>(data);
+  if (n >= direct_min_) {
+    // Straight from the caller's buffer; it may be freed once on the wire.
+    for (uint64_t off = 0; off < n; off += plan_->bucket_bytes) {
+      const uint64_t len = std::min(plan_->bucket_bytes, n - off);
+      PC_RETURN_IF_ERROR(issue(const_cast<uint8_t*>(src) + off, PlanBucket{len, true, {PlanPiece{index, off, 0, len}}}, -1));
+    }
+    for (size_t k = done_; k < works_.size(); ++k) PC_RETURN_IF_ERROR(complete(k));
+    return Status();
+  }
+  uint64_t at = (open_.bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
+  if (!open_.pieces.empty() && at + n > plan_->bucket_bytes) {
+    PC_RETURN_IF_ERROR(seal());
+    at = 0;
+  }
+  if (open_.pieces.empty()) PC_RETURN_IF_ERROR(wait_slot(open_slot_));  // its last broadcast has left
+  if (n > 0) {
+    uint8_t* slot = staging_->slot(static_cast<size_t>(open_slot_));
+    PC_RETURN_IF_ERROR(fail(mem_->copy_many({{slot + at, src, n}})));
+    // Staged means the caller's buffer is no longer read (CUDA: copy done).
+    PC_RETURN_IF_ERROR(fail(mem_->synchronize()));
+  }
+  open_.pieces.push_back(PlanPiece{index, 0, at, n});
+  open_.bytes = at + n;
+  return Status();
+}
+
+Status StreamSender::finish() {
+  if (!failed_.ok()) return failed_;
+  PC_RETURN_IF_ERROR(seal());
+  if (hooks_.on_layout) hooks_.on_layout(works_.size(), nullptr, true);
+  for (size_t k = done_; k < works_.size(); ++k) PC_RETURN_IF_ERROR(complete(k));
+  return Status();
+}
+
+// The open bucket is broadcast from its slot; the next one fills the other.
+Status StreamSender::seal() {
+  if (open_.pieces.empty()) return Status();
+  PlanBucket b = std::move(open_);
+  open_ = PlanBucket();
+  const int slot = open_slot_;
+  open_slot_ ^= 1;
+  return issue(staging_->slot(static_cast<size_t>(slot)), std::move(b), slot);
+}
+
+// Announces bucket k, starts its checksum, broadcasts it. `slot`: the
+// staging slot it is sent from (-1: the caller's buffer).
+Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
+  const size_t k = works_.size();
+  const uint64_t bytes = bucket.bytes;
+  PC_RETURN_IF_ERROR(fail(plan_->add_streamed_bucket(bucket)));
+  if (hooks_.on_layout) hooks_.on_layout(k, &plan_->buckets.back(), false);
+  if (slot >= 0 && mem_->stream()) PC_RETURN_IF_ERROR(fail(comm_->order_after(mem_->stream())));
+  const int sum_slot = static_cast<int>(k % 2);
+  if (plan_->checksum != Checksum::kNone)
+    PC_RETURN_IF_ERROR(fail(mem_->checksum_start(sum_slot, from, bytes, plan_->checksum)));
+  works_.push_back(comm_->broadcast(from, bytes, 0));
+  bytes_.push_back(bytes);
+  if (slot >= 0) slot_bucket_[slot] = static_cast<long>(k);
+  if (plan_->checksum != Checksum::kNone) {
+    auto sum = mem_->checksum_result(sum_slot);
+    if (!sum.ok()) return fail(sum.status().with_context("checksum of bucket " + std::to_string(k)));
+    if (hooks_.on_checksum) hooks_.on_checksum(k, *sum);
+  }
+  return Status();
+}
+
+Status StreamSender::wait_slot(int slot) {
+  for (long k = static_cast<long>(done_); k <= slot_bucket_[slot]; ++k) PC_RETURN_IF_ERROR(complete(static_cast<size_t>(k)));
+  return Status();
+}
+
+// Waits for bucket k (buckets complete in issue order: every earlier one is done).
+Status StreamSender::complete(size_t k) {
+  if (k < done_) return Status();
+  Status s = works_[k]->wait(deadline_).with_context("bucket " + std::to_string(k) + " of v" +
+                                                     std::to_string(plan_->version) + " (tensors " +
+                                                     plan_->bucket_tensor_names(k) + ")");
+  if (!s.ok()) return fail(s);
+  works_[k].reset();
+  sent_ += bytes_[k];
+  done_ = k + 1;
+  if (hooks_.on_progress) hooks_.on_progress(std::min(sent_, plan_->total_bytes), plan_->total_bytes);
+  return Status();
+}
+
+// The first failure sticks: the communicator is aborted (the collective is
+// half-done) and issued work settles before the staging slots may be reused.
+Status StreamSender::fail(Status s) {
+  if (s.ok() || !failed_.ok()) return s.ok() ? s : failed_;
+  failed_ = s;
+  abort(s.message());
+  return s;
+}
+
+void StreamSender::abort(const std::string& why) {
+  if (failed_.ok()) failed_ = aborted(why);
+  if (!comm_) return;
+  comm_->abort(why);
+  bool quiet = true;
+  for (auto& w : works_) {
+    if (!w) continue;
+    (void)w->wait(std::max(deadline_, Clock::now() + kSettleTimeout));
+    if (!w->settled()) quiet = false;
+    w.reset();
+  }
+  if (!mem_->synchronize().ok()) quiet = false;
+  if (!quiet) {
+    PC_WARN("publisher: in-flight work did not settle after a failure; its staging buffers are let go, not reused");
+    staging_->abandon();
+  }
+  comm_ = nullptr;
+}
+
+}  // namespace paramcast::stream

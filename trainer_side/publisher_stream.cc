@@ -1,0 +1,185 @@
+// Streamed updates on the trainer's side: Publisher::begin_update and the
+// Update handle, over the same protocol steps as weight_update (plan ->
+// group -> check -> move -> applied), with the move driven by the caller's
+// send()s (stream::StreamSender) instead of a list of tensors at hand.
+#include <unordered_map>
+
+#include "common/control/messages.h"
+#include "common/log.h"
+#include "common/plan_proto.h"
+#include "trainer_side/publisher_impl.h"
+
+namespace paramcast {
+
+// One streamed update in progress: everything begin_stream set up, owned by
+// the Update handle. The update lock is held for its whole life.
+struct StreamState {
+  std::unique_lock<std::mutex> lock;
+  Clock::time_point t0;
+  UpdatePlan plan;
+  UpdateResult r;
+  std::unordered_map<std::string, uint32_t> index;  // tensor name -> manifest position
+  std::vector<bool> sent;
+  size_t sent_count = 0;
+  bool moving = false;  // committed: the data plane is in use
+  bool ended = false;
+  Status status;        // the first failure
+  PublisherImpl::MoveState move;
+  std::unique_ptr<stream::StreamSender> sender;
+};
+
+std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<TensorSpec>& manifest,
+                                                         const UpdateOptions& options) {
+  auto st = std::make_unique<StreamState>();
+  st->lock = std::unique_lock<std::mutex>(update_mu_);
+  st->t0 = Clock::now();
+  cap_ = st->t0 + cfg_.publisher.update_timeout;
+  auto plan = make_plan(manifest, options, true, st->r);
+  if (!plan.ok()) {
+    st->status = st->r.status = plan.status();
+    return st;
+  }
+  st->plan = std::move(plan.value());
+  for (uint32_t i = 0; i < st->plan.tensors.size(); ++i) st->index[st->plan.tensors[i].name] = i;
+  st->sent.assign(st->plan.tensors.size(), false);
+  if (Status s = ensure_group(); !s.ok()) {  // 2. group
+    st->status = st->r.status = s;
+    return st;
+  }
+  const bool precommitted = send_plan(st->plan, st->r);  // 3. check
+  if (!precommitted && !check_plan(st->plan, st->r)) {
+    st->status = st->r.status;
+    return st;
+  }
+  st->moving = true;  // 4. move, as the caller sends
+  st->move = start_move();
+  stream::StreamSender::Hooks hooks;
+  hooks.on_checksum = checksum_hook(st->plan, st->move);
+  hooks.on_progress = progress_hook(st->plan, st->move);
+  hooks.on_layout = [this, s = st.get()](size_t k, const PlanBucket* bucket, bool end) {
+    server_.send_to(s->move.group, control::make_message(s->move.epoch, server_.incarnation(), [&](auto b) {
+                      auto l = b.initBucketLayouts();
+                      l.setVersion(s->plan.version);
+                      l.setFirst(static_cast<uint32_t>(k));
+                      l.setEnd(end);
+                      auto list = l.initBuckets(bucket ? 1 : 0);
+                      if (bucket) bucket_to_proto(*bucket, list[0]);
+                    }));
+  };
+  st->sender = std::make_unique<stream::StreamSender>(mem_.get(), &sender_->staging());
+  if (Status s = st->sender->begin(&st->plan, comm_.get(), std::move(hooks), cap_, cfg_.data_plane.direct_min_bytes);
+      !s.ok())
+    st->status = end_move(st->plan, st->move, s);
+  return st;
+}
+
+Status PublisherImpl::stream_send(StreamState& st, const TensorView& t, void* after_stream) {
+  if (st.ended) return invalid_argument("update v" + std::to_string(st.plan.version) + " has ended");
+  if (!st.status.ok()) return st.status;
+  const std::string v = "update v" + std::to_string(st.plan.version) + ": ";
+  Status bad;
+  auto it = st.index.find(t.spec.name);
+  if (it == st.index.end()) {
+    bad = invalid_argument(v + "tensor '" + t.spec.name + "' is not in the update's manifest");
+  } else if (st.sent[it->second]) {
+    bad = invalid_argument(v + "tensor '" + t.spec.name + "' was sent already");
+  } else {
+    const auto& want = st.plan.tensors[it->second];
+    if (t.spec.dtype != want.dtype)
+      bad = invalid_argument(v + "tensor '" + t.spec.name + "': dtype expected " + std::string(dtype_name(want.dtype)) +
+                             ", got " + std::string(dtype_name(t.spec.dtype)));
+    else if (t.spec.shape != want.shape)
+      bad = invalid_argument(v + "tensor '" + t.spec.name + "': shape expected " + want.shape_string() + ", got " +
+                             t.spec.shape_string());
+    else if (t.device != cfg_.publisher.device)
+      bad = invalid_argument(v + "tensor '" + t.spec.name + "' is on " + t.device.to_string() +
+                             " but publisher.device is " + cfg_.publisher.device.to_string());
+    else if (st.plan.nbytes[it->second] > 0 && !t.data)
+      bad = invalid_argument(v + "tensor '" + t.spec.name + "' has no data pointer");
+  }
+  if (!bad.ok()) {
+    // A wrong tensor ends the update: the engines must not take a version
+    // the trainer did not mean.
+    stream_abort(st, bad.message());
+    st.status = st.r.status = bad;
+    return bad;
+  }
+  Status s = st.sender->send(it->second, t.data, after_stream);
+  if (!s.ok()) {
+    st.status = end_move(st.plan, st.move, s);
+    return st.status;
+  }
+  st.sent[it->second] = true;
+  ++st.sent_count;
+  return Status();
+}
+
+UpdateResult PublisherImpl::stream_finish(StreamState& st) {
+  if (st.ended) return st.r;
+  if (st.moving && st.status.ok() && st.sent_count < st.plan.tensors.size()) {
+    std::string missing;
+    size_t listed = 0;
+    for (size_t i = 0; i < st.sent.size(); ++i)
+      if (!st.sent[i] && listed++ < 4) missing += (missing.empty() ? "'" : ", '") + st.plan.tensors[i].name + "'";
+    if (listed > 4) missing += ", +" + std::to_string(listed - 4) + " more";
+    const Status bad = invalid_argument("update v" + std::to_string(st.plan.version) + " finished with " +
+                                        std::to_string(st.sent_count) + " of its " +
+                                        std::to_string(st.plan.tensors.size()) + " tensors sent; not sent: " + missing);
+    stream_abort(st, bad.message());
+    st.status = st.r.status = bad;
+  }
+  if (st.moving && !st.ended) {
+    Status data = st.status.ok() ? end_move(st.plan, st.move, st.sender->finish()) : st.status;
+    st.r.buckets = st.plan.buckets.size();
+    collect_applied(st.plan, data, st.r);  // 5. applied
+  }
+  st.ended = true;
+  st.r.seconds = std::chrono::duration<double>(Clock::now() - st.t0).count();
+  log_result(st.r);
+  if (st.lock.owns_lock()) st.lock.unlock();
+  return st.r;
+}
+
+// Ends an update that will not finish: the communicator is aborted (the
+// collective is half-done, the next update re-forms the group) and every
+// member told to give the update up; each is left dirty at its version.
+void PublisherImpl::stream_abort(StreamState& st, const std::string& why) {
+  if (st.ended) return;
+  st.ended = true;
+  if (st.moving) {
+    PC_WARN("publisher: update v" << st.plan.version << " aborted: " << why);
+    st.sender->abort(why);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_comm_.reset();
+      needs_reform_ = true;
+      abandon_locked(st.plan.version, "the trainer aborted the update: " + why);
+      round_.end();
+    }
+    comm_.reset();
+  }
+  if (st.status.ok()) st.status = st.r.status = aborted(why);
+  if (st.lock.owns_lock()) st.lock.unlock();
+}
+
+// ------------------------------------------------------------ public handle
+Update::Update(PublisherImpl* impl, std::unique_ptr<StreamState> state) : impl_(impl), state_(std::move(state)) {}
+Update::~Update() { abort("the Update was destroyed before finish()"); }
+Status Update::status() const { return state_->status; }
+uint64_t Update::version() const { return state_->r.version; }
+Status Update::send(const TensorView& tensor, void* after_stream) { return impl_->stream_send(*state_, tensor, after_stream); }
+UpdateResult Update::finish() { return impl_->stream_finish(*state_); }
+void Update::abort(const std::string& why) {
+  if (state_->ended) return;
+  if (!state_->moving) {  // nothing went out: the result of begin stands
+    impl_->stream_finish(*state_);
+    return;
+  }
+  impl_->stream_abort(*state_, why);
+}
+
+std::unique_ptr<Update> Publisher::begin_update(const std::vector<TensorSpec>& manifest, const UpdateOptions& options) {
+  return std::unique_ptr<Update>(new Update(impl_.get(), impl_->begin_stream(manifest, options)));
+}
+
+}  // namespace paramcast
