@@ -50,10 +50,25 @@ install_nccl() {
   $SUDO rm -rf "$pip_dir"
 }
 
+# A current PyTorch (and transformers) for the python3 on PATH when it is not
+# the distribution's: the Python tests run under both (tests/python), and
+# the FSDP2 trainer test needs PyTorch >= 2.6. Pinned to the release the
+# project is tested with.
+current_python_pkgs=("torch==2.13.0" transformers numpy pytest)
+install_current_python() {
+  local py
+  py="$(command -v python3 || true)"
+  [ -n "$py" ] && [ "$(readlink -f "$py")" != "$(readlink -f /usr/bin/python3)" ] || return 0
+  "$py" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', 'transformers', 'numpy', 'pytest')))" 2>/dev/null && return 0
+  echo "install-deps: ${current_python_pkgs[*]} for $py"
+  "$py" -m pip install --quiet --disable-pip-version-check "${current_python_pkgs[@]}"
+}
+
 SUDO=""
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 if [ ${#missing[@]} -eq 0 ]; then
   install_nccl
+  install_current_python
   exit 0
 fi
 
@@ -68,4 +83,5 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 install_nccl
+install_current_python
 echo "install-deps: done"

@@ -45,6 +45,47 @@ class UpdateHandle {
   std::vector<py::object> keep_;
 };
 
+// paramcast._core.Update: one streamed update. Each send() borrows the
+// tensor only for the call (its bytes are staged or on the wire when it
+// returns); every call that waits does so without the GIL.
+class PyUpdate {
+ public:
+  PyUpdate(std::unique_ptr<Update> u, Device device) : u_(std::move(u)), device_(device) {}
+  ~PyUpdate() {
+    py::gil_scoped_release release;
+    u_.reset();  // an unfinished update is aborted
+  }
+
+  bool ok() const { return u_->ok(); }
+  std::string error() const { return u_->ok() ? "" : u_->status().to_string(); }
+  uint64_t version() const { return u_->version(); }
+
+  void send(const std::string& name, py::handle tensor, std::optional<std::string> dtype,
+            std::optional<intptr_t> stream) {
+    BorrowedTensor b = import_tensor(name, tensor, dtype, device_, stream);
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = u_->send(b.view, stream ? reinterpret_cast<void*>(*stream) : nullptr);
+    }
+    if (!s.ok()) throw_status(s);
+  }
+
+  UpdateResult finish() {
+    py::gil_scoped_release release;
+    return u_->finish();
+  }
+
+  void abort(const std::string& why) {
+    py::gil_scoped_release release;
+    u_->abort(why);
+  }
+
+ private:
+  std::unique_ptr<Update> u_;
+  Device device_;
+};
+
 class PyPublisher {
  public:
   explicit PyPublisher(const Config& config) : device_(config.publisher.device) {
@@ -67,7 +108,8 @@ class PyPublisher {
   }
 
   // items: (name, tensor, dtype override or None, CUDA stream or None).
-  std::shared_ptr<UpdateHandle> submit(const py::list& items, std::optional<uint64_t> version, uintptr_t after_stream) {
+  std::shared_ptr<UpdateHandle> submit(const py::list& items, std::optional<uint64_t> version, uintptr_t after_stream,
+                                       bool partial) {
     std::vector<TensorView> views;
     std::vector<py::object> keep;
     views.reserve(items.size());
@@ -84,6 +126,7 @@ class PyPublisher {
     UpdateOptions options;
     options.version = version;
     options.after_stream = reinterpret_cast<void*>(after_stream);
+    options.partial = partial;
     Publisher& p = live();
     std::shared_future<UpdateResult> f;
     {
@@ -93,6 +136,34 @@ class PyPublisher {
     std::erase_if(running_, [](const auto& r) { return r.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
     running_.push_back(f);
     return std::make_shared<UpdateHandle>(std::move(f), std::move(keep));
+  }
+
+  // manifest: (name, ParamCast dtype name, shape) triples.
+  std::unique_ptr<PyUpdate> begin_update(const py::list& manifest, std::optional<uint64_t> version, bool partial) {
+    std::vector<TensorSpec> specs;
+    specs.reserve(manifest.size());
+    for (auto item : manifest) {
+      auto t = item.cast<py::tuple>();
+      TensorSpec spec;
+      spec.name = t[0].cast<std::string>();
+      const auto dtype_text = t[1].cast<std::string>();
+      auto dtype = parse_dtype(dtype_text);
+      if (!dtype)
+        throw_status(invalid_argument("manifest: tensor '" + spec.name + "' has unknown dtype '" + dtype_text + "'"));
+      spec.dtype = *dtype;
+      spec.shape = t[2].cast<std::vector<int64_t>>();
+      specs.push_back(std::move(spec));
+    }
+    UpdateOptions options;
+    options.version = version;
+    options.partial = partial;
+    Publisher& p = live();
+    std::unique_ptr<Update> u;
+    {
+      py::gil_scoped_release release;
+      u = p.begin_update(specs, options);
+    }
+    return std::make_unique<PyUpdate>(std::move(u), device_);
   }
 
   py::dict stats() const {
@@ -133,6 +204,13 @@ class PyPublisher {
 };
 
 void bind_results(py::module_& m) {
+  py::class_<PyUpdate>(m, "Update")
+      .def_property_readonly("ok", &PyUpdate::ok)
+      .def_property_readonly("error", &PyUpdate::error)
+      .def_property_readonly("version", &PyUpdate::version)
+      .def("send", &PyUpdate::send, py::arg("name"), py::arg("tensor"), py::arg("dtype"), py::arg("stream"))
+      .def("finish", &PyUpdate::finish)
+      .def("abort", &PyUpdate::abort, py::arg("why"));
   py::class_<Mismatch>(m, "Mismatch")
       .def_readonly("name", &Mismatch::name)
       .def_readonly("expected", &Mismatch::expected)
@@ -188,7 +266,9 @@ void bind_publisher(py::module_& m) {
       .def(py::init<const Config&>(), py::arg("config"))
       .def_property_readonly("endpoint", &PyPublisher::endpoint)
       .def("start", &PyPublisher::start)
-      .def("submit", &PyPublisher::submit, py::arg("items"), py::arg("version"), py::arg("after_stream"))
+      .def("submit", &PyPublisher::submit, py::arg("items"), py::arg("version"), py::arg("after_stream"),
+           py::arg("partial") = false)
+      .def("begin_update", &PyPublisher::begin_update, py::arg("manifest"), py::arg("version"), py::arg("partial"))
       .def("stats", &PyPublisher::stats)
       .def("poll_event", &PyPublisher::poll_event)
       .def("close", &PyPublisher::close);

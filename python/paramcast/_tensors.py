@@ -49,6 +49,52 @@ def named_items(named_tensors, what):
     return out
 
 
+def _dtype_names(torch):
+    """torch dtypes and their ParamCast names (safetensors' spelling)."""
+    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+             torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64"}
+    names.update(_special_dtypes(torch))
+    return names
+
+
+def dtype_name(dtype, what):
+    """A ParamCast dtype name from a torch dtype or a name ("BF16", "bfloat16" via torch)."""
+    if isinstance(dtype, str):
+        return dtype
+    torch = _torch_module()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        name = _dtype_names(torch).get(dtype)
+        if name is None:
+            raise TypeError(f"{what}: torch dtype {dtype} has no ParamCast equivalent")
+        return name
+    raise TypeError(f"{what}: dtype must be a torch.dtype or a name such as 'BF16', got {type(dtype).__name__}")
+
+
+def manifest(source):
+    """[(name, dtype name, shape)] from a module (its named_parameters()), a
+    mapping or iterable of (name, tensor), or (name, dtype, shape) triples.
+
+    Reads metadata only (dtype and the full, unsharded shape: an FSDP2 or
+    DTensor parameter reports its global shape), never the data.
+    """
+    if hasattr(source, "named_parameters"):
+        source = source.named_parameters()
+    items = source.items() if hasattr(source, "items") else source
+    out = []
+    for i, item in enumerate(items):
+        item = tuple(item)
+        if len(item) == 3:
+            name, dtype, shape = item
+        elif len(item) == 2 and hasattr(item[1], "dtype") and hasattr(item[1], "shape"):
+            name, dtype, shape = item[0], item[1].dtype, item[1].shape
+        else:
+            raise TypeError(f"manifest: item {i} is neither (name, tensor) nor (name, dtype, shape)")
+        if not isinstance(name, str):
+            raise TypeError(f"manifest: item {i}: the name must be a str, got {type(name).__name__}")
+        out.append((name, dtype_name(dtype, f"manifest: '{name}'"), [int(d) for d in shape]))
+    return out
+
+
 def for_dlpack(tensor):
     """(object with __dlpack__, ParamCast dtype override or None, CUDA stream or None)."""
     if not _is_torch(tensor):

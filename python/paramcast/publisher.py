@@ -6,7 +6,7 @@ import threading
 from . import _core
 from . import _lifetime
 from ._config import load_config
-from ._tensors import for_dlpack, named_items
+from ._tensors import for_dlpack, manifest as make_manifest, named_items
 from .errors import UpdateError
 
 # How often a blocking call wakes up to let Python handle signals (Ctrl-C).
@@ -49,8 +49,11 @@ class Publisher:
         self._core.start()
         return self
 
-    def weight_update(self, named_tensors, version=None):
+    def weight_update(self, named_tensors, version=None, partial=False):
         """Sends ``named_tensors`` (a dict or any iterable of ``(name, tensor)``) to every subscriber.
+
+        ``partial=True``: the tensors are a subset of the engines' (LoRA
+        adapters, a trainable subset); the others keep their bytes.
 
         Returns the :class:`paramcast.UpdateResult` when every subscriber has
         applied the update; raises :class:`paramcast.UpdateError` otherwise.
@@ -61,7 +64,7 @@ class Publisher:
         """
         with self._lock:
             self._finish_interrupted()
-            handle = self._submit(named_tensors, version)
+            handle = self._submit(named_tensors, version, partial)
             try:
                 result = _wait(handle)
             except KeyboardInterrupt:
@@ -70,6 +73,30 @@ class Publisher:
         if not result.ok:
             raise UpdateError(result)
         return result
+
+    def stream(self, manifest, version=None, partial=False):
+        """A streamed update: ``with pub.stream(manifest) as u: u.send(name, tensor)``.
+
+        ``manifest`` names every tensor before any exists: a module (from its
+        parameters' metadata, as :func:`paramcast.manifest`), or
+        ``(name, dtype, shape)`` triples. Every engine checks the plan before
+        the block runs (a rejected plan raises :class:`paramcast.UpdateError`
+        naming every mismatch, and moves no byte). Each ``send`` returns once
+        the tensor's bytes are staged or on the wire, so a sharded trainer
+        can gather one parameter, send it and free it. Leaving the block
+        finishes the update (``u.result``; an :class:`UpdateError` if it
+        failed); an exception inside it aborts the update, leaving the
+        engines dirty at its version until the next one.
+        """
+        entries = make_manifest(manifest)
+        self._lock.acquire()
+        try:
+            self._finish_interrupted()
+            core = self._core.begin_update(entries, version, partial)
+        except BaseException:
+            self._lock.release()
+            raise
+        return Stream(self, core)
 
     def weight_update_async(self, named_tensors, version=None):
         """Like weight_update, returning a concurrent.futures.Future of the result.
@@ -128,7 +155,7 @@ class Publisher:
         self.close()
         return False
 
-    def _submit(self, named_tensors, version):
+    def _submit(self, named_tensors, version, partial=False):
         items = []
         stream = None
         for name, tensor in named_items(named_tensors, "weight_update"):
@@ -136,9 +163,69 @@ class Publisher:
             if s is not None and stream is None:
                 stream = s
             items.append((name, obj, dtype, s))
-        return self._core.submit(items, version, stream or 0)
+        return self._core.submit(items, version, stream or 0, partial)
 
     def _finish_interrupted(self):
         if self._inflight is not None:
             self.interrupted_result = _wait(self._inflight)
             self._inflight = None
+
+
+class Stream:
+    """One streamed update (:meth:`Publisher.stream`); a context manager."""
+
+    def __init__(self, publisher, core):
+        self._publisher = publisher
+        self._core = core
+        self.result = None
+        if not core.ok:
+            self.result = core.finish()
+            self._release()
+            raise UpdateError(self.result)
+
+    @property
+    def version(self):
+        return self._core.version
+
+    def send(self, name, tensor):
+        """Sends one tensor of the manifest; it may be freed or overwritten once this returns.
+
+        A name outside the manifest, a second send of a name, or a wrong
+        dtype or shape raises ValueError naming it, and ends the update.
+        """
+        if self._core is None:
+            raise ValueError("the streamed update has ended")
+        obj, dtype, stream = for_dlpack(tensor)
+        self._core.send(name, obj, dtype, stream)
+
+    def finish(self):
+        """Ends the update; returns its UpdateResult or raises UpdateError."""
+        if self.result is None:
+            try:
+                self.result = self._core.finish()
+            finally:
+                self._release()
+        if not self.result.ok:
+            raise UpdateError(self.result)
+        return self.result
+
+    def abort(self, why="aborted by the trainer"):
+        if self._core is not None and self.result is None:
+            self._core.abort(why)
+            self.result = self._core.finish()
+            self._release()
+
+    def _release(self):
+        if self._publisher is not None:
+            self._publisher._lock.release()
+            self._publisher = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort(f"exception in the update's block: {exc_type.__name__}: {exc}")
+            return False
+        self.finish()
+        return False

@@ -125,11 +125,13 @@ class Engine:
     """One engine process: mode "inplace" (register) or "fused" (on_weights + load_weights)."""
 
     def __init__(self, endpoint, worker_id, mode="inplace", dtype="float32", seed=1, device="cpu"):
+        self._spawn(worker_id, _engine_main, (endpoint, worker_id, mode, dtype, seed, device))
+
+    def _spawn(self, worker_id, target, args):
         ctx = multiprocessing.get_context("spawn")
         self.worker_id = worker_id
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_engine_main, args=(child, endpoint, worker_id, mode, dtype, seed, device),
-                                name=worker_id, daemon=True)
+        self.proc = ctx.Process(target=target, args=(child, *args), name=worker_id, daemon=True)
         self.proc.start()
 
     def wait_ready(self, timeout=120):
@@ -152,3 +154,66 @@ class Engine:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
+
+
+def _bulk_engine_main(conn, endpoint, worker_id, mode, cfg, specs, factory):
+    """An engine of arbitrary tensors: `mode` "inplace" registers zeroed buffers
+    built by `factory(specs)` (a picklable callable), "callback" keeps what
+    on_weights hands it. Answers "digest" with {name: bytes hash}."""
+    import hashlib
+
+    import paramcast
+
+    torch.set_num_threads(1)
+    cfg = dict(cfg)
+    cfg["control"] = dict(cfg["control"], endpoint=endpoint)
+    sub = paramcast.Subscriber(cfg, worker_id)
+    held = {}
+    if mode == "inplace":
+        held = factory(specs)
+        sub.register(held.items())
+    else:
+        def keep(weights):
+            for name, t in weights:
+                held[name] = t.clone()
+        sub.on_weights(keep)
+
+    def digest():
+        out = {}
+        for name, t in held.items():
+            raw = t.detach().contiguous().view(torch.uint8) if t.numel() else t.detach().new_empty(0, dtype=torch.uint8)
+            out[name] = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+        return out
+
+    with sub:
+        sub.start()
+        conn.send("ready")
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "stop":
+                break
+            if cmd == "state":
+                conn.send((sub.state, sub.version))
+            elif cmd == "wait":
+                conn.send(sub.wait_for_version(*args))
+            elif cmd == "digest":
+                conn.send(digest())
+    conn.send("stopped")
+
+
+class BulkEngine(Engine):
+    """An engine process holding the tensors `specs` names (see _bulk_engine_main)."""
+
+    def __init__(self, endpoint, worker_id, mode, cfg, specs, factory):  # pylint: disable=super-init-not-called
+        self._spawn(worker_id, _bulk_engine_main, (endpoint, worker_id, mode, cfg, specs, factory))
+
+
+def sha256_of(tensors):
+    """{name: hash of the tensor's bytes}, as _bulk_engine_main's "digest" answers."""
+    import hashlib
+
+    out = {}
+    for name, t in tensors.items():
+        raw = t.detach().contiguous().view(torch.uint8)
+        out[name] = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+    return out
