@@ -50,7 +50,9 @@ class UpdateHandle {
 // returns); every call that waits does so without the GIL.
 class PyUpdate {
  public:
-  PyUpdate(std::unique_ptr<Update> u, Device device) : u_(std::move(u)), device_(device) {}
+  // Holds the publisher: an open update keeps it alive after close().
+  PyUpdate(std::shared_ptr<Publisher> pub, std::unique_ptr<Update> u, Device device)
+      : pub_(std::move(pub)), u_(std::move(u)), device_(device) {}
   ~PyUpdate() {
     py::gil_scoped_release release;
     u_.reset();  // an unfinished update is aborted
@@ -82,6 +84,7 @@ class PyUpdate {
   }
 
  private:
+  std::shared_ptr<Publisher> pub_;
   std::unique_ptr<Update> u_;
   Device device_;
 };
@@ -163,7 +166,7 @@ class PyPublisher {
       py::gil_scoped_release release;
       u = p.begin_update(specs, options);
     }
-    return std::make_unique<PyUpdate>(std::move(u), device_);
+    return std::make_unique<PyUpdate>(pub_, std::move(u), device_);
   }
 
   py::dict stats() const {
@@ -199,7 +202,7 @@ class PyPublisher {
   }
 
   Device device_;
-  std::unique_ptr<Publisher> pub_;
+  std::shared_ptr<Publisher> pub_;
   std::vector<std::shared_future<UpdateResult>> running_;
 };
 

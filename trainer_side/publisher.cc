@@ -56,6 +56,17 @@ void PublisherImpl::shutdown() {
   { std::lock_guard<std::mutex> lock(mu_); }
   cv_.notify_all();
   server_.stop("publisher shutting down");
+  if (streaming_) {
+    // A streamed update is open: its owner holds the update lock until it
+    // finishes or is destroyed. Its broadcasts fail now, and it ends by itself.
+    std::shared_ptr<Communicator> c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c = active_comm_;
+    }
+    if (c) c->abort("publisher shutting down");
+    return;
+  }
   std::lock_guard<std::mutex> ulock(update_mu_);
   comm_.reset();
 }

@@ -61,6 +61,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   Status stream_send(StreamState& st, const TensorView& tensor, void* after_stream);
   UpdateResult stream_finish(StreamState& st);
   void stream_abort(StreamState& st, const std::string& why);
+  void release(StreamState& st);
   void set_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback);
   std::optional<MemberEvent> poll_event();
   PublisherStats stats() const;
@@ -108,6 +109,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::unique_ptr<DeviceMemory> mem_;
   std::unique_ptr<transfer::BucketSender> sender_;
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> streaming_{false};  // a streamed update holds update_mu_ (begin_stream to its end)
 
   mutable std::mutex mu_;  // shared with the control thread; guards everything below
   std::condition_variable cv_;

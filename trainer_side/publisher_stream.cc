@@ -32,6 +32,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
                                                          const UpdateOptions& options) {
   auto st = std::make_unique<StreamState>();
   st->lock = std::unique_lock<std::mutex>(update_mu_);
+  streaming_ = true;
   st->t0 = Clock::now();
   cap_ = st->t0 + cfg_.publisher.update_timeout;
   auto plan = make_plan(manifest, options, true, st->r);
@@ -136,7 +137,7 @@ UpdateResult PublisherImpl::stream_finish(StreamState& st) {
   st.ended = true;
   st.r.seconds = std::chrono::duration<double>(Clock::now() - st.t0).count();
   log_result(st.r);
-  if (st.lock.owns_lock()) st.lock.unlock();
+  release(st);
   return st.r;
 }
 
@@ -159,7 +160,13 @@ void PublisherImpl::stream_abort(StreamState& st, const std::string& why) {
     comm_.reset();
   }
   if (st.status.ok()) st.status = st.r.status = aborted(why);
-  if (st.lock.owns_lock()) st.lock.unlock();
+  release(st);
+}
+
+void PublisherImpl::release(StreamState& st) {
+  if (!st.lock.owns_lock()) return;
+  streaming_ = false;
+  st.lock.unlock();
 }
 
 // ------------------------------------------------------------ public handle

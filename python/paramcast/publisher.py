@@ -220,6 +220,13 @@ class Stream:
             self._publisher._lock.release()
             self._publisher = None
 
+    def __del__(self):
+        # An abandoned stream (never finished) is aborted, and the publisher freed for the next update.
+        try:
+            self.abort("the stream was dropped before finish()")
+        except Exception:  # noqa: BLE001: nothing to report to at collection time
+            pass
+
     def __enter__(self):
         return self
 
