@@ -276,6 +276,20 @@ void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p,
       }},
       {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
       {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
+      {"delta", [&](N v, P q) {
+        auto mode = [&](N m, P mq) {
+          c.publisher.delta = L.choice<DeltaMode>(
+              m, mq, {{"off", DeltaMode::kOff}, {"auto", DeltaMode::kAuto}, {"always", DeltaMode::kAlways}});
+        };
+        if (!v.IsMap()) return mode(v, q);
+        L.map(v, q, {
+          {"mode", mode},
+          {"baseline", [&](N b, P bq) {
+            c.publisher.delta_baseline =
+                L.choice<DeltaBaseline>(b, bq, {{"host", DeltaBaseline::kHost}, {"device", DeltaBaseline::kDevice}});
+          }},
+        });
+      }},
     });
 }
 
@@ -289,6 +303,9 @@ void parse_subscriber(const Loader& L, const YAML::Node& n, const std::string& p
         c.subscriber.devices.clear();
         for (size_t i = 0; i < v.size(); ++i)
           c.subscriber.devices.push_back(L.device(v[i], q + "[" + std::to_string(i) + "]"));
+      }},
+      {"delta_baseline", [&](N v, P q) {
+        c.subscriber.delta_baseline = L.choice<bool>(v, q, {{"none", false}, {"host", true}});
       }},
     });
 }

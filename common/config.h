@@ -74,6 +74,11 @@ struct DataPlaneOptions {
 enum class MemberLossPolicy { kFail, kContinue };
 enum class MissingAtStartPolicy { kFail, kStartWithPresent };
 
+// Delta updates (common/delta/): what the publisher sends when every
+// member holds the baseline version.
+enum class DeltaMode { kOff, kAuto, kAlways };
+enum class DeltaBaseline { kHost, kDevice };
+
 struct PublisherOptions {
   // Expected subscribers: explicit ids, or a count (ids then unchecked).
   // Default: 1 subscriber, any id.
@@ -93,6 +98,16 @@ struct PublisherOptions {
   // the plan before any byte reaches its tensors; one that cannot take it
   // receives and drops the buckets and reports the mismatches. Default: true
   bool reuse_validated_plan = true;
+  // Delta updates: `auto` sends a bucket as the elements that changed since
+  // the version every member holds when that is at most half its bytes,
+  // `always` whenever it is smaller, `off` never (and keeps no baseline).
+  // The baseline is a copy of the last version every member applied: the
+  // whole model's bytes, in host memory (docs/ARCHITECTURE.md). YAML:
+  // `delta: auto`, or `delta: {mode: auto, baseline: host}`. Default: auto
+  DeltaMode delta = DeltaMode::kAuto;
+  // Where the baseline lives: host, or device (CUDA tensors; not built yet:
+  // a CUDA publisher sends dense updates). Default: host
+  DeltaBaseline delta_baseline = DeltaBaseline::kHost;
 };
 
 struct SubscriberOptions {
@@ -100,6 +115,13 @@ struct SubscriberOptions {
   // "worker-N" when subscribers is a count). One entry applies to all.
   // Default: [cpu]
   std::vector<Device> devices{Device::cpu()};
+  // An engine that lands weights through a callback (on_tensor, Python
+  // on_weights) needs the previous bytes to apply a delta: with `host` it
+  // keeps its own copy of the last version (the model's bytes in host
+  // memory) and still gets whole tensors in its callback; with `none` its
+  // group gets dense updates. Engines with registered buffers apply deltas
+  // in place and need no copy. Default: none
+  bool delta_baseline = false;
 };
 
 // The synthetic workload of paramcast-trainer / paramcast-worker.

@@ -104,6 +104,12 @@ Status check_bucket(const UpdatePlan& plan, const PlanBucket& b, std::vector<uin
   return Status();
 }
 
+uint32_t UpdatePlan::bucket_unit(size_t k) const {
+  size_t unit = 8;
+  for (const auto& p : buckets[k].pieces) unit = std::min(unit, dtype_size(tensors[p.tensor].dtype));
+  return static_cast<uint32_t>(std::max<size_t>(unit, 1));
+}
+
 Status UpdatePlan::add_streamed_bucket(PlanBucket b) {
   if (!streamed) return internal_error("add_streamed_bucket on a plan that lists its buckets");
   if (b.bytes > bucket_bytes)

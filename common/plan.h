@@ -54,6 +54,9 @@ struct UpdatePlan {
   bool streamed = false;      // buckets arrive one by one (add_streamed_bucket)
   uint64_t bucket_bytes = 0;  // streamed: no bucket is larger
   bool partial = false;       // a subset of the engines' tensors
+  uint64_t delta_base = 0;    // non-zero: a delta update against this version (common/delta/)
+  // The unit a delta of bucket k compares in: its tensors' smallest element size.
+  uint32_t bucket_unit(size_t k) const;
   // Streamed plans: checks bucket `b` against the tensors (pieces inside
   // their tensor and the bucket, a tensor's bytes covered at most once, no
   // bucket above bucket_bytes) and appends it; and, once the publisher says

@@ -70,6 +70,7 @@ void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
   out.setStreamed(plan.streamed);
   out.setBucketBytes(plan.bucket_bytes);
   out.setPartial(plan.partial);
+  out.setDeltaBase(plan.delta_base);
 }
 
 StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
@@ -106,6 +107,7 @@ StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
     return protocol_error("plan v" + std::to_string(plan.version) + ": total bytes disagree with the tensors");
   plan.streamed = in.getStreamed();
   plan.partial = in.getPartial();
+  plan.delta_base = in.getDeltaBase();
   plan.bucket_bytes = in.getBucketBytes();
   std::vector<uint64_t> covered(plan.tensors.size(), 0);
   if (plan.streamed) {

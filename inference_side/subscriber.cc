@@ -49,6 +49,9 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
   o.device = device;
   o.capabilities = {"xxh64"};
   if (callback) o.capabilities.push_back("callback");
+  // Deltas are applied on the host, in place or onto the engine's own copy
+  // of the last version (a callback engine keeps one only when configured).
+  if (!device.is_cuda() && (!callback || cfg.subscriber.delta_baseline)) o.capabilities.push_back("delta");
   if (const char* v = std::getenv("PARAMCAST_TEST_PROTOCOL_VERSION"))
     o.protocol_version_override = static_cast<uint32_t>(std::atoi(v));
   return o;
@@ -190,6 +193,7 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
       return;
     }
     case B::BUCKET_LAYOUTS: return on_layouts(body.getBucketLayouts());
+    case B::BUCKET_DELTA: return on_delta(body.getBucketDelta());
     case B::ABANDON: {
       auto a = body.getAbandon();
       {
@@ -235,14 +239,30 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
     checksums_.clear();
     layouts_.clear();
     stream_end_.clear();
+    deltas_.clear();
   }
   client_->set_epoch(epoch);
   push_job(std::move(job));
 }
 
 std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
-  std::lock_guard<std::mutex> lock(reg_mu_);
-  return check_plan(plan, registry_, bool(callback_));
+  std::vector<Mismatch> out;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    out = check_plan(plan, registry_, bool(callback_));
+  }
+  if (plan.delta_base) {
+    // A delta applies onto the version it was computed against, and only
+    // that: this engine (and its copy, for the callback) must hold it.
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool holds = state_.kind == WeightStateKind::kConsistent && state_.version == plan.delta_base;
+    const bool copy = !keeps_copies() || (copy_version_ == plan.delta_base && copy_manifest_ == plan.manifest_hash);
+    if (!holds || !copy || device_.is_cuda() || (callback_ && !cfg_.subscriber.delta_baseline))
+      out.push_back({Mismatch::Kind::kOther, "<delta>", "v" + std::to_string(plan.delta_base) + ", consistent" +
+                                                            (keeps_copies() ? ", with its copy for the callback" : ""),
+                     state_.to_string() + (holds && !copy ? ", its copy for the callback at another version" : "")});
+  }
+  return out;
 }
 
 void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
@@ -299,6 +319,47 @@ void SubscriberImpl::on_layouts(proto::BucketLayouts::Reader l) {
   if (l.getEnd()) stream_end_[l.getVersion()] = k;
   cv_.notify_all();
 }
+
+// A delta update's bucket encoding, kept until the data thread takes it
+// (bounded as the layouts are).
+void SubscriberImpl::on_delta(proto::BucketDelta::Reader d) {
+  constexpr size_t kMaxPendingDeltas = 1 << 16;
+  delta::Header h;
+  h.kind = static_cast<delta::Kind>(static_cast<uint8_t>(d.getKind()));
+  h.unit = d.getUnit();
+  h.changed = d.getChanged();
+  h.wire_bytes = d.getWireBytes();
+  h.piece_hashes.reserve(d.getPieceHashes().size());
+  for (uint64_t v : d.getPieceHashes()) h.piece_hashes.push_back(v);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (deltas_.size() >= kMaxPendingDeltas) {
+    PC_WARN(id_ << ": more than " << kMaxPendingDeltas << " bucket encodings pending; v" << d.getVersion()
+                << " bucket " << d.getBucket() << " dropped");
+    return;
+  }
+  deltas_[{d.getVersion(), d.getBucket()}] = std::move(h);
+  cv_.notify_all();
+}
+
+StatusOr<delta::Header> SubscriberImpl::delta_header(uint64_t version, size_t bucket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto key = std::make_pair(version, static_cast<uint32_t>(bucket));
+  auto gone = [&] { return stopping_ || !client_->joined() || abandoned_version_ >= version; };
+  if (!cv_.wait_until(lock, deadline_, [&] { return deltas_.count(key) || gone(); }))
+    return timeout_error("the encoding of bucket " + std::to_string(bucket) + " of v" + std::to_string(version) +
+                         " never arrived within update_timeout (" + format_duration(update_cap_) + ")");
+  auto it = deltas_.find(key);
+  if (it == deltas_.end()) {
+    if (stopping_) return aborted("subscriber stopping");
+    if (abandoned_version_ >= version) return aborted("the publisher abandoned v" + std::to_string(version));
+    return peer_lost("publisher lost before the encoding of bucket " + std::to_string(bucket) + " arrived");
+  }
+  delta::Header h = std::move(it->second);
+  deltas_.erase(it);
+  return h;
+}
+
+bool SubscriberImpl::keeps_copies() const { return callback_ && cfg_.subscriber.delta_baseline; }
 
 // PlanAccept, or PlanReject with every mismatch.
 void SubscriberImpl::answer_plan(uint64_t version, const std::vector<Mismatch>& mismatches) {
@@ -443,6 +504,7 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
   if (!job.discard.empty()) {
     transfer::BucketReceiver::Hooks hooks;
     hooks.next_bucket = [&](size_t k, bool wait, PlanBucket& b) { return next_bucket(plan.version, k, wait, b); };
+    hooks.delta_header = [&](size_t k) { return delta_header(plan.version, k); };
     Status s = receiver_->drop(*job.plan, *comm, hooks, deadline());
     collective_done = s.ok();
     if (!s.ok()) return s;
@@ -463,7 +525,21 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
   hooks.expected_checksum = [&](size_t k) { return expected_checksum(plan.version, k); };
   hooks.on_tensor = callback_;
   hooks.next_bucket = [&](size_t k, bool wait, PlanBucket& b) { return next_bucket(plan.version, k, wait, b); };
+  hooks.delta_header = [&](size_t k) { return delta_header(plan.version, k); };
+  if (keeps_copies()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      copy_version_ = 0;  // being written
+    }
+    copy_.prepare(plan);  // kept when the manifest is the same
+    hooks.copy_of = [&](uint32_t t) { return copy_.tensor(t); };
+  }
   Status s = receiver_->receive(*job.plan, dest, *comm, hooks, deadline());
+  if (s.ok() && keeps_copies()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    copy_version_ = plan.version;
+    copy_manifest_ = plan.manifest_hash;
+  }
   collective_done = s.ok();
   return s;
 }
@@ -527,6 +603,8 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
       it = it->first.first <= plan.version ? checksums_.erase(it) : std::next(it);
     for (auto it = layouts_.begin(); it != layouts_.end();)
       it = it->first.first <= plan.version ? layouts_.erase(it) : std::next(it);
+    for (auto it = deltas_.begin(); it != deltas_.end();)
+      it = it->first.first <= plan.version ? deltas_.erase(it) : std::next(it);
     stream_end_.erase(stream_end_.begin(), stream_end_.upper_bound(plan.version));
     if (s.ok()) {
       state_.kind = WeightStateKind::kConsistent;

@@ -24,6 +24,7 @@
 #include "common/control/control_client.h"
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
+#include "common/delta/baseline.h"
 #include "common/group/group_member.h"
 #include "common/plan.h"
 #include "common/transfer/bucket_receiver.h"
@@ -88,6 +89,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   using Next = transfer::BucketReceiver::Hooks::Next;
   StatusOr<Next> next_bucket(uint64_t version, size_t bucket, bool wait, PlanBucket& out);
   void on_layouts(proto::BucketLayouts::Reader layouts);
+  void on_delta(proto::BucketDelta::Reader d);
+  StatusOr<delta::Header> delta_header(uint64_t version, size_t bucket);
+  bool keeps_copies() const;
   uint64_t combined_checksum(const UpdatePlan& plan);
   void report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
               std::chrono::milliseconds receive_time, const std::vector<LinkStats>& links);
@@ -99,6 +103,12 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::unique_ptr<group::GroupMember> group_;
   std::unique_ptr<DeviceMemory> mem_;                   // data thread only
   std::unique_ptr<transfer::BucketReceiver> receiver_;  // data thread only
+  // The last version of the tensors handed to the callback, kept to apply
+  // deltas onto (subscriber.delta_baseline: host); data thread only, its
+  // version read by the control thread under mu_ (copy_version_).
+  delta::Baseline copy_;
+  uint64_t copy_version_ = 0;    // guarded by mu_
+  uint64_t copy_manifest_ = 0;   // guarded by mu_
   const transfer::FaultInjection faults_;
   ControlFaults lost_;  // test hook: control messages to lose
   std::thread data_thread_;
@@ -126,6 +136,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // bucket count of each stream that ended (by version).
   std::map<std::pair<uint64_t, uint32_t>, PlanBucket> layouts_;
   std::map<uint64_t, uint64_t> stream_end_;
+  std::map<std::pair<uint64_t, uint32_t>, delta::Header> deltas_;  // delta updates: bucket encodings announced
   uint64_t abandoned_version_ = 0;  // the last update the publisher abandoned
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_

@@ -11,8 +11,9 @@ $Cxx.namespace("paramcast::proto");
 
 const protocolVersion :UInt32 = 3;
 # Bumped on any change that an older peer cannot understand.
-# 3: streamed plans (Plan.streamed, BucketLayouts) and partial plans
-#    (Plan.partial): a version-2 subscriber would misread both.
+# 3: streamed plans (Plan.streamed, BucketLayouts), partial plans
+#    (Plan.partial) and delta updates (Plan.deltaBase, BucketDelta): a
+#    version-2 subscriber would misread each.
 # 2: member connections are "member/<id>/<nonce>" (no longer the bare worker
 #    id); a member Hello is taken only after its probe; text length limits.
 
@@ -276,6 +277,36 @@ struct Plan {
   partial @9 :Bool;
   # The update carries a subset of the engines' tensors: a registered tensor
   # it does not name keeps its bytes (no missingName mismatch for it).
+  deltaBase @10 :UInt64;
+  # Non-zero: a delta update against this version, which every member must
+  # hold, consistent (else it rejects the plan). Each bucket's BucketDelta
+  # precedes its broadcast and says how the bucket travels.
+}
+
+enum DeltaKind {
+  dense @0;      # the bucket's bytes, as without a delta
+  indices @1;    # changed values, then their uint32 unit indices
+  bitmask @2;    # changed values, then one bit per unit of the bucket
+  unchanged @3;  # nothing changed: no broadcast
+}
+
+struct BucketDelta {
+  # How one bucket of a delta update travels, sent before its broadcast.
+  version @0 :UInt64;
+  # Update the bucket belongs to.
+  bucket @1 :UInt32;
+  # Its index (broadcast order).
+  kind @2 :DeltaKind;
+  # Its encoding (common/delta/delta_codec.h).
+  unit @3 :UInt32;
+  # Bytes per compared element: the smallest element size of its tensors.
+  changed @4 :UInt64;
+  # Changed units carried (delta kinds).
+  wireBytes @5 :UInt64;
+  # Bytes broadcast for the bucket (0 when unchanged).
+  pieceHashes @6 :List(UInt64);
+  # xxh64 of each piece's new bytes, in the bucket's piece order: a member
+  # checks its resulting bytes against them.
 }
 
 enum MismatchKind {
@@ -463,5 +494,6 @@ struct Envelope {
     statusRequest @21 :StatusRequest;
     statusReply @22 :StatusReply;
     bucketLayouts @23 :BucketLayouts;
+    bucketDelta @24 :BucketDelta;
   }
 }

@@ -242,15 +242,16 @@ uint64_t PublisherImpl::highest_member_version(std::string& who) const {
   return highest;
 }
 
-void PublisherImpl::run(const UpdatePlan& plan, const std::vector<TensorView>& tensors,
-                        const UpdateOptions& options, UpdateResult& r) {
+void PublisherImpl::run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
+                        UpdateResult& r) {
   if (Status s = ensure_group(); !s.ok()) {  // 2. group
     r.status = s;
     return;
   }
+  decide_delta(plan, r);
   const bool precommitted = send_plan(plan, r);  // 3. check
   if (!precommitted && !check_plan(plan, r)) return;
-  Status data = move(plan, tensors, options.after_stream);  // 4. move
+  Status data = move(plan, tensors, options.after_stream, r);  // 4. move
   collect_applied(plan, data, r);     // 5. applied
 }
 
@@ -310,12 +311,82 @@ bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
 }
 
 // 4. Move: the buckets go out; checksums travel on the control channel.
-Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream) {
+Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream,
+                           UpdateResult& r) {
   MoveState m = start_move();
   transfer::BucketSender::Hooks hooks;
   hooks.on_checksum = checksum_hook(plan, m);
   hooks.on_progress = progress_hook(plan, m);
-  return end_move(plan, m, sender_->send(plan, tensors, *comm_, hooks, cap_, after_stream));
+  if (keeps_baseline()) {
+    hooks.baseline = &baseline_;
+    hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
+    hooks.on_delta = [&](size_t k, const delta::Header& h) {
+      server_.send_to(m.group, control::make_message(m.epoch, server_.incarnation(), [&](auto b) {
+                        auto d = b.initBucketDelta();
+                        d.setVersion(plan.version);
+                        d.setBucket(static_cast<uint32_t>(k));
+                        d.setKind(static_cast<proto::DeltaKind>(static_cast<uint16_t>(h.kind)));
+                        d.setUnit(h.unit);
+                        d.setChanged(h.changed);
+                        d.setWireBytes(h.wire_bytes);
+                        auto list = d.initPieceHashes(static_cast<unsigned>(h.piece_hashes.size()));
+                        for (size_t i = 0; i < h.piece_hashes.size(); ++i) list.set(static_cast<unsigned>(i), h.piece_hashes[i]);
+                      }));
+    };
+  }
+  Status data = end_move(plan, m, sender_->send(plan, tensors, *comm_, hooks, cap_, after_stream));
+  r.wire_bytes = sender_->wire_bytes();
+  r.delta = sender_->delta_buckets() > 0;
+  return data;
+}
+
+// The baseline is kept (and deltas sent) for host tensors with publisher.delta on.
+bool PublisherImpl::keeps_baseline() const {
+  return cfg_.publisher.delta != DeltaMode::kOff && !cfg_.publisher.device.is_cuda();
+}
+
+// A delta goes only to a group whose every member holds the baseline
+// version, consistent, and can apply one; anything else makes this update
+// dense for the whole group (and says why), and the next can be a delta.
+void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
+  plan.delta_base = 0;
+  baseline_fresh_ = false;
+  if (cfg_.publisher.delta == DeltaMode::kOff) return;
+  const uint64_t base = baseline_.version();
+  std::string why;
+  if (!keeps_baseline()) {
+    why = "CUDA tensors: delta encoding runs on host memory only";
+  } else if (plan.streamed) {
+    why = "a streamed update";
+  } else if (baseline_.version() == 0) {
+    why = "no baseline yet";
+  } else if (baseline_.manifest_hash() != plan.manifest_hash) {
+    why = "the manifest changed";
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& id : group_) {
+      auto m = server_.member(id);
+      if (!m) why = id + " gone";
+      else if (!m->delta) why = id + " cannot apply deltas (a callback engine without subscriber.delta_baseline, or CUDA)";
+      else if (m->state == proto::WeightState::DIRTY)
+        why = id + " dirty (v" + std::to_string(m->dirty_version) + " incomplete)";
+      else if (m->state != proto::WeightState::CONSISTENT || m->weight_version != base)
+        why = id + " at v" + std::to_string(m->state == proto::WeightState::CONSISTENT ? m->weight_version : 0);
+      if (!why.empty()) break;
+    }
+  }
+  if (keeps_baseline() && !plan.streamed) {
+    baseline_.prepare(plan);  // written by this update; a baseline once every member applied it
+    baseline_fresh_ = true;
+  } else {
+    baseline_.invalidate();  // the members move past it
+  }
+  if (why.empty()) {
+    plan.delta_base = base;
+    return;
+  }
+  r.dense_because = why;
+  PC_INFO("publisher: update v" << plan.version << ": dense (" << why << ")");
 }
 
 PublisherImpl::MoveState PublisherImpl::start_move() {
@@ -393,6 +464,7 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
     published_version_ = r.version;
     server_.set_published_version(r.version);
     validated_ = ValidatedManifest{groups_.epoch(), plan.manifest_hash, plan.checksum, plan.partial};
+    if (baseline_fresh_) baseline_.set_version(plan.version);
     round_.end();
     return;
   }
@@ -577,6 +649,8 @@ PublisherStats PublisherImpl::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   s.published_version = published_version_;
   s.staging_peak_bytes = mem_ ? mem_->peak() : 0;
+  s.baseline_bytes = baseline_.bytes();
+  s.baseline_version = baseline_.version();
   return s;
 }
 

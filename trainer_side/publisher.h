@@ -51,7 +51,12 @@ struct UpdateResult {
   Status status;  // OK when every (present) subscriber applied the update
   uint64_t version = 0;
   uint64_t epoch = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;        // the tensors' bytes
+  uint64_t wire_bytes = 0;   // what crossed the data plane, encodings included (delta updates: far less)
+  bool delta = false;        // at least one bucket went as a delta
+  // publisher.delta on and the update went dense: why ("worker-3 at v5",
+  // "no baseline yet", "the manifest changed", ...). Empty otherwise.
+  std::string dense_because;
   size_t tensors = 0;
   size_t buckets = 0;
   double seconds = 0;
@@ -144,6 +149,8 @@ struct PublisherStats {
   uint64_t published_version = 0;
   uint64_t dropped_frames = 0;      // malformed frames dropped
   uint64_t staging_peak_bytes = 0;  // peak staging memory of the send pipeline
+  uint64_t baseline_bytes = 0;      // host memory held as the delta baseline (publisher.delta)
+  uint64_t baseline_version = 0;    // the version it holds (0: none)
   int live_members = 0;
 };
 

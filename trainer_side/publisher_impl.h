@@ -28,6 +28,7 @@
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
 #include "common/data/reaper.h"
+#include "common/delta/baseline.h"
 #include "common/group/group_host.h"
 #include "common/stream/stream_sender.h"
 #include "common/transfer/bucket_sender.h"
@@ -82,13 +83,17 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::function<void(size_t, uint64_t)> checksum_hook(const UpdatePlan& plan, const MoveState& m);
   std::function<void(uint64_t, uint64_t)> progress_hook(const UpdatePlan& plan, MoveState& m);
   Status end_move(const UpdatePlan& plan, const MoveState& m, Status data);
-  void run(const UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
+  void run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
   Status form_group();
   bool send_plan(const UpdatePlan& plan, UpdateResult& r);
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);
-  Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream);
+  Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream, UpdateResult& r);
+  // Delta updates: whether this update can go as a delta (sets
+  // plan.delta_base) or why not, and the baseline prepared for it.
+  void decide_delta(UpdatePlan& plan, UpdateResult& r);
+  bool keeps_baseline() const;
   void collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r);
   // "; slowest member: 'id' (N received)" from the members' heartbeats, or "".
   std::string slowest_receiver(uint64_t version) const;
@@ -133,6 +138,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::shared_ptr<Communicator> comm_;
   uint64_t last_version_ = 0;
   std::function<void(uint64_t, uint64_t, uint64_t)> progress_;
+  delta::Baseline baseline_;  // the last version every member applied (publisher.delta)
+  bool baseline_fresh_ = false;  // the update in flight writes the baseline
 };
 
 }  // namespace paramcast

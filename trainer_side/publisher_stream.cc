@@ -47,6 +47,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
     st->status = st->r.status = s;
     return st;
   }
+  decide_delta(st->plan, st->r);  // dense: a stream does not keep the baseline (yet)
   const bool precommitted = send_plan(st->plan, st->r);  // 3. check
   if (!precommitted && !check_plan(st->plan, st->r)) {
     st->status = st->r.status;
@@ -132,6 +133,7 @@ UpdateResult PublisherImpl::stream_finish(StreamState& st) {
   if (st.moving && !st.ended) {
     Status data = st.status.ok() ? end_move(st.plan, st.move, st.sender->finish()) : st.status;
     st.r.buckets = st.plan.buckets.size();
+    st.r.wire_bytes = st.move.sent;
     collect_applied(st.plan, data, st.r);  // 5. applied
   }
   st.ended = true;

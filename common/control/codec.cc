@@ -202,6 +202,7 @@ const char* body_name(proto::Envelope::Reader envelope) {
       case B::STATUS_REQUEST: return "statusRequest";
       case B::STATUS_REPLY: return "statusReply";
       case B::BUCKET_LAYOUTS: return "bucketLayouts";
+      case B::BUCKET_DELTA: return "bucketDelta";
     }
   } catch (const kj::Exception&) {
   }

@@ -89,6 +89,7 @@ struct Member {
   uint64_t last_update_link_rate = 0;  // bytes/s, as its parent measured
   int rank = -1;  // in the current group; -1 when not in it
   bool lost = false;
+  bool delta = false;  // announced the "delta" capability: it can apply delta updates
 };
 
 class ControlServer {

@@ -1,9 +1,11 @@
 #include "common/transfer/bucket_receiver.h"
 
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "common/log.h"
+#include "common/xxhash.h"
 
 namespace paramcast::transfer {
 
@@ -17,6 +19,13 @@ struct BucketReceiver::Update {
   std::vector<std::shared_ptr<Work>> works;
   std::vector<uint8_t*> where;
   std::vector<bool> in_place;
+  std::vector<delta::Header> headers;  // delta updates: per bucket
+
+  bool delta() const { return plan.delta_base != 0; }
+  // Bucket k travels as a delta encoding (not dense, not skipped).
+  bool encoded(size_t k) const {
+    return delta() && (headers[k].kind == delta::Kind::kIndices || headers[k].kind == delta::Kind::kBitmask);
+  }
 
   bool has_dest(uint32_t t) const { return dest[t] != nullptr; }
   // Bucket k's landing: in place when its destinations lie in bucket layout.
@@ -27,6 +36,7 @@ struct BucketReceiver::Update {
     works.emplace_back();
     where.push_back(nullptr);
     in_place.push_back(false);
+    headers.emplace_back();
   }
   std::string bucket_name(size_t k) const { return "bucket " + std::to_string(k) + " of v" + std::to_string(plan.version); }
 };
@@ -39,11 +49,12 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
   deadline_ = deadline;
   received_ = 0;
   PC_CHECK_EQ(destinations.size(), plan.tensors.size());
-  Update u{plan, destinations, comm, hooks, {}, {}, {}, {}, {}};
+  Update u{plan, destinations, comm, hooks, {}, {}, {}, {}, {}, {}};
   uint64_t staging_bytes = 0;
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
     u.add(k);
     const auto& b = plan.buckets[k];
+    if (u.delta()) staging_bytes = std::max(staging_bytes, b.bytes);  // any bucket may come as a delta
     const uint32_t t0 = b.pieces[0].tensor;
     const bool staged = b.direct ? !u.has_dest(t0) && b.bytes == plan.nbytes[t0] : u.in_place_at[k] == nullptr;
     if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
@@ -130,6 +141,24 @@ Status BucketReceiver::settle(Update& u, Status failure) {
 Status BucketReceiver::issue(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
   const auto& p0 = b.pieces[0];
+  if (u.delta()) {
+    if (!u.hooks.delta_header) return internal_error("a delta update but no source of bucket encodings");
+    auto h = u.hooks.delta_header(k);
+    if (!h.ok()) return h.status();
+    PC_RETURN_IF_ERROR(delta::check_header(*h, b.bytes, b.pieces.size(), u.bucket_name(k)));
+    if (h->unit != u.plan.bucket_unit(k) || h->wire_bytes > b.bytes)
+      return data_corrupt("delta header of " + u.bucket_name(k) + ": unit " + std::to_string(h->unit) + " and " +
+                          std::to_string(h->wire_bytes) + " wire bytes do not fit a bucket of " +
+                          std::to_string(b.bytes) + " bytes in units of " + std::to_string(u.plan.bucket_unit(k)));
+    u.headers[k] = std::move(*h);
+    if (u.headers[k].kind == delta::Kind::kUnchanged) return Status();  // nothing is broadcast
+    if (u.encoded(k)) {
+      u.where[k] = staging_.slot(k);
+      if (mem_->stream()) PC_RETURN_IF_ERROR(u.comm.order_after(mem_->stream()));
+      u.works[k] = u.comm.broadcast(u.where[k], u.headers[k].wire_bytes, 0);
+      return Status();
+    }
+  }
   if (b.direct && u.has_dest(p0.tensor)) {
     u.where[k] = static_cast<uint8_t*>(u.dest[p0.tensor]->data) + p0.tensor_offset;
   } else if (b.direct && b.bytes != u.plan.nbytes[p0.tensor]) {
@@ -154,26 +183,88 @@ Status BucketReceiver::issue(Update& u, size_t k) {
 
 Status BucketReceiver::finish(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
-  Status landed = u.works[k]->wait(deadline_);
-  u.works[k].reset();
-  PC_RETURN_IF_ERROR(landed.with_context(u.bucket_name(k)));
+  if (u.works[k]) {  // none: an unchanged bucket of a delta update
+    Status landed = u.works[k]->wait(deadline_);
+    u.works[k].reset();
+    PC_RETURN_IF_ERROR(landed.with_context(u.bucket_name(k)));
+  }
   received_ += b.bytes;
-  if (faults_.corrupt_bucket == static_cast<int64_t>(k) && b.bytes > 0) {
+  if (u.delta() && u.headers[k].kind == delta::Kind::kUnchanged) {
+    PC_RETURN_IF_ERROR(check_pieces(u, k));
+    return deliver(u, k);
+  }
+  if (faults_.corrupts(u.plan.version, k) && b.bytes > 0 && u.where[k]) {
     faults_.corrupt_bucket = -1;  // once
     uint8_t byte;
     PC_RETURN_IF_ERROR(mem_->copy(&byte, u.where[k], 1));
     byte ^= 0x01;
     PC_RETURN_IF_ERROR(mem_->copy(u.where[k], &byte, 1));
   }
-  if (u.plan.checksum != Checksum::kNone) PC_RETURN_IF_ERROR(verify(u, k));
+  if (u.encoded(k)) return land_delta(u, k);
+  if (u.plan.checksum != Checksum::kNone && !u.delta()) PC_RETURN_IF_ERROR(verify(u, k));
   std::vector<DeviceMemory::CopyOp> unpack;
   if (!b.direct && !u.in_place[k])
     for (const auto& p : b.pieces)
       if (u.has_dest(p.tensor))
         unpack.push_back({static_cast<uint8_t*>(u.dest[p.tensor]->data) + p.tensor_offset, u.where[k] + p.bucket_offset,
                           p.length});
+  // Tensors kept between updates (an engine's copy for its callback) take
+  // the new bytes too, so that the next delta applies onto this version.
+  for (const auto& p : b.pieces)
+    if (uint8_t* copy = kept(u, p.tensor)) unpack.push_back({copy + p.tensor_offset, u.where[k] + p.bucket_offset, p.length});
   PC_RETURN_IF_ERROR(mem_->copy_many(unpack));
+  if (u.delta()) PC_RETURN_IF_ERROR(check_pieces(u, k));
   return deliver(u, k);
+}
+
+uint8_t* BucketReceiver::kept(Update& u, uint32_t t) {
+  return !u.has_dest(t) && u.hooks.copy_of ? u.hooks.copy_of(t) : nullptr;
+}
+
+// A delta (host memory): applied onto the destinations, which hold the
+// baseline version, or onto the engine's copy of it.
+Status BucketReceiver::land_delta(Update& u, size_t k) {
+  const auto& b = u.plan.buckets[k];
+  std::vector<delta::Segment> segments;
+  segments.reserve(b.pieces.size());
+  for (const auto& p : b.pieces) {
+    uint8_t* at = u.has_dest(p.tensor) ? static_cast<uint8_t*>(u.dest[p.tensor]->data) : kept(u, p.tensor);
+    if (!at)
+      return internal_error("delta of " + u.bucket_name(k) + ": tensor '" + u.plan.tensors[p.tensor].name +
+                            "' has neither a destination nor a kept copy to apply it to");
+    segments.push_back({nullptr, at + p.tensor_offset, p.bucket_offset, p.length});
+  }
+  PC_RETURN_IF_ERROR(delta::apply(u.headers[k], u.where[k], b.bytes, segments, u.bucket_name(k)));
+  PC_RETURN_IF_ERROR(check_pieces(u, k));
+  return deliver(u, k);
+}
+
+// Every piece's resulting bytes against the publisher's hash of the new
+// version: a delta update is verified end to end, naming the tensor.
+Status BucketReceiver::check_pieces(Update& u, size_t k) {
+  const auto& b = u.plan.buckets[k];
+  const auto& hashes = u.headers[k].piece_hashes;
+  for (size_t i = 0; i < b.pieces.size(); ++i) {
+    const auto& p = b.pieces[i];
+    const uint8_t* at = u.has_dest(p.tensor) ? static_cast<const uint8_t*>(u.dest[p.tensor]->data) : kept(u, p.tensor);
+    if (!at) {
+      // Handed to on_tensor from where it landed: only a dense bucket can be.
+      if (u.encoded(k) || u.headers[k].kind == delta::Kind::kUnchanged)
+        return internal_error("delta of " + u.bucket_name(k) + ": tensor '" + u.plan.tensors[p.tensor].name +
+                              "' has nowhere to keep it");
+      at = u.where[k] + p.bucket_offset - p.tensor_offset;
+    }
+    const uint64_t got = xxh64(at + p.tensor_offset, p.length);
+    if (got == hashes[i]) continue;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "expected %016llx, got %016llx", static_cast<unsigned long long>(hashes[i]),
+                  static_cast<unsigned long long>(got));
+    return data_corrupt("tensor '" + u.plan.tensors[p.tensor].name + "' (bytes " + std::to_string(p.tensor_offset) +
+                        ".." + std::to_string(p.tensor_offset + p.length) + ") differs from the publisher's v" +
+                        std::to_string(u.plan.version) + " after " + delta::kind_name(u.headers[k].kind) + " " +
+                        u.bucket_name(k) + ": " + buf + "; the engine holds the bad bytes");
+  }
+  return Status();
 }
 
 Status BucketReceiver::verify(Update& u, size_t k) {
@@ -202,7 +293,8 @@ Status BucketReceiver::deliver(Update& u, size_t k) {
     view.spec = spec;
     view.device = device_;
     auto a = u.assembly.find(p.tensor);
-    view.data = a != u.assembly.end() ? a->second.data() : u.where[k] + p.bucket_offset;
+    if (uint8_t* copy = kept(u, p.tensor)) view.data = copy;  // the whole tensor, as kept
+    else view.data = a != u.assembly.end() ? a->second.data() : u.where[k] + p.bucket_offset;
     if (u.hooks.on_tensor) {
       Status cs = u.hooks.on_tensor(view);
       if (!cs.ok()) return cs.with_context("tensor callback for '" + spec.name + "'");
@@ -219,12 +311,23 @@ Status BucketReceiver::drop(UpdatePlan& plan, Communicator& comm, const Hooks& h
   for (const auto& b : plan.buckets) largest = std::max(largest, b.bytes);
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, largest));
   std::vector<const TensorView*> none(plan.tensors.size(), nullptr);
-  Update u{plan, none, comm, hooks, {}, {}, {}, {}, {}};
+  Update u{plan, none, comm, hooks, {}, {}, {}, {}, {}, {}};
   for (size_t k = 0;; ++k) {
     auto next = have(u, k, true);
     if (!next.ok()) return next.status();
     if (*next != Hooks::Next::kReady) break;
-    PC_RETURN_IF_ERROR(comm.broadcast(staging_.slot(k), plan.buckets[k].bytes, 0)
+    uint64_t bytes = plan.buckets[k].bytes;
+    if (u.delta()) {  // the encoding's size, as announced
+      if (!hooks.delta_header) return internal_error("a delta update but no source of bucket encodings");
+      auto h = hooks.delta_header(k);
+      if (!h.ok()) return h.status();
+      PC_RETURN_IF_ERROR(delta::check_header(*h, bytes, plan.buckets[k].pieces.size(), "dropped bucket " +
+                                                                                       std::to_string(k)));
+      if (h->wire_bytes > bytes) return data_corrupt("dropped bucket " + std::to_string(k) + ": a delta larger than it");
+      bytes = h->wire_bytes;
+      if (bytes == 0) continue;
+    }
+    PC_RETURN_IF_ERROR(comm.broadcast(staging_.slot(k), bytes, 0)
                            ->wait(deadline)
                            .with_context("dropped bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
     received_ += plan.buckets[k].bytes;

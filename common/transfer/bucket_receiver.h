@@ -16,6 +16,12 @@
 // A streamed plan (common/plan.h) arrives without buckets: next_bucket()
 // supplies each layout as the publisher announces it, checked against the
 // plan before its broadcast is received, until the stream's end.
+// A delta update (plan.delta_base, host memory) announces each bucket's
+// encoding (delta_header): a delta lands in staging and is applied in place
+// to the registered destinations, or to the engine's own copy of the last
+// version (copy_of) for tensors handed to on_tensor, which then gets the
+// whole tensor from the copy; every piece's resulting bytes are checked
+// against the publisher's hash of the new version.
 // Time: no bucket has a deadline of its own (the communicator fails a
 // stalled link); a receive ends by `deadline`, the update's cap. received()
 // tells, from any thread, how far the receive in progress got.
@@ -30,6 +36,7 @@
 #include <vector>
 
 #include "common/data/communicator.h"
+#include "common/delta/delta_codec.h"
 #include "common/data/device_memory.h"
 #include "common/plan.h"
 #include "common/transfer/fault_injection.h"
@@ -47,6 +54,12 @@ class BucketReceiver {
     // `wait` (up to the deadline). kEnded: the stream ended before k.
     enum class Next { kReady, kEnded, kNotYet };
     std::function<StatusOr<Next>(size_t k, bool wait, PlanBucket& out)> next_bucket;
+    // Delta updates: bucket k's header (waits for it to arrive).
+    std::function<StatusOr<delta::Header>(size_t k)> delta_header;
+    // Where tensor t, which has no destination, is kept between updates
+    // (the engine's copy of the last version), or null: its bytes are
+    // written there and on_tensor is handed the copy.
+    std::function<uint8_t*(uint32_t t)> copy_of;
   };
 
   BucketReceiver(DeviceMemory* memory, Device device, FaultInjection faults = {});
@@ -66,6 +79,9 @@ class BucketReceiver {
   Status issue(Update& u, size_t k);
   Status finish(Update& u, size_t k);
   Status verify(Update& u, size_t k);
+  Status land_delta(Update& u, size_t k);
+  Status check_pieces(Update& u, size_t k);
+  uint8_t* kept(Update& u, uint32_t t);
   Status deliver(Update& u, size_t k);
   Status settle(Update& u, Status failure);
 

@@ -1,5 +1,6 @@
 #include "common/transfer/bucket_sender.h"
 
+#include <cstring>
 #include <thread>
 
 #include "common/log.h"
@@ -11,6 +12,9 @@ BucketSender::BucketSender(DeviceMemory* memory, FaultInjection faults) : mem_(m
 Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>& tensors, Communicator& comm,
                           const Hooks& hooks, Deadline deadline, void* after_stream) {
   deadline_ = deadline;
+  wire_bytes_ = 0;
+  delta_buckets_ = 0;
+  const bool encode = plan.delta_base != 0 && hooks.baseline;
   // Packing (copy stream) and direct/in-place broadcasts (the communicator's
   // stream) both read the caller's tensors: both wait for the caller's stream.
   PC_RETURN_IF_ERROR(mem_->order_after(after_stream));
@@ -20,7 +24,9 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
   std::vector<uint8_t*> in_place_at(n, nullptr);
   uint64_t staging_bytes = 0;
   for (size_t k = 0; k < n; ++k) {
-    if (plan.buckets[k].direct) continue;
+    // A delta is encoded into staging, whatever kind of bucket it is.
+    if (encode) staging_bytes = std::max(staging_bytes, plan.buckets[k].bytes);
+    if (encode || plan.buckets[k].direct) continue;
     in_place_at[k] = plan.in_place_base(k, source);
     if (!in_place_at[k]) staging_bytes = std::max(staging_bytes, plan.buckets[k].bytes);
   }
@@ -29,8 +35,10 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
   uint64_t sent = 0;
   for (size_t k = 0; k < n; ++k) {
     Status s;
-    if (k >= 2) s = finish(plan, k - 2, *works[k - 2], hooks, sent);
-    if (s.ok()) s = issue(plan, k, tensors, in_place_at[k], comm, hooks, works[k]);
+    if (k >= 2) s = finish(plan, k - 2, works[k - 2].get(), hooks, sent);
+    if (s.ok())
+      s = encode ? issue_delta(plan, k, tensors, comm, hooks, works[k])
+                 : issue(plan, k, tensors, in_place_at[k], comm, hooks, works[k]);
     if (!s.ok()) return settle(comm, works, s);
     if (faults_.stalls_after(plan.version, k)) {
       // Hang mid-update, as a wedged trainer would, until stopped.
@@ -40,7 +48,7 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
     }
   }
   for (size_t k = n >= 2 ? n - 2 : 0; k < n; ++k) {
-    Status s = finish(plan, k, *works[k], hooks, sent);
+    Status s = finish(plan, k, works[k].get(), hooks, sent);
     if (!s.ok()) return settle(comm, works, s);
   }
   return Status();
@@ -58,12 +66,47 @@ Status BucketSender::issue(const UpdatePlan& plan, size_t k, const std::vector<T
   const int slot = static_cast<int>(k % 2);
   if (plan.checksum != Checksum::kNone) PC_RETURN_IF_ERROR(mem_->checksum_start(slot, *ptr, bytes, plan.checksum));
   work = comm.broadcast(*ptr, bytes, 0);
+  wire_bytes_ += bytes;
+  keep_baseline(plan, k, tensors, hooks);
   if (plan.checksum != Checksum::kNone) {
     auto sum = mem_->checksum_result(slot);
     if (!sum.ok()) return sum.status().with_context("checksum of bucket " + std::to_string(k));
     if (hooks.on_checksum) hooks.on_checksum(k, *sum);
   }
   return Status();
+}
+
+// Bucket k of a delta update: encoded against the baseline into its
+// staging slot (the baseline moves to the new bytes as it goes), its header
+// announced, and the encoding broadcast (nothing for an unchanged bucket).
+// The pieces' hashes in the header verify it end to end, in place of a
+// bucket checksum.
+Status BucketSender::issue_delta(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
+                                 Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work) {
+  const auto& b = plan.buckets[k];
+  std::vector<delta::Segment> segments;
+  segments.reserve(b.pieces.size());
+  for (const auto& p : b.pieces)
+    segments.push_back({static_cast<const uint8_t*>(tensors[p.tensor].data) + p.tensor_offset,
+                        hooks.baseline->tensor(p.tensor) + p.tensor_offset, p.bucket_offset, p.length});
+  uint8_t* out = staging_.slot(k);
+  const delta::Header h = delta::encode(segments, b.bytes, plan.bucket_unit(k), hooks.delta_always, out, mask_);
+  if (hooks.on_delta) hooks.on_delta(k, h);
+  if (h.kind == delta::Kind::kIndices || h.kind == delta::Kind::kBitmask) ++delta_buckets_;
+  wire_bytes_ += h.wire_bytes;
+  work = h.wire_bytes ? comm.broadcast(out, h.wire_bytes, 0) : nullptr;
+  return Status();
+}
+
+// A dense bucket of an update that keeps a baseline: its bytes become the
+// baseline's (host memory; read beside the broadcast, which reads them too).
+void BucketSender::keep_baseline(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
+                                 const Hooks& hooks) {
+  if (!hooks.baseline) return;
+  for (const auto& p : plan.buckets[k].pieces)
+    if (p.length)
+      std::memcpy(hooks.baseline->tensor(p.tensor) + p.tensor_offset,
+                  static_cast<const uint8_t*>(tensors[p.tensor].data) + p.tensor_offset, p.length);
 }
 
 // Where bucket k's bytes are sent from: the tensor itself (direct), the
@@ -86,9 +129,10 @@ StatusOr<uint8_t*> BucketSender::stage(const UpdatePlan& plan, size_t k, const s
   return slot;
 }
 
-Status BucketSender::finish(const UpdatePlan& plan, size_t k, Work& work, const Hooks& hooks, uint64_t& sent) {
-  PC_RETURN_IF_ERROR(work.wait(deadline_)
-                         .with_context("bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
+Status BucketSender::finish(const UpdatePlan& plan, size_t k, Work* work, const Hooks& hooks, uint64_t& sent) {
+  if (work)  // none: an unchanged bucket of a delta update
+    PC_RETURN_IF_ERROR(work->wait(deadline_)
+                           .with_context("bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
   sent += plan.buckets[k].bytes;
   if (hooks.on_progress) hooks.on_progress(std::min(sent, plan.total_bytes), plan.total_bytes);
   return Status();

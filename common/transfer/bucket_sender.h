@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "common/data/communicator.h"
+#include "common/delta/baseline.h"
+#include "common/delta/delta_codec.h"
 #include "common/data/device_memory.h"
 #include "common/plan.h"
 #include "common/transfer/fault_injection.h"
@@ -39,7 +41,19 @@ class BucketSender {
     std::function<void(size_t bucket, uint64_t checksum)> on_checksum;
     // Bucket k has left this rank: bytes sent so far of the update's total.
     std::function<void(uint64_t sent, uint64_t total)> on_progress;
+    // Delta updates (host memory). Non-null: the baseline moves to this
+    // update's bytes (prepared for its plan). With plan.delta_base set,
+    // each bucket is encoded against it (common/delta/delta_codec.h) into
+    // staging and on_delta tells its header before its broadcast (none for
+    // an unchanged bucket); `delta_always`: a delta whenever smaller.
+    delta::Baseline* baseline = nullptr;
+    bool delta_always = false;
+    std::function<void(size_t bucket, const delta::Header&)> on_delta;
   };
+  // What the last send() put on the wire (encodings included), and how many
+  // of its buckets went as deltas.
+  uint64_t wire_bytes() const { return wire_bytes_; }
+  size_t delta_buckets() const { return delta_buckets_; }
 
   explicit BucketSender(DeviceMemory* memory, FaultInjection faults = {});
 
@@ -59,13 +73,19 @@ class BucketSender {
   Status settle(Communicator& comm, std::vector<std::shared_ptr<Work>>& works, Status failure);
   StatusOr<uint8_t*> stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
                            uint8_t* in_place);
-  Status finish(const UpdatePlan& plan, size_t k, Work& work, const Hooks& hooks, uint64_t& sent);
+  Status finish(const UpdatePlan& plan, size_t k, Work* work, const Hooks& hooks, uint64_t& sent);
+  Status issue_delta(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, Communicator& comm,
+                     const Hooks& hooks, std::shared_ptr<Work>& work);
+  void keep_baseline(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, const Hooks& hooks);
 
   DeviceMemory* const mem_;
   Deadline deadline_;  // of the send in progress
   const FaultInjection faults_;
   StagingPair staging_;
   std::atomic<bool> stopping_{false};
+  std::vector<uint8_t> mask_;  // delta encoding scratch
+  uint64_t wire_bytes_ = 0;
+  size_t delta_buckets_ = 0;
 };
 
 }  // namespace paramcast::transfer

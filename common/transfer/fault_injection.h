@@ -5,6 +5,7 @@
 //   PARAMCAST_FAULT_STALL_AFTER_BUCKET=K     stall after bucket K of every update
 //   PARAMCAST_FAULT_STALL_AFTER_BUCKET=V:K   ... of version V only
 //   PARAMCAST_FAULT_CORRUPT_BUCKET=K         flip one received bit of bucket K, once
+//   PARAMCAST_FAULT_CORRUPT_BUCKET=V:K       ... of version V
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,11 @@ struct FaultInjection {
   int64_t stall_after_bucket = -1;
   uint64_t stall_version = 0;  // 0: any version
   int64_t corrupt_bucket = -1;
+  uint64_t corrupt_version = 0;  // 0: the first update that has bucket K
+
+  bool corrupts(uint64_t version, size_t bucket) const {
+    return corrupt_bucket == static_cast<int64_t>(bucket) && (corrupt_version == 0 || corrupt_version == version);
+  }
 
   bool stalls_after(uint64_t version, size_t bucket) const {
     return stall_after_bucket == static_cast<int64_t>(bucket) && (stall_version == 0 || stall_version == version);
@@ -29,7 +35,11 @@ struct FaultInjection {
       f.stall_version = colon ? std::strtoull(v, nullptr, 10) : 0;
       f.stall_after_bucket = std::atoll(colon ? colon + 1 : v);
     }
-    if (const char* v = std::getenv("PARAMCAST_FAULT_CORRUPT_BUCKET")) f.corrupt_bucket = std::atoll(v);
+    if (const char* v = std::getenv("PARAMCAST_FAULT_CORRUPT_BUCKET")) {
+      const char* colon = std::strchr(v, ':');
+      f.corrupt_version = colon ? std::strtoull(v, nullptr, 10) : 0;
+      f.corrupt_bucket = std::atoll(colon ? colon + 1 : v);
+    }
     return f;
   }
 };

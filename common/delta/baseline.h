@@ -1,0 +1,71 @@
+// Baseline: a copy of one version of an update's tensors in host memory,
+// what a delta is computed against (publisher) or applied onto (an engine
+// that lands weights through a callback and so has no buffers of its own).
+//
+// Owner: the publisher's update thread, or an engine's data thread. Its
+// size is the tensors' bytes; it is (re)allocated only when the manifest
+// changes. version() is the version it holds, 0 while an update is writing
+// it or after one failed: only a complete, applied version is a baseline.
+//
+// Thread-safety: one owning thread; bytes() may be read from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/plan.h"
+
+namespace paramcast::delta {
+
+class Baseline {
+ public:
+  // Makes room for `plan`'s tensors (kept when the manifest is the same:
+  // its bytes and version stay). Marks it being written (version 0).
+  void prepare(const UpdatePlan& plan) {
+    version_ = 0;
+    if (manifest_ == plan.manifest_hash && !buffers_.empty()) return;
+    buffers_.clear();
+    index_.clear();
+    uint64_t total = 0;
+    for (size_t i = 0; i < plan.tensors.size(); ++i) {
+      buffers_.emplace_back(new uint8_t[plan.nbytes[i] ? plan.nbytes[i] : 1]);
+      index_[plan.tensors[i].name] = i;
+      total += plan.nbytes[i];
+    }
+    manifest_ = plan.manifest_hash;
+    bytes_ = total;
+  }
+  // The version it now holds completely (an applied update).
+  void set_version(uint64_t version) { version_ = version; }
+  void invalidate() { version_ = 0; }
+  uint64_t version() const { return version_; }
+  uint64_t manifest_hash() const { return manifest_; }
+  // Tensor i of the manifest it was prepared for.
+  uint8_t* tensor(size_t i) const { return buffers_[i].get(); }
+  // By name (engines: the plan's tensor order may differ); null when absent.
+  uint8_t* tensor(const std::string& name) const {
+    auto it = index_.find(name);
+    return it == index_.end() ? nullptr : buffers_[it->second].get();
+  }
+  uint64_t bytes() const { return bytes_; }
+  void clear() {
+    buffers_.clear();
+    index_.clear();
+    manifest_ = 0;
+    version_ = 0;
+    bytes_ = 0;
+  }
+
+ private:
+  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+  std::unordered_map<std::string, size_t> index_;
+  uint64_t manifest_ = 0;
+  std::atomic<uint64_t> version_{0};
+  std::atomic<uint64_t> bytes_{0};
+};
+
+}  // namespace paramcast::delta

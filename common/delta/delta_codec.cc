@@ -1,0 +1,208 @@
+#include "common/delta/delta_codec.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "common/xxhash.h"
+
+namespace paramcast::delta {
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kDense: return "dense";
+    case Kind::kIndices: return "indices";
+    case Kind::kBitmask: return "bitmask";
+    case Kind::kUnchanged: return "unchanged";
+  }
+  return "?";
+}
+
+uint64_t indices_bytes(uint64_t changed, uint32_t unit) { return changed * (unit + 4ull); }
+uint64_t bitmask_bytes(uint64_t units, uint64_t changed, uint32_t unit) { return changed * unit + (units + 7) / 8; }
+
+namespace {
+
+// Compares one segment with its baseline unit by unit, marks the changed
+// units in `mask`, appends their values to `values` and moves the baseline
+// of each changed unit to its new value (unchanged units are equal already).
+// `values` may be the segment's own storage (a value is written at or
+// before where it was read). Returns the offset it got to: the segment's
+// length, or less once more than `limit` changes were found (it stops).
+uint64_t compare(const Segment& s, uint32_t unit, uint8_t* mask, uint8_t* values, uint64_t& changed, uint64_t limit) {
+  constexpr uint64_t kBlock = 64;
+  const uint8_t* now = s.now;
+  uint8_t* base = s.base;
+  const uint64_t first = s.bucket_offset / unit;
+  uint64_t off = 0;
+  while (off < s.length) {
+    const uint64_t n = std::min(kBlock, s.length - off);
+    if (n == kBlock && std::memcmp(now + off, base + off, kBlock) == 0) {  // the common case: SIMD memcmp
+      off += kBlock;
+      continue;
+    }
+    for (uint64_t u = off; u < off + n; u += unit) {
+      if (std::memcmp(now + u, base + u, unit) == 0) continue;
+      if (changed == limit) return u;
+      std::memcpy(base + u, now + u, unit);
+      const uint64_t i = first + u / unit;
+      mask[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+      std::memmove(values + changed * unit, now + u, unit);
+      ++changed;
+    }
+    off += n;
+  }
+  return s.length;
+}
+
+void pack_dense(const std::vector<Segment>& segments, uint8_t* out) {
+  for (const auto& s : segments)
+    if (s.length) std::memcpy(out + s.bucket_offset, s.base, s.length);  // the baseline holds the new bytes now
+}
+
+}  // namespace
+
+Header encode(const std::vector<Segment>& segments, uint64_t bucket_bytes, uint32_t unit, bool always, uint8_t* out,
+              std::vector<uint8_t>& mask) {
+  Header h;
+  h.unit = unit;
+  const uint64_t units = bucket_bytes / unit;
+  h.piece_hashes.reserve(segments.size());
+  for (const auto& s : segments) h.piece_hashes.push_back(xxh64(s.now, s.length));
+  // A delta is worth sending up to `budget` bytes; its values alone bound
+  // the changes worth counting.
+  const uint64_t budget = always ? (bucket_bytes ? bucket_bytes - 1 : 0) : bucket_bytes / 2;
+  const uint64_t limit = units <= kMaxDeltaUnits ? budget / unit : 0;
+  mask.assign((units + 7) / 8, 0);
+  bool fits = units <= kMaxDeltaUnits;
+  uint64_t changed = 0;
+  for (const auto& s : segments) {
+    // The baseline moves to the new version: the changed units as they are
+    // found, the rest of the segment once a delta is no longer worth it.
+    const uint64_t done = fits ? compare(s, unit, mask.data(), out, changed, limit) : 0;
+    if (done < s.length) {
+      fits = false;
+      std::memmove(s.base + done, s.now + done, s.length - done);
+    }
+  }
+  const uint64_t by_index = indices_bytes(changed, unit);
+  const uint64_t by_mask = bitmask_bytes(units, changed, unit);
+  if (fits && changed == 0) {
+    h.kind = Kind::kUnchanged;
+    return h;
+  }
+  if (!fits || std::min(by_index, by_mask) > budget) {
+    h.kind = Kind::kDense;
+    h.wire_bytes = bucket_bytes;
+    pack_dense(segments, out);
+    return h;
+  }
+  h.changed = changed;
+  uint8_t* tail = out + changed * unit;
+  if (by_index <= by_mask) {
+    h.kind = Kind::kIndices;
+    h.wire_bytes = by_index;
+    uint64_t k = 0;
+    for (uint64_t byte = 0; byte < mask.size(); ++byte) {
+      for (unsigned bits = mask[byte]; bits; bits &= bits - 1) {
+        const uint32_t i = static_cast<uint32_t>(byte * 8 + static_cast<unsigned>(std::countr_zero(bits)));
+        std::memcpy(tail + 4 * k++, &i, 4);  // little-endian, as every supported host
+      }
+    }
+  } else {
+    h.kind = Kind::kBitmask;
+    h.wire_bytes = by_mask;
+    std::memcpy(tail, mask.data(), mask.size());
+  }
+  return h;
+}
+
+Status check_header(const Header& h, uint64_t bucket_bytes, size_t pieces, const std::string& what) {
+  auto bad = [&](const std::string& why) { return data_corrupt("delta header of " + what + ": " + why); };
+  if (h.unit != 1 && h.unit != 2 && h.unit != 4 && h.unit != 8) return bad("unit " + std::to_string(h.unit));
+  if (bucket_bytes % h.unit) return bad("bucket of " + std::to_string(bucket_bytes) + " bytes is not whole units");
+  if (h.piece_hashes.size() != pieces)
+    return bad(std::to_string(h.piece_hashes.size()) + " piece hashes for " + std::to_string(pieces) + " pieces");
+  const uint64_t units = bucket_bytes / h.unit;
+  uint64_t want = 0;
+  switch (h.kind) {
+    case Kind::kDense: want = bucket_bytes; break;
+    case Kind::kUnchanged:
+      if (h.changed) return bad("an unchanged bucket with changes");
+      want = 0;
+      break;
+    case Kind::kIndices:
+    case Kind::kBitmask:
+      if (units > kMaxDeltaUnits) return bad("a delta of a bucket of " + std::to_string(units) + " units");
+      if (h.changed == 0 || h.changed > units)
+        return bad(std::to_string(h.changed) + " changes in a bucket of " + std::to_string(units) + " units");
+      want = h.kind == Kind::kIndices ? indices_bytes(h.changed, h.unit) : bitmask_bytes(units, h.changed, h.unit);
+      break;
+    default: return bad("unknown encoding " + std::to_string(static_cast<unsigned>(h.kind)));
+  }
+  if (h.wire_bytes != want)
+    return bad(std::string(kind_name(h.kind)) + " of " + std::to_string(h.wire_bytes) + " wire bytes, expected " +
+               std::to_string(want));
+  return Status();
+}
+
+Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
+             const std::string& what) {
+  PC_RETURN_IF_ERROR(check_header(h, bucket_bytes, segments.size(), what));
+  if (h.kind != Kind::kIndices && h.kind != Kind::kBitmask) return Status();
+  const uint64_t units = bucket_bytes / h.unit;
+  const uint8_t* values = wire;
+  const uint8_t* tail = wire + h.changed * h.unit;
+  // Pass 1 validates (every index in range, increasing, inside a piece);
+  // pass 2 writes. `each(k, i)` visits the k-th change, unit i.
+  auto visit = [&](auto&& each) -> Status {
+    if (h.kind == Kind::kIndices) {
+      uint64_t prev = 0;
+      for (uint64_t k = 0; k < h.changed; ++k) {
+        uint32_t i;
+        std::memcpy(&i, tail + 4 * k, 4);
+        if (i >= units || (k && i <= prev))
+          return data_corrupt("delta of " + what + ": index " + std::to_string(i) + " (#" + std::to_string(k) +
+                              ") is out of range or out of order");
+        prev = i;
+        PC_RETURN_IF_ERROR(each(k, i));
+      }
+      return Status();
+    }
+    uint64_t k = 0;
+    const uint64_t bytes = (units + 7) / 8;
+    for (uint64_t byte = 0; byte < bytes; ++byte) {
+      for (unsigned bits = tail[byte]; bits; bits &= bits - 1) {
+        const uint64_t i = byte * 8 + static_cast<unsigned>(std::countr_zero(bits));
+        if (i >= units || k >= h.changed)
+          return data_corrupt("delta of " + what + ": the bitmask marks more than its " + std::to_string(h.changed) +
+                              " changes or a unit past the bucket");
+        PC_RETURN_IF_ERROR(each(k++, i));
+      }
+    }
+    if (k != h.changed)
+      return data_corrupt("delta of " + what + ": the bitmask marks " + std::to_string(k) + " units, its header " +
+                          std::to_string(h.changed));
+    return Status();
+  };
+  // Indices increase, so the piece holding each one is found by walking.
+  size_t seg = 0;
+  auto locate = [&](uint64_t i) -> uint8_t* {
+    const uint64_t at = i * h.unit;
+    while (seg < segments.size() && segments[seg].bucket_offset + segments[seg].length <= at) ++seg;
+    if (seg == segments.size() || at < segments[seg].bucket_offset) return nullptr;
+    return segments[seg].base + (at - segments[seg].bucket_offset);
+  };
+  PC_RETURN_IF_ERROR(visit([&](uint64_t, uint64_t i) -> Status {
+    if (!locate(i))
+      return data_corrupt("delta of " + what + ": unit " + std::to_string(i) + " lies between the bucket's tensors");
+    return Status();
+  }));
+  seg = 0;
+  return visit([&](uint64_t k, uint64_t i) -> Status {
+    std::memcpy(locate(i), values + k * h.unit, h.unit);
+    return Status();
+  });
+}
+
+}  // namespace paramcast::delta

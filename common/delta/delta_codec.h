@@ -1,0 +1,78 @@
+// Delta codec: one bucket of an update as the elements that changed since
+// the baseline (the last version every member applied), bit for bit.
+//
+// The bucket's pieces are compared with the baseline in units of the
+// bucket's smallest element size (bit patterns, not values: -0.0 vs 0.0 and
+// NaN payloads are changes). The encoder picks the smallest of
+//   kUnchanged  nothing changed: nothing is sent;
+//   kIndices    the changed units' values, then their indices (uint32, in
+//               units from the bucket's start, strictly increasing);
+//   kBitmask    the changed units' values, then one bit per unit of the
+//               bucket (LSB first) marking the changed ones;
+//   kDense      the bucket's bytes as a dense bucket carries them;
+// a delta only when it is at most half the dense bytes (`always`: whenever
+// it is smaller than dense). Alignment gaps between pieces are neither
+// compared nor sent. Encoding also moves the baseline to the new bytes and
+// hashes each piece's new bytes (xxh64), which every receiver checks after
+// applying: a delta is verified end to end, whatever the transport did.
+//
+// Decoding treats the wire bytes as hostile: counts, sizes, indices (in
+// range, increasing) and bitmask popcounts are checked before any byte is
+// written, and a violation is a DATA_CORRUPT error naming the bucket.
+//
+// Thread-safety: free functions over the caller's buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace paramcast::delta {
+
+enum class Kind : uint8_t { kDense = 0, kIndices = 1, kBitmask = 2, kUnchanged = 3 };
+const char* kind_name(Kind kind);
+
+// One piece of a bucket: its new bytes and where the baseline of the same
+// bytes lives (for the encoder), or where the piece lands (for the decoder).
+struct Segment {
+  const uint8_t* now = nullptr;  // encoder: the new bytes
+  uint8_t* base = nullptr;       // encoder: the baseline, overwritten with `now`; decoder: the destination
+  uint64_t bucket_offset = 0;
+  uint64_t length = 0;
+};
+
+// What a receiver needs, beside the wire bytes, to apply one bucket.
+struct Header {
+  Kind kind = Kind::kDense;
+  uint32_t unit = 1;                  // bytes per compared element (1, 2, 4 or 8)
+  uint64_t changed = 0;               // units carried (delta kinds)
+  uint64_t wire_bytes = 0;            // bytes broadcast for this bucket (0 when unchanged)
+  std::vector<uint64_t> piece_hashes;  // xxh64 of each piece's new bytes, in piece order
+};
+
+// The largest bucket a delta can describe: indices are uint32 units.
+inline constexpr uint64_t kMaxDeltaUnits = 0xffffffffull;
+
+// Bytes each encoding of `units` units with `changed` changes takes.
+uint64_t indices_bytes(uint64_t changed, uint32_t unit);
+uint64_t bitmask_bytes(uint64_t units, uint64_t changed, uint32_t unit);
+
+// Encodes the bucket whose pieces are `segments` (sorted by bucket_offset)
+// into `out` (capacity: `bucket_bytes`): the dense bucket, or a delta. Moves
+// each segment's baseline to its new bytes. `mask` is scratch, reused.
+Header encode(const std::vector<Segment>& segments, uint64_t bucket_bytes, uint32_t unit, bool always, uint8_t* out,
+              std::vector<uint8_t>& mask);
+
+// Applies a delta `h` (kIndices or kBitmask) received in `wire` to the
+// segments' destinations (`base`), which hold the baseline. `what` names
+// the bucket in errors. Nothing is written unless the encoding is valid.
+Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
+             const std::string& what);
+
+// Checks that `h` is self-consistent for a bucket of `bucket_bytes` with
+// `pieces` pieces before its wire bytes are received.
+Status check_header(const Header& h, uint64_t bucket_bytes, size_t pieces, const std::string& what);
+
+}  // namespace paramcast::delta
