@@ -291,10 +291,14 @@ std::string transfer_column(proto::MemberStatus::Reader m) {
 }
 
 void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r) {
-  std::printf("{\"endpoint\":\"%s\",\"epoch\":%llu,\"published_version\":%llu,\"expected\":%u,\"backend\":\"%s\",\"members\":[",
+  std::printf("{\"endpoint\":\"%s\",\"epoch\":%llu,\"published_version\":%llu,\"expected\":%u,\"backend\":\"%s\","
+              "\"delta\":{\"mode\":\"%s\",\"baseline_bytes\":%llu,\"baseline_version\":%llu,\"last_bytes\":%llu,"
+              "\"last_wire_bytes\":%llu},\"members\":[",
               endpoint.c_str(), static_cast<unsigned long long>(r.getEpoch()),
               static_cast<unsigned long long>(r.getPublishedVersion()), r.getExpected(),
-              r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
+              r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo", control::printable(r.getDelta().cStr()).c_str(),
+              static_cast<unsigned long long>(r.getBaselineBytes()), static_cast<unsigned long long>(r.getBaselineVersion()),
+              static_cast<unsigned long long>(r.getLastBytes()), static_cast<unsigned long long>(r.getLastWireBytes()));
   bool first = true;
   for (auto m : r.getMembers()) {
     std::printf("%s{\"id\":\"%s\",\"rank\":%d,\"version\":%llu,\"state\":\"%s\",\"heartbeat_age_ms\":%llu,"
@@ -321,6 +325,10 @@ void print_status_table(const std::string& endpoint, proto::StatusReply::Reader 
   std::printf("publisher %s  epoch %llu  published v%llu  %u expected  backend %s\n", endpoint.c_str(),
               static_cast<unsigned long long>(r.getEpoch()), static_cast<unsigned long long>(r.getPublishedVersion()),
               r.getExpected(), r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
+  std::printf("delta %s  baseline %s (v%llu)  last update %s, %s on the wire\n",
+              control::printable(r.getDelta().cStr()).c_str(), format_bytes(r.getBaselineBytes()).c_str(),
+              static_cast<unsigned long long>(r.getBaselineVersion()), format_bytes(r.getLastBytes()).c_str(),
+              format_bytes(r.getLastWireBytes()).c_str());
   std::printf("%-16s %5s %8s %-11s %10s  %-8s %-24s %s\n", "WORKER", "RANK", "VERSION", "STATE", "HEARTBEAT", "DEVICE",
               "HOST/PID", "TRANSFER");
   for (auto m : r.getMembers()) {

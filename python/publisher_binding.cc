@@ -177,6 +177,8 @@ class PyPublisher {
     d["live_members"] = s.live_members;
     d["dropped_frames"] = s.dropped_frames;
     d["staging_peak_bytes"] = s.staging_peak_bytes;
+    d["baseline_bytes"] = s.baseline_bytes;
+    d["baseline_version"] = s.baseline_version;
     return d;
   }
 
@@ -239,6 +241,9 @@ void bind_results(py::module_& m) {
       .def_readonly("version", &UpdateResult::version)
       .def_readonly("epoch", &UpdateResult::epoch)
       .def_readonly("bytes", &UpdateResult::bytes)
+      .def_readonly("wire_bytes", &UpdateResult::wire_bytes)
+      .def_readonly("delta", &UpdateResult::delta)
+      .def_readonly("dense_because", &UpdateResult::dense_because)
       .def_readonly("tensors", &UpdateResult::tensors)
       .def_readonly("buckets", &UpdateResult::buckets)
       .def_readonly("seconds", &UpdateResult::seconds)

@@ -464,6 +464,16 @@ struct StatusReply {
   # Number of subscribers the deployment expects.
   backend @5 :Backend;
   # Data-plane backend.
+  delta @6 :Text;
+  # publisher.delta: off, auto or always.
+  baselineBytes @7 :UInt64;
+  # Host memory the publisher holds as the delta baseline (the model's bytes; 0 when off).
+  baselineVersion @8 :UInt64;
+  # The version the baseline holds (0: none yet, or the last update failed).
+  lastBytes @9 :UInt64;
+  # Tensor bytes of the last update.
+  lastWireBytes @10 :UInt64;
+  # Bytes that crossed the data plane for it (a delta: far fewer).
 }
 
 struct Envelope {

@@ -173,7 +173,10 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
   return r;
 }
 
-void PublisherImpl::log_result(const UpdateResult& r) const {
+void PublisherImpl::log_result(const UpdateResult& r) {
+  static const char* kModes[] = {"off", "auto", "always"};
+  server_.set_delta_figures({kModes[static_cast<int>(cfg_.publisher.delta)], baseline_.bytes(), baseline_.version(),
+                             r.bytes, r.wire_bytes});
   if (!r.ok()) {
     PC_WARN("publisher: update v" << r.version << " failed: " << r.status.to_string());
   } else if (!r.missing.empty()) {

@@ -78,7 +78,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   StatusOr<UpdatePlan> make_plan(const std::vector<TensorSpec>& specs, const UpdateOptions& options, bool streamed,
                                  UpdateResult& r);
   Status check_tensors(const std::vector<TensorView>& tensors) const;
-  void log_result(const UpdateResult& r) const;
+  void log_result(const UpdateResult& r);
   MoveState start_move();
   std::function<void(size_t, uint64_t)> checksum_hook(const UpdatePlan& plan, const MoveState& m);
   std::function<void(uint64_t, uint64_t)> progress_hook(const UpdatePlan& plan, MoveState& m);

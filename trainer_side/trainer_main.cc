@@ -190,9 +190,12 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
     if (r.ok()) {
       t.bytes += r.bytes;
       t.seconds += r.seconds;
-      print_line("update v%llu: %zu tensors in %zu buckets, %s to %zu subscribers in %s (%.2f GB/s)\n",
+      const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
+                               : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
+                                                          : "";
+      print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%.2f GB/s)\n",
                  static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
-                 r.subscribers.size(),
+                 wire.c_str(), r.subscribers.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
                      .c_str(),

@@ -196,6 +196,11 @@ void ControlServer::status_reply_locked(const std::string& peer, uint64_t reques
     s.setExpected(static_cast<uint32_t>(opt_.subscriber_ids.empty() ? opt_.subscriber_count
                                                                     : static_cast<int>(opt_.subscriber_ids.size())));
     s.setBackend(opt_.backend == Backend::kNccl ? proto::Backend::NCCL : proto::Backend::GLOO);
+    s.setDelta(delta_.mode);
+    s.setBaselineBytes(delta_.baseline_bytes);
+    s.setBaselineVersion(delta_.baseline_version);
+    s.setLastBytes(delta_.last_bytes);
+    s.setLastWireBytes(delta_.last_wire_bytes);
     auto list = s.initMembers(static_cast<unsigned>(members_.size()));
     unsigned i = 0;
     for (auto& [id, m] : members_) {

@@ -130,6 +130,16 @@ class ControlServer {
   // What StatusReply and heartbeats report; set by the owner.
   void set_epoch(uint64_t epoch) { epoch_ = epoch; }
   void set_published_version(uint64_t version) { published_version_ = version; }
+  // Delta figures `paramcast status` shows (publisher.delta, the baseline,
+  // the last update's tensor and wire bytes).
+  struct DeltaFigures {
+    std::string mode;
+    uint64_t baseline_bytes = 0, baseline_version = 0, last_bytes = 0, last_wire_bytes = 0;
+  };
+  void set_delta_figures(DeltaFigures f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    delta_ = std::move(f);
+  }
   uint64_t epoch() const { return epoch_; }
 
   // Gives `group[i]` rank i + 1 and every other member rank -1.
@@ -238,6 +248,7 @@ class ControlServer {
   std::map<std::string, std::pair<uint64_t, Clock::time_point>> probed_;
   std::deque<std::pair<std::string, zmq::message_t>> outbox_;
   uint64_t beat_seq_ = 0;  // heartbeat rounds queued so far (Heartbeat.seq)
+  DeltaFigures delta_;
 };
 
 }  // namespace paramcast::control

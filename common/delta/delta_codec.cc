@@ -18,10 +18,25 @@ const char* kind_name(Kind kind) {
   return "?";
 }
 
-uint64_t indices_bytes(uint64_t changed, uint32_t unit) { return changed * (unit + 4ull); }
 uint64_t bitmask_bytes(uint64_t units, uint64_t changed, uint32_t unit) { return changed * unit + (units + 7) / 8; }
 
 namespace {
+
+unsigned varint_size(uint64_t v) {
+  unsigned n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Visits every set bit of `mask` in increasing order.
+template <typename F>
+void for_each_set(const std::vector<uint8_t>& mask, F&& f) {
+  for (uint64_t byte = 0; byte < mask.size(); ++byte)
+    for (unsigned bits = mask[byte]; bits; bits &= bits - 1) f(byte * 8 + static_cast<unsigned>(std::countr_zero(bits)));
+}
 
 // Compares one segment with its baseline unit by unit, marks the changed
 // units in `mask`, appends their values to `values` and moves the baseline
@@ -85,7 +100,15 @@ Header encode(const std::vector<Segment>& segments, uint64_t bucket_bytes, uint3
       std::memmove(s.base + done, s.now + done, s.length - done);
     }
   }
-  const uint64_t by_index = indices_bytes(changed, unit);
+  uint64_t gap_bytes = 0;
+  if (fits && changed) {
+    uint64_t next = 0;
+    for_each_set(mask, [&](uint64_t i) {
+      gap_bytes += varint_size(i - next);
+      next = i + 1;
+    });
+  }
+  const uint64_t by_index = changed * unit + gap_bytes;
   const uint64_t by_mask = bitmask_bytes(units, changed, unit);
   if (fits && changed == 0) {
     h.kind = Kind::kUnchanged;
@@ -102,13 +125,14 @@ Header encode(const std::vector<Segment>& segments, uint64_t bucket_bytes, uint3
   if (by_index <= by_mask) {
     h.kind = Kind::kIndices;
     h.wire_bytes = by_index;
-    uint64_t k = 0;
-    for (uint64_t byte = 0; byte < mask.size(); ++byte) {
-      for (unsigned bits = mask[byte]; bits; bits &= bits - 1) {
-        const uint32_t i = static_cast<uint32_t>(byte * 8 + static_cast<unsigned>(std::countr_zero(bits)));
-        std::memcpy(tail + 4 * k++, &i, 4);  // little-endian, as every supported host
+    uint64_t next = 0;
+    for_each_set(mask, [&](uint64_t i) {
+      for (uint64_t gap = i - next; ; gap >>= 7) {
+        *tail++ = static_cast<uint8_t>((gap & 0x7f) | (gap >= 0x80 ? 0x80 : 0));
+        if (gap < 0x80) break;
       }
-    }
+      next = i + 1;
+    });
   } else {
     h.kind = Kind::kBitmask;
     h.wire_bytes = by_mask;
@@ -136,7 +160,13 @@ Status check_header(const Header& h, uint64_t bucket_bytes, size_t pieces, const
       if (units > kMaxDeltaUnits) return bad("a delta of a bucket of " + std::to_string(units) + " units");
       if (h.changed == 0 || h.changed > units)
         return bad(std::to_string(h.changed) + " changes in a bucket of " + std::to_string(units) + " units");
-      want = h.kind == Kind::kIndices ? indices_bytes(h.changed, h.unit) : bitmask_bytes(units, h.changed, h.unit);
+      if (h.kind == Kind::kIndices) {  // each gap takes 1 to 5 bytes; apply() checks the exact count
+        if (h.wire_bytes < h.changed * (h.unit + 1ull) || h.wire_bytes > h.changed * (h.unit + 5ull))
+          return bad("indices of " + std::to_string(h.wire_bytes) + " wire bytes cannot carry " +
+                     std::to_string(h.changed) + " changes");
+        return Status();
+      }
+      want = bitmask_bytes(units, h.changed, h.unit);
       break;
     default: return bad("unknown encoding " + std::to_string(static_cast<unsigned>(h.kind)));
   }
@@ -157,16 +187,28 @@ Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const 
   // pass 2 writes. `each(k, i)` visits the k-th change, unit i.
   auto visit = [&](auto&& each) -> Status {
     if (h.kind == Kind::kIndices) {
-      uint64_t prev = 0;
+      const uint8_t* at = tail;
+      const uint8_t* end = wire + h.wire_bytes;
+      uint64_t next = 0;
       for (uint64_t k = 0; k < h.changed; ++k) {
-        uint32_t i;
-        std::memcpy(&i, tail + 4 * k, 4);
-        if (i >= units || (k && i <= prev))
-          return data_corrupt("delta of " + what + ": index " + std::to_string(i) + " (#" + std::to_string(k) +
-                              ") is out of range or out of order");
-        prev = i;
+        uint64_t gap = 0;
+        for (unsigned shift = 0;; shift += 7) {
+          if (at == end || shift > 28)
+            return data_corrupt("delta of " + what + ": gap #" + std::to_string(k) + " is cut short or too long");
+          const uint8_t b = *at++;
+          gap |= static_cast<uint64_t>(b & 0x7f) << shift;
+          if (!(b & 0x80)) break;
+        }
+        const uint64_t i = next + gap;
+        if (i >= units)
+          return data_corrupt("delta of " + what + ": change #" + std::to_string(k) + " at unit " + std::to_string(i) +
+                              " lies past the bucket's " + std::to_string(units) + " units");
+        next = i + 1;
         PC_RETURN_IF_ERROR(each(k, i));
       }
+      if (at != end)
+        return data_corrupt("delta of " + what + ": " + std::to_string(end - at) + " bytes left after its " +
+                            std::to_string(h.changed) + " changes");
       return Status();
     }
     uint64_t k = 0;

@@ -5,8 +5,10 @@
 // bucket's smallest element size (bit patterns, not values: -0.0 vs 0.0 and
 // NaN payloads are changes). The encoder picks the smallest of
 //   kUnchanged  nothing changed: nothing is sent;
-//   kIndices    the changed units' values, then their indices (uint32, in
-//               units from the bucket's start, strictly increasing);
+//   kIndices    the changed units' values, then their positions as gaps:
+//               for each change, the units skipped since the previous one
+//               (from the bucket's start for the first), LEB128 varints
+//               (a gap below 128 is one byte);
 //   kBitmask    the changed units' values, then one bit per unit of the
 //               bucket (LSB first) marking the changed ones;
 //   kDense      the bucket's bytes as a dense bucket carries them;
@@ -52,11 +54,10 @@ struct Header {
   std::vector<uint64_t> piece_hashes;  // xxh64 of each piece's new bytes, in piece order
 };
 
-// The largest bucket a delta can describe: indices are uint32 units.
+// The largest bucket a delta describes (a gap is at most 5 varint bytes).
 inline constexpr uint64_t kMaxDeltaUnits = 0xffffffffull;
 
-// Bytes each encoding of `units` units with `changed` changes takes.
-uint64_t indices_bytes(uint64_t changed, uint32_t unit);
+// Bytes the bitmask encoding of `units` units with `changed` changes takes.
 uint64_t bitmask_bytes(uint64_t units, uint64_t changed, uint32_t unit);
 
 // Encodes the bucket whose pieces are `segments` (sorted by bucket_offset)

@@ -142,6 +142,8 @@ class Publisher:
             "events": list(self._events),
             "dropped_frames": stats["dropped_frames"],
             "staging_peak_bytes": stats["staging_peak_bytes"],
+            "baseline_bytes": stats["baseline_bytes"],
+            "baseline_version": stats["baseline_version"],
         }
 
     def close(self):
