@@ -38,36 +38,68 @@ void for_each_set(const std::vector<uint8_t>& mask, F&& f) {
     for (unsigned bits = mask[byte]; bits; bits &= bits - 1) f(byte * 8 + static_cast<unsigned>(std::countr_zero(bits)));
 }
 
-// Compares one segment with its baseline unit by unit, marks the changed
-// units in `mask`, appends their values to `values` and moves the baseline
-// of each changed unit to its new value (unchanged units are equal already).
-// `values` may be the segment's own storage (a value is written at or
-// before where it was read). Returns the offset it got to: the segment's
-// length, or less once more than `limit` changes were found (it stops).
-uint64_t compare(const Segment& s, uint32_t unit, uint8_t* mask, uint8_t* values, uint64_t& changed, uint64_t limit) {
-  constexpr uint64_t kBlock = 64;
+// The state of one bucket's comparison, across its segments.
+struct Scan {
+  uint8_t* mask;
+  uint8_t* values;      // the changed units' values, appended
+  uint64_t changed = 0;
+  uint64_t limit;       // more changes than this: a delta is not worth it
+  uint64_t next = 0;    // the unit after the last change (for the gaps' varint sizes)
+  uint64_t gap_bytes = 0;
+};
+
+// Compares one segment with its baseline, eight bytes at a time (after one
+// small step most words are unchanged) and a differing word unit by unit;
+// marks each changed unit in the mask, appends its value, moves its
+// baseline to it (unchanged units are equal already). `values` may be the
+// segment's own storage: a value is written at or before where it was read.
+// Returns the offset it got to: the segment's length, or less once more
+// than `limit` changes were found (it stops there).
+template <uint32_t kUnit>
+uint64_t compare(const Segment& s, Scan& c) {
   const uint8_t* now = s.now;
   uint8_t* base = s.base;
-  const uint64_t first = s.bucket_offset / unit;
-  uint64_t off = 0;
-  while (off < s.length) {
-    const uint64_t n = std::min(kBlock, s.length - off);
-    if (n == kBlock && std::memcmp(now + off, base + off, kBlock) == 0) {  // the common case: SIMD memcmp
-      off += kBlock;
-      continue;
+  const uint64_t first = s.bucket_offset / kUnit;
+  constexpr uint64_t kUnitMask = kUnit == 8 ? ~0ull : (1ull << (8 * kUnit)) - 1;
+  auto take = [&](uint64_t u) {
+    std::memcpy(base + u, now + u, kUnit);
+    const uint64_t i = first + u / kUnit;
+    c.mask[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+    std::memmove(c.values + c.changed * kUnit, now + u, kUnit);
+    c.gap_bytes += varint_size(i - c.next);
+    c.next = i + 1;
+    ++c.changed;
+  };
+  const uint64_t words = s.length / 8;
+  for (uint64_t w = 0; w < words; ++w) {
+    uint64_t a, b;
+    std::memcpy(&a, now + 8 * w, 8);
+    std::memcpy(&b, base + 8 * w, 8);
+    uint64_t diff = a ^ b;
+    if (!diff) continue;
+    for (uint32_t j = 0; j < 8; j += kUnit) {
+      if (diff & kUnitMask) {
+        if (c.changed == c.limit) return 8 * w + j;
+        take(8 * w + j);
+      }
+      if constexpr (kUnit < 8) diff >>= 8 * kUnit;
     }
-    for (uint64_t u = off; u < off + n; u += unit) {
-      if (std::memcmp(now + u, base + u, unit) == 0) continue;
-      if (changed == limit) return u;
-      std::memcpy(base + u, now + u, unit);
-      const uint64_t i = first + u / unit;
-      mask[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
-      std::memmove(values + changed * unit, now + u, unit);
-      ++changed;
-    }
-    off += n;
+  }
+  for (uint64_t u = words * 8; u < s.length; u += kUnit) {  // the tail, shorter than a word
+    if (std::memcmp(now + u, base + u, kUnit) == 0) continue;
+    if (c.changed == c.limit) return u;
+    take(u);
   }
   return s.length;
+}
+
+uint64_t compare(const Segment& s, uint32_t unit, Scan& c) {
+  switch (unit) {
+    case 1: return compare<1>(s, c);
+    case 2: return compare<2>(s, c);
+    case 4: return compare<4>(s, c);
+    default: return compare<8>(s, c);
+  }
 }
 
 void pack_dense(const std::vector<Segment>& segments, uint8_t* out) {
@@ -90,25 +122,18 @@ Header encode(const std::vector<Segment>& segments, uint64_t bucket_bytes, uint3
   const uint64_t limit = units <= kMaxDeltaUnits ? budget / unit : 0;
   mask.assign((units + 7) / 8, 0);
   bool fits = units <= kMaxDeltaUnits;
-  uint64_t changed = 0;
+  Scan scan{mask.data(), out, 0, limit};
   for (const auto& s : segments) {
     // The baseline moves to the new version: the changed units as they are
     // found, the rest of the segment once a delta is no longer worth it.
-    const uint64_t done = fits ? compare(s, unit, mask.data(), out, changed, limit) : 0;
+    const uint64_t done = fits ? compare(s, unit, scan) : 0;
     if (done < s.length) {
       fits = false;
       std::memmove(s.base + done, s.now + done, s.length - done);
     }
   }
-  uint64_t gap_bytes = 0;
-  if (fits && changed) {
-    uint64_t next = 0;
-    for_each_set(mask, [&](uint64_t i) {
-      gap_bytes += varint_size(i - next);
-      next = i + 1;
-    });
-  }
-  const uint64_t by_index = changed * unit + gap_bytes;
+  const uint64_t changed = scan.changed;
+  const uint64_t by_index = changed * unit + scan.gap_bytes;
   const uint64_t by_mask = bitmask_bytes(units, changed, unit);
   if (fits && changed == 0) {
     h.kind = Kind::kUnchanged;
