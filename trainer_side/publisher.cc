@@ -323,24 +323,30 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
   if (keeps_baseline()) {
     hooks.baseline = &baseline_;
     hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
-    hooks.on_delta = [&](size_t k, const delta::Header& h) {
-      server_.send_to(m.group, control::make_message(m.epoch, server_.incarnation(), [&](auto b) {
-                        auto d = b.initBucketDelta();
-                        d.setVersion(plan.version);
-                        d.setBucket(static_cast<uint32_t>(k));
-                        d.setKind(static_cast<proto::DeltaKind>(static_cast<uint16_t>(h.kind)));
-                        d.setUnit(h.unit);
-                        d.setChanged(h.changed);
-                        d.setWireBytes(h.wire_bytes);
-                        auto list = d.initPieceHashes(static_cast<unsigned>(h.piece_hashes.size()));
-                        for (size_t i = 0; i < h.piece_hashes.size(); ++i) list.set(static_cast<unsigned>(i), h.piece_hashes[i]);
-                      }));
-    };
+    hooks.on_delta = delta_hook(plan, m);
   }
   Status data = end_move(plan, m, sender_->send(plan, tensors, *comm_, hooks, cap_, after_stream));
   r.wire_bytes = sender_->wire_bytes();
   r.delta = sender_->delta_buckets() > 0;
   return data;
+}
+
+// Announces bucket k's encoding to the group, before its broadcast.
+std::function<void(size_t, const delta::Header&)> PublisherImpl::delta_hook(const UpdatePlan& plan, const MoveState& m) {
+  return [this, &plan, &m](size_t k, const delta::Header& h) {
+    server_.send_to(m.group, control::make_message(m.epoch, server_.incarnation(), [&](auto b) {
+                      auto d = b.initBucketDelta();
+                      d.setVersion(plan.version);
+                      d.setBucket(static_cast<uint32_t>(k));
+                      d.setKind(static_cast<proto::DeltaKind>(static_cast<uint16_t>(h.kind)));
+                      d.setUnit(h.unit);
+                      d.setChanged(h.changed);
+                      d.setWireBytes(h.wire_bytes);
+                      auto list = d.initPieceHashes(static_cast<unsigned>(h.piece_hashes.size()));
+                      for (size_t i = 0; i < h.piece_hashes.size(); ++i)
+                        list.set(static_cast<unsigned>(i), h.piece_hashes[i]);
+                    }));
+  };
 }
 
 // The baseline is kept (and deltas sent) for host tensors with publisher.delta on.
@@ -359,8 +365,6 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
   std::string why;
   if (!keeps_baseline()) {
     why = "CUDA tensors: delta encoding runs on host memory only";
-  } else if (plan.streamed) {
-    why = "a streamed update";
   } else if (baseline_.version() == 0) {
     why = "no baseline yet";
   } else if (baseline_.manifest_hash() != plan.manifest_hash) {
@@ -378,11 +382,9 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
       if (!why.empty()) break;
     }
   }
-  if (keeps_baseline() && !plan.streamed) {
+  if (keeps_baseline()) {
     baseline_.prepare(plan);  // written by this update; a baseline once every member applied it
     baseline_fresh_ = true;
-  } else {
-    baseline_.invalidate();  // the members move past it
   }
   if (why.empty()) {
     plan.delta_base = base;

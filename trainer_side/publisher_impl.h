@@ -82,6 +82,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   MoveState start_move();
   std::function<void(size_t, uint64_t)> checksum_hook(const UpdatePlan& plan, const MoveState& m);
   std::function<void(uint64_t, uint64_t)> progress_hook(const UpdatePlan& plan, MoveState& m);
+  std::function<void(size_t, const delta::Header&)> delta_hook(const UpdatePlan& plan, const MoveState& m);
   Status end_move(const UpdatePlan& plan, const MoveState& m, Status data);
   void run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);

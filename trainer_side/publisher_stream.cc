@@ -47,7 +47,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
     st->status = st->r.status = s;
     return st;
   }
-  decide_delta(st->plan, st->r);  // dense: a stream does not keep the baseline (yet)
+  decide_delta(st->plan, st->r);
   const bool precommitted = send_plan(st->plan, st->r);  // 3. check
   if (!precommitted && !check_plan(st->plan, st->r)) {
     st->status = st->r.status;
@@ -58,6 +58,11 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   stream::StreamSender::Hooks hooks;
   hooks.on_checksum = checksum_hook(st->plan, st->move);
   hooks.on_progress = progress_hook(st->plan, st->move);
+  if (keeps_baseline()) {
+    hooks.baseline = &baseline_;
+    hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
+    hooks.on_delta = delta_hook(st->plan, st->move);
+  }
   hooks.on_layout = [this, s = st.get()](size_t k, const PlanBucket* bucket, bool end) {
     server_.send_to(s->move.group, control::make_message(s->move.epoch, server_.incarnation(), [&](auto b) {
                       auto l = b.initBucketLayouts();
@@ -133,7 +138,8 @@ UpdateResult PublisherImpl::stream_finish(StreamState& st) {
   if (st.moving && !st.ended) {
     Status data = st.status.ok() ? end_move(st.plan, st.move, st.sender->finish()) : st.status;
     st.r.buckets = st.plan.buckets.size();
-    st.r.wire_bytes = st.move.sent;
+    st.r.wire_bytes = st.sender->wire_bytes();
+    st.r.delta = st.sender->delta_buckets() > 0;
     collect_applied(st.plan, data, st.r);  // 5. applied
   }
   st.ended = true;

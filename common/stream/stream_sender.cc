@@ -1,6 +1,7 @@
 #include "common/stream/stream_sender.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/log.h"
 
@@ -22,9 +23,12 @@ Status StreamSender::begin(UpdatePlan* plan, Communicator* comm, Hooks hooks, De
   done_ = 0;
   slot_bucket_[0] = slot_bucket_[1] = -1;
   sent_ = 0;
+  wire_ = 0;
+  delta_buckets_ = 0;
   failed_ = Status();
-  // Staging for packed buckets only: a stream of large tensors needs none.
-  uint64_t packed_max = 0;
+  // Staging for packed buckets only (a stream of large tensors needs none),
+  // or for every bucket when they are encoded as deltas.
+  uint64_t packed_max = encoding() ? std::min(plan->bucket_bytes, plan->total_bytes) : 0;
   for (uint64_t n : plan->nbytes)
     if (n < direct_min_) packed_max = std::max(packed_max, n);
   if (packed_max == 0) return Status();
@@ -39,15 +43,7 @@ Status StreamSender::send(uint32_t index, const void* data, void* after_stream) 
   PC_RETURN_IF_ERROR(fail(mem_->order_after(after_stream)));
   PC_RETURN_IF_ERROR(fail(comm_->order_after(after_stream)));
   const auto* src = static_cast<const uint8_t*>(data);
-  if (n >= direct_min_) {
-    // Straight from the caller's buffer; it may be freed once on the wire.
-    for (uint64_t off = 0; off < n; off += plan_->bucket_bytes) {
-      const uint64_t len = std::min(plan_->bucket_bytes, n - off);
-      PC_RETURN_IF_ERROR(issue(const_cast<uint8_t*>(src) + off, PlanBucket{len, true, {PlanPiece{index, off, 0, len}}}, -1));
-    }
-    for (size_t k = done_; k < works_.size(); ++k) PC_RETURN_IF_ERROR(complete(k));
-    return Status();
-  }
+  if (n >= direct_min_) return send_direct(index, src, n);
   uint64_t at = (open_.bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
   if (!open_.pieces.empty() && at + n > plan_->bucket_bytes) {
     PC_RETURN_IF_ERROR(seal());
@@ -62,6 +58,30 @@ Status StreamSender::send(uint32_t index, const void* data, void* after_stream) 
   }
   open_.pieces.push_back(PlanPiece{index, 0, at, n});
   open_.bytes = at + n;
+  return Status();
+}
+
+// A large tensor: its chunks go straight from the caller's buffer (staged
+// first when encoded as deltas), and it may be freed once they are on the wire.
+Status StreamSender::send_direct(uint32_t index, const uint8_t* src, uint64_t n) {
+  for (uint64_t off = 0; off < n; off += plan_->bucket_bytes) {
+    const uint64_t len = std::min(plan_->bucket_bytes, n - off);
+    PlanBucket chunk{len, true, {PlanPiece{index, off, 0, len}}};
+    if (!encoding()) {
+      PC_RETURN_IF_ERROR(issue(const_cast<uint8_t*>(src) + off, std::move(chunk), -1));
+      continue;
+    }
+    // The chunk takes the slot the open bucket would fill next (sealed first).
+    PC_RETURN_IF_ERROR(seal());
+    const int slot = open_slot_;
+    PC_RETURN_IF_ERROR(wait_slot(slot));
+    uint8_t* at = staging_->slot(static_cast<size_t>(slot));
+    PC_RETURN_IF_ERROR(fail(mem_->copy_many({{at, src + off, len}})));
+    PC_RETURN_IF_ERROR(fail(mem_->synchronize()));
+    open_slot_ ^= 1;
+    PC_RETURN_IF_ERROR(issue(at, std::move(chunk), slot));
+  }
+  for (size_t k = done_; k < works_.size(); ++k) PC_RETURN_IF_ERROR(complete(k));
   return Status();
 }
 
@@ -84,12 +104,34 @@ Status StreamSender::seal() {
 }
 
 // Announces bucket k, starts its checksum, broadcasts it. `slot`: the
-// staging slot it is sent from (-1: the caller's buffer).
+// staging slot it is sent from (-1: the caller's buffer). With a baseline
+// its bytes become the baseline's; encoded as a delta (in place in its
+// slot), its header is announced and the encoding broadcast instead.
 Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
   const size_t k = works_.size();
-  const uint64_t bytes = bucket.bytes;
+  uint64_t bytes = bucket.bytes;
   PC_RETURN_IF_ERROR(fail(plan_->add_streamed_bucket(bucket)));
-  if (hooks_.on_layout) hooks_.on_layout(k, &plan_->buckets.back(), false);
+  const PlanBucket& b = plan_->buckets.back();
+  if (hooks_.on_layout) hooks_.on_layout(k, &b, false);
+  if (encoding()) {
+    std::vector<delta::Segment> segments;
+    segments.reserve(b.pieces.size());
+    for (const auto& p : b.pieces)
+      segments.push_back({from + p.bucket_offset, hooks_.baseline->tensor(p.tensor) + p.tensor_offset, p.bucket_offset,
+                          p.length});
+    const delta::Header h = delta::encode(segments, b.bytes, plan_->bucket_unit(k), hooks_.delta_always, from, mask_);
+    if (hooks_.on_delta) hooks_.on_delta(k, h);
+    if (h.kind == delta::Kind::kIndices || h.kind == delta::Kind::kBitmask) ++delta_buckets_;
+    wire_ += h.wire_bytes;
+    works_.push_back(h.wire_bytes ? comm_->broadcast(from, h.wire_bytes, 0) : nullptr);
+    bytes_.push_back(b.bytes);
+    if (slot >= 0) slot_bucket_[slot] = static_cast<long>(k);
+    return Status();
+  }
+  if (hooks_.baseline)
+    for (const auto& p : b.pieces)
+      if (p.length) std::memcpy(hooks_.baseline->tensor(p.tensor) + p.tensor_offset, from + p.bucket_offset, p.length);
+  wire_ += bytes;
   if (slot >= 0 && mem_->stream()) PC_RETURN_IF_ERROR(fail(comm_->order_after(mem_->stream())));
   const int sum_slot = static_cast<int>(k % 2);
   if (plan_->checksum != Checksum::kNone)
@@ -113,7 +155,8 @@ Status StreamSender::wait_slot(int slot) {
 // Waits for bucket k (buckets complete in issue order: every earlier one is done).
 Status StreamSender::complete(size_t k) {
   if (k < done_) return Status();
-  Status s = works_[k]->wait(deadline_).with_context("bucket " + std::to_string(k) + " of v" +
+  Status s = !works_[k] ? Status()  // an unchanged bucket of a delta update: nothing was broadcast
+                        : works_[k]->wait(deadline_).with_context("bucket " + std::to_string(k) + " of v" +
                                                      std::to_string(plan_->version) + " (tensors " +
                                                      plan_->bucket_tensor_names(k) + ")");
   if (!s.ok()) return fail(s);

@@ -26,6 +26,8 @@
 
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
+#include "common/delta/baseline.h"
+#include "common/delta/delta_codec.h"
 #include "common/plan.h"
 
 namespace paramcast::stream {
@@ -39,6 +41,12 @@ class StreamSender {
     std::function<void(size_t k, uint64_t checksum)> on_checksum;
     // Bytes that have left this rank so far, of the update's total.
     std::function<void(uint64_t sent, uint64_t total)> on_progress;
+    // Delta updates, as BucketSender's: the baseline moves to the stream's
+    // bytes; with plan->delta_base set each bucket is encoded against it
+    // (a large tensor's chunks are staged first) and announced.
+    delta::Baseline* baseline = nullptr;
+    bool delta_always = false;
+    std::function<void(size_t k, const delta::Header&)> on_delta;
   };
 
   StreamSender(DeviceMemory* memory, StagingPair* staging);
@@ -56,10 +64,14 @@ class StreamSender {
   // `why`, waits for issued work to settle. Idempotent.
   void abort(const std::string& why);
   uint64_t sent_bytes() const { return sent_; }
+  uint64_t wire_bytes() const { return wire_; }
+  size_t delta_buckets() const { return delta_buckets_; }
 
  private:
   Status seal();
   Status issue(uint8_t* from, PlanBucket bucket, int slot);
+  Status send_direct(uint32_t index, const uint8_t* src, uint64_t n);
+  bool encoding() const { return plan_->delta_base != 0 && hooks_.baseline; }
   Status wait_slot(int slot);
   Status complete(size_t k);
   Status fail(Status s);
@@ -78,6 +90,9 @@ class StreamSender {
   size_t done_ = 0;                           // buckets [0, done_) complete
   long slot_bucket_[2] = {-1, -1};            // the last bucket broadcast from each slot
   uint64_t sent_ = 0;
+  uint64_t wire_ = 0;
+  size_t delta_buckets_ = 0;
+  std::vector<uint8_t> mask_;  // delta encoding scratch
   Status failed_;
 };
 

@@ -88,6 +88,17 @@ def test_ten_real_optimizer_steps_go_as_verified_deltas_and_a_restarted_engine_g
         assert max(ratios) < 0.10, f"a delta of lr 1e-6 steps took {max(ratios):.1%} of the dense bytes"
         assert pub.status()["baseline_bytes"] >= first.bytes
 
+        # A streamed update (a sharded trainer's) keeps the same baseline: a delta too.
+        trainer.step()
+        w = trainer.published()
+        with pub.stream(w.items()) as u:
+            for name in reversed(list(w)):
+                u.send(name, w[name].clone())
+        assert u.result.delta and u.result.wire_bytes < u.result.bytes / 10, u.result.dense_because
+        want = sha256_of(w)
+        for e in engines:
+            assert e.call("digest") == {**e.call("digest"), **want}, f"{e.worker_id} after the streamed delta"
+
         # engine-2 restarts: the group's next update is dense (it holds nothing), then deltas again.
         engines[1].close()
         engines[1] = BulkEngine(pub.endpoint, "engine-2", "callback", cfg, specs, zeros_bf16)

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <random>
 #include <thread>
 
@@ -187,6 +188,42 @@ TEST_F(DeltaUpdateTest, CorruptedDeltaFailsDataCorruptNamingTheTensor) {
   ASSERT_TRUE(r.ok()) << r.status.to_string();
   EXPECT_FALSE(r.delta);
   expect_holds(t, r.version);
+}
+
+// A streamed update (tensors handed over one at a time, in any order, each
+// overwritten once sent) keeps the baseline and goes as a delta too, large
+// tensors' chunks included.
+TEST_F(DeltaUpdateTest, StreamedUpdatesGoAsDeltasInAnyOrder) {
+  auto specs = synthetic_llm_layout(4 << 20, 4, DType::kBF16);
+  start(delta_config(3), 3, specs, [](int i) { return i == 1; });
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  auto stream = [&](uint32_t seed) {
+    auto u = pub_->begin_update(t.specs);
+    EXPECT_TRUE(u->ok()) << u->status().to_string();
+    std::vector<size_t> order(specs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    std::vector<uint8_t> scratch;
+    for (size_t i : order) {
+      scratch = t.bytes[i];
+      EXPECT_TRUE(u->send(TensorView{t.specs[i], scratch.data(), Device::cpu()}).ok());
+      std::fill(scratch.begin(), scratch.end(), 0xA5);
+    }
+    return u->finish();
+  };
+  UpdateResult r = stream(1);
+  ASSERT_TRUE(r.ok()) << r.status.to_string();
+  EXPECT_FALSE(r.delta);
+  expect_holds(t, 1);
+  for (uint32_t v = 2; v <= 4; ++v) {
+    change(t, 0.03, v);
+    r = v == 3 ? pub_->weight_update(t.views()) : stream(v);  // both kinds keep the one baseline
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    EXPECT_TRUE(r.delta) << r.dense_because;
+    EXPECT_LT(r.wire_bytes, r.bytes / 5);
+    expect_holds(t, v);
+  }
 }
 
 TEST_F(DeltaUpdateTest, OffKeepsNoBaselineAndSendsEveryByte) {
