@@ -58,6 +58,7 @@ def config(mode, engines, endpoint, host):
         "data_plane": {"backend": "gloo", "gloo_hostname": host, "bucket_size": "64MiB", "direct_min_size": "1MiB",
                        "stall_timeout": "60s", "init_timeout": "60s"},
         "publisher": {"subscribers": engines, "update_timeout": "600s", "delta": mode},
+        "auth": {"mode": "plain"},  # loopback, or the bench's own namespaces
         "logging": {"level": "warn"},
     }
 
