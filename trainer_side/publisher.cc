@@ -391,7 +391,9 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
     return;
   }
   r.dense_because = why;
-  PC_INFO("publisher: update v" << plan.version << ": dense (" << why << ")");
+  // The first update of a run has no baseline: that is no news.
+  if (base == 0) PC_DEBUG("publisher: update v" << plan.version << ": dense (" << why << ")");
+  else PC_INFO("publisher: update v" << plan.version << ": dense (" << why << ")");
 }
 
 PublisherImpl::MoveState PublisherImpl::start_move() {

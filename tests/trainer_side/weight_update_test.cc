@@ -346,6 +346,7 @@ TEST_F(WeightUpdateTest, ArenaLayoutsMoveInPlaceWithoutStaging) {
   }
   Config cfg = test::test_config(2);
   cfg.data_plane.bucket_bytes = 64 << 10;  // several packed buckets
+  cfg.publisher.delta = DeltaMode::kOff;   // a delta is encoded through staging, whatever the layout
   auto pub = Publisher::create(cfg);
   ASSERT_TRUE(pub.ok());
   pub_ = std::move(pub.value());
