@@ -275,6 +275,8 @@ void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p,
             v, q, {{"fail", MissingAtStartPolicy::kFail}, {"start_with_present", MissingAtStartPolicy::kStartWithPresent}});
       }},
       {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
+      {"plan_timeout", [&](N v, P q) { c.publisher.plan_timeout = L.duration(v, q); }},
+      {"apply_timeout", [&](N v, P q) { c.publisher.apply_timeout = L.duration(v, q); }},
       {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
       {"delta", [&](N v, P q) {
         auto mode = [&](N m, P mq) {

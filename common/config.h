@@ -92,6 +92,13 @@ struct PublisherOptions {
   MissingAtStartPolicy on_missing_at_start = MissingAtStartPolicy::kFail;
   // Deadline of one whole weight_update. Default: 10m
   Millis update_timeout{600000};
+  // How long every member has to answer a Plan (PlanAccept/PlanReject): a
+  // member that heartbeats but does not answer fails the update with
+  // TIMEOUT naming it, whatever its heartbeats say. Default: 10s
+  Millis plan_timeout{10000};
+  // How long every member has to report Applied once the publisher's data
+  // plane finished (its on_update_end hook included). Default: 60s
+  Millis apply_timeout{60000};
   // Skip the plan/accept round trip when every member of the current group
   // already accepted a plan with the same manifest: the plan goes out
   // precommitted and the buckets follow at once. Each subscriber still checks

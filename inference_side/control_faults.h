@@ -6,6 +6,9 @@
 //   PARAMCAST_FAULT_LOSE=plan:2,commit:3   lose the Plan of v2 and the Commit of v3 on arrival
 //   PARAMCAST_FAULT_LOSE=answer:2          lose this worker's PlanAccept/PlanReject of v2
 //   PARAMCAST_FAULT_LOSE=applied:4         lose this worker's Applied of v4
+//   PARAMCAST_FAULT_LOSE=mute-answer:2     never answer the Plan of v2, and say so in no heartbeat
+//   PARAMCAST_FAULT_LOSE=mute-applied:2    never report Applied for v2, and say so in no heartbeat
+//                                          (a member alive but stuck: the phase deadlines name it)
 //
 // Each named message is lost once. The publisher is expected to notice from
 // heartbeats (docs/protocol.md, "Lost control messages").

@@ -364,6 +364,7 @@ bool SubscriberImpl::keeps_copies() const { return callback_ && cfg_.subscriber.
 // PlanAccept, or PlanReject with every mismatch.
 void SubscriberImpl::answer_plan(uint64_t version, const std::vector<Mismatch>& mismatches) {
   const uint64_t epoch = client_epoch();
+  if (lost_.loses("mute-answer", version)) return;  // test hook: stuck, silently
   if (lost_.loses("answer", version)) {  // test hook: as if the connection broke with it queued
     answered_ = version;
     return;
@@ -614,6 +615,7 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     reports_.push_back(UpdateReport{plan.version, s, s.ok() ? plan.total_bytes : 0, seconds});
     cv_.notify_all();
   }
+  if (lost_.loses("mute-applied", plan.version)) return;  // test hook: stuck, silently
   if (lost_.loses("applied", plan.version)) {  // test hook: as if the connection broke with it queued
     applied_sent_ = plan.version;
     return;

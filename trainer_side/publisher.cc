@@ -71,6 +71,12 @@ void PublisherImpl::shutdown() {
   comm_.reset();
 }
 
+// "within plan_timeout (5s)", or "before update_timeout" when the cap came first.
+std::string PublisherImpl::waited(const char* name, Millis phase, Deadline until) const {
+  if (until >= cap_) return "before update_timeout (" + format_duration(cfg_.publisher.update_timeout) + ")";
+  return std::string("within ") + name + " (" + format_duration(phase) + ")";
+}
+
 std::string PublisherImpl::silence() const {
   return "silent for " + std::to_string(cfg_.control.heartbeat_timeout.count()) + "ms";
 }
@@ -293,9 +299,11 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
 bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto live = [this](const std::string& id) { return is_live(id); };
-  cv_.wait_until(lock, cap_, [&] { return round_.plan_answered(live) || stopped_; });
+  // Bounded by plan_timeout (an answer takes one round trip) and the cap.
+  const auto until = std::min(cap_, Clock::now() + cfg_.publisher.plan_timeout);
+  cv_.wait_until(lock, until, [&] { return round_.plan_answered(live) || stopped_; });
   Code code;
-  r.subscribers = round_.plan_outcomes(live, silence(), code);
+  r.subscribers = round_.plan_outcomes(live, silence(), code, waited("plan_timeout", cfg_.publisher.plan_timeout, until));
   if (code != Code::kOk) {
     abandon_locked(plan.version, code == Code::kRejected   ? "plan rejected"
                                  : code == Code::kPeerLost ? "a member was lost before the update started"
@@ -462,10 +470,14 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   std::unique_lock<std::mutex> lock(mu_);
   const auto live = [this](const std::string& id) { return is_live(id); };
   const auto extra = cfg_.control.heartbeat_timeout + 3 * cfg_.control.heartbeat_interval;
-  const auto until = data.ok() ? cap_ : Clock::now() + extra;
+  // After the data plane finished, Applied is due within apply_timeout
+  // (the engines' on_update_end included), and within the cap.
+  const auto until = data.ok() ? std::min(cap_, Clock::now() + cfg_.publisher.apply_timeout) : Clock::now() + extra;
   cv_.wait_until(lock, until, [&] { return round_.applied(live) || stopped_; });
   Code code;
-  r.subscribers = round_.applied_outcomes(live, silence(), data, code);
+  r.subscribers = round_.applied_outcomes(live, silence(), data, code,
+                                          waited("apply_timeout", cfg_.publisher.apply_timeout, until) +
+                                              " after the data plane finished");
   set_link_rates(r);
   if (code == Code::kOk) {
     published_version_ = r.version;

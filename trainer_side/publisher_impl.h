@@ -105,6 +105,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }
   std::string silence() const;
+  std::string waited(const char* name, Millis phase, Deadline until) const;
   std::vector<std::string> absent() const;
   uint64_t highest_member_version(std::string& who) const;
 

@@ -133,7 +133,7 @@ bool UpdateRound::applied_ok(const std::string& id) const {
 }
 
 std::vector<SubscriberOutcome> UpdateRound::plan_outcomes(const IsLive& live, const std::string& silence,
-                                                          Code& code) const {
+                                                          Code& code, const std::string& deadline) const {
   std::vector<SubscriberOutcome> out;
   bool rejected_any = false, lost_any = false, missed_any = false;
   for (const auto& id : group_) {
@@ -147,7 +147,7 @@ std::vector<SubscriberOutcome> UpdateRound::plan_outcomes(const IsLive& live, co
       auto missed = missed_.find(id);
       o.status = timeout_error(missed != missed_.end()
                                    ? missed->second
-                                   : "subscriber '" + id + "' did not answer the plan before update_timeout");
+                                   : "subscriber '" + id + "' did not answer the plan " + deadline);
       missed_any = true;
     } else if (!answer->second.accepted) {
       o.mismatches = answer->second.mismatches;
@@ -163,7 +163,8 @@ std::vector<SubscriberOutcome> UpdateRound::plan_outcomes(const IsLive& live, co
 }
 
 std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live, const std::string& silence,
-                                                             const Status& data, Code& code) const {
+                                                             const Status& data, Code& code,
+                                                             const std::string& deadline) const {
   std::vector<SubscriberOutcome> out;
   bool lost_any = false, missed_any = false;
   Code first = Code::kOk;
@@ -186,7 +187,7 @@ std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live,
       missed_any = true;
     } else {
       o.status = timeout_error("subscriber '" + id + "' did not report applied v" + std::to_string(version_) +
-                               (data.ok() ? " before update_timeout" : " after the data plane failed"));
+                               (data.ok() ? " " + deadline : " after the data plane failed"));
       if (data.ok()) missed_any = true;
     }
     // PEER_LOST is the control plane's word: a data-plane connection that

@@ -66,14 +66,18 @@ class UpdateRound {
   // `code`: REJECTED when a member rejected it, else PEER_LOST when one was
   // lost, else TIMEOUT when one missed a message or did not answer; OK when
   // the update can go on.
-  std::vector<SubscriberOutcome> plan_outcomes(const IsLive& live, const std::string& silence, Code& code) const;
+  // `deadline`: how long the publisher waited, for the message of a member
+  // that did not answer ("within plan_timeout (5s)").
+  std::vector<SubscriberOutcome> plan_outcomes(const IsLive& live, const std::string& silence, Code& code,
+                                               const std::string& deadline = "before update_timeout") const;
   // Outcomes after the data moved (`data` is this rank's own data-plane
   // result). `code` says what the caller should act on first: PEER_LOST for a
   // member the control plane declared lost, else TIMEOUT for one that missed
   // a message or did not report, else this rank's data-plane failure, else
   // the first member's failure; OK when every member applied.
   std::vector<SubscriberOutcome> applied_outcomes(const IsLive& live, const std::string& silence,
-                                                  const Status& data, Code& code) const;
+                                                  const Status& data, Code& code,
+                                                  const std::string& deadline = "before update_timeout") const;
 
  private:
   struct PlanAnswer {

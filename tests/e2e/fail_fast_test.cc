@@ -23,8 +23,9 @@ constexpr auto kFast = std::chrono::seconds(10);
 class FailFastTest : public WorkerClusterTest {
  protected:
   // Three workers; `faulty` gets `env`.
-  void start_three(const std::string& faulty, const std::string& env, const std::string& policy = "fail") {
-    make_publisher(test::test_config_yaml(3, "  on_member_loss: " + policy + "\n"));
+  void start_three(const std::string& faulty, const std::string& env, const std::string& policy = "fail",
+                   const std::string& publisher_extra = "") {
+    make_publisher(test::test_config_yaml(3, "  on_member_loss: " + policy + "\n" + publisher_extra));
     for (int i = 1; i <= 3; ++i) {
       const std::string id = "worker-" + std::to_string(i);
       spawn_worker(id, id == faulty ? std::vector<std::string>{env} : std::vector<std::string>{});
@@ -90,6 +91,42 @@ TEST_F(FailFastTest, LostPlanAnswerIsNamed) {
       << r.status.message();
   EXPECT_LT(secs(r), kFast) << r.seconds << " s";
   EXPECT_TRUE(publish(2).ok());
+}
+
+// A member that is alive and heartbeats but never answers the Plan (stuck,
+// or hostile) ends the update at plan_timeout, named, before any byte moves.
+TEST_F(FailFastTest, MemberSilentOnThePlanIsNamedAtPlanTimeout) {
+  start_three("worker-2", "PARAMCAST_FAULT_LOSE=mute-answer:1", "fail", "  plan_timeout: 2s\n");
+  UpdateResult r = publish(1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kTimeout) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("subscriber 'worker-2' did not answer the plan within plan_timeout (2.000 s)"),
+            std::string::npos)
+      << r.status.message();
+  EXPECT_NE(r.status.message().find("abandoned before any byte moved"), std::string::npos) << r.status.message();
+  EXPECT_GE(r.seconds, 2.0);
+  EXPECT_LT(r.seconds, 2.0 + 4.0) << "plan_timeout and a loaded machine's margin";
+  UpdateResult next = publish(2);
+  EXPECT_TRUE(next.ok()) << next.status.to_string() << outputs();
+}
+
+// One that never reports Applied ends the update apply_timeout after the
+// data plane finished, named; the others applied it.
+TEST_F(FailFastTest, MemberSilentOnAppliedIsNamedAtApplyTimeout) {
+  start_three("worker-3", "PARAMCAST_FAULT_LOSE=mute-applied:2", "fail", "  apply_timeout: 3s\n");
+  ASSERT_TRUE(publish(1).ok());
+  UpdateResult r = publish(2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kTimeout) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("subscriber 'worker-3' did not report applied v2 within apply_timeout (3.000 s) after "
+                                    "the data plane finished"),
+            std::string::npos)
+      << r.status.message();
+  EXPECT_LT(r.seconds, 3.0 + 5.0) << "apply_timeout and a loaded machine's margin";
+  int applied = 0;
+  for (const auto& o : r.subscribers) applied += o.status.ok();
+  EXPECT_EQ(applied, 2) << r.status.to_string();
+  EXPECT_TRUE(publish(3).ok()) << outputs();
 }
 
 TEST_F(FailFastTest, LostAppliedIsRecoveredFromHeartbeats) {
