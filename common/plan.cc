@@ -85,22 +85,26 @@ StatusOr<UpdatePlan> build_streamed_plan(uint64_t version, const std::vector<Ten
 Status check_bucket(const UpdatePlan& plan, const PlanBucket& b, std::vector<uint64_t>& covered) {
   const std::string v = "plan v" + std::to_string(plan.version);
   if (b.pieces.empty()) return protocol_error(v + ": a bucket without pieces");
+  if (b.direct && (b.pieces.size() != 1 || b.pieces[0].length != b.bytes))
+    return protocol_error(v + ": direct bucket must be one whole piece");
+  size_t added = 0;  // pieces counted in `covered` so far: taken back if the bucket is refused
+  auto refuse = [&](const std::string& why) {
+    for (size_t i = 0; i < added; ++i) covered[b.pieces[i].tensor] -= b.pieces[i].length;
+    return protocol_error(v + ": " + why);
+  };
   for (const auto& piece : b.pieces) {
     if (piece.tensor >= plan.tensors.size())
-      return protocol_error(v + ": piece names tensor #" + std::to_string(piece.tensor) + " of " +
-                            std::to_string(plan.tensors.size()));
+      return refuse("piece names tensor #" + std::to_string(piece.tensor) + " of " + std::to_string(plan.tensors.size()));
     auto tend = checked_add(piece.tensor_offset, piece.length);
     auto bend = checked_add(piece.bucket_offset, piece.length);
     if (!tend || !bend || *tend > plan.nbytes[piece.tensor] || *bend > b.bytes)
-      return protocol_error(v + ": piece of tensor '" + plan.tensors[piece.tensor].name +
-                            "' lies outside its tensor or bucket");
+      return refuse("piece of tensor '" + plan.tensors[piece.tensor].name + "' lies outside its tensor or bucket");
+    if (covered[piece.tensor] + piece.length > plan.nbytes[piece.tensor])
+      return refuse("buckets cover more than the " + std::to_string(plan.nbytes[piece.tensor]) + " bytes of '" +
+                    plan.tensors[piece.tensor].name + "'");
     covered[piece.tensor] += piece.length;
-    if (covered[piece.tensor] > plan.nbytes[piece.tensor])
-      return protocol_error(v + ": buckets cover more than the " + std::to_string(plan.nbytes[piece.tensor]) +
-                            " bytes of '" + plan.tensors[piece.tensor].name + "'");
+    ++added;
   }
-  if (b.direct && (b.pieces.size() != 1 || b.pieces[0].length != b.bytes))
-    return protocol_error(v + ": direct bucket must be one whole piece");
   return Status();
 }
 
@@ -112,10 +116,10 @@ uint32_t UpdatePlan::bucket_unit(size_t k) const {
 
 Status UpdatePlan::add_streamed_bucket(PlanBucket b) {
   if (!streamed) return internal_error("add_streamed_bucket on a plan that lists its buckets");
-  if (b.bytes > bucket_bytes)
+  if (b.bytes > streamed_bucket_bound())
     return protocol_error("plan v" + std::to_string(version) + ": streamed bucket " + std::to_string(buckets.size()) +
                           " of " + std::to_string(b.bytes) + " bytes exceeds the plan's bucket size " +
-                          std::to_string(bucket_bytes));
+                          std::to_string(streamed_bucket_bound()));
   PC_RETURN_IF_ERROR(check_bucket(*this, b, covered));
   buckets.push_back(std::move(b));
   return Status();

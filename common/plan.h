@@ -18,6 +18,7 @@
 // header reaches the public API (publisher.h) and names no Cap'n Proto type.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -63,6 +64,12 @@ struct UpdatePlan {
   // the stream ended, that every tensor was covered whole.
   Status add_streamed_bucket(PlanBucket b);
   Status end_stream() const;
+  // Streamed plans: the largest bucket the stream can send (what each side
+  // stages): its bucket size, or less for a small update (every tensor and
+  // its alignment gap).
+  uint64_t streamed_bucket_bound() const {
+    return std::min<uint64_t>(bucket_bytes, total_bytes + tensors.size() * kPackAlignment);
+  }
   std::vector<uint64_t> covered;  // streamed: bytes of each tensor laid out so far
   // Names of the tensors a bucket carries, for error messages ("a, b, c" / "+N more").
   std::string bucket_tensor_names(size_t bucket) const;

@@ -28,11 +28,11 @@ Status StreamSender::begin(UpdatePlan* plan, Communicator* comm, Hooks hooks, De
   failed_ = Status();
   // Staging for packed buckets only (a stream of large tensors needs none),
   // or for every bucket when they are encoded as deltas.
-  uint64_t packed_max = encoding() ? std::min(plan->bucket_bytes, plan->total_bytes) : 0;
+  uint64_t packed_max = encoding() ? plan->streamed_bucket_bound() : 0;
   for (uint64_t n : plan->nbytes)
     if (n < direct_min_) packed_max = std::max(packed_max, n);
   if (packed_max == 0) return Status();
-  return fail(staging_->reserve(mem_, std::max(packed_max, std::min(plan->bucket_bytes, plan->total_bytes))));
+  return fail(staging_->reserve(mem_, std::max(packed_max, plan->streamed_bucket_bound())));
 }
 
 Status StreamSender::send(uint32_t index, const void* data, void* after_stream) {

@@ -60,7 +60,7 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
     if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
   }
   // A streamed plan's buckets are not known yet: stage up to its bucket size.
-  if (plan.streamed) staging_bytes = std::min(plan.bucket_bytes, plan.total_bytes);
+  if (plan.streamed) staging_bytes = plan.streamed_bucket_bound();
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, staging_bytes));
   using Next = Hooks::Next;
   auto first = have(u, 0, true);
@@ -307,7 +307,7 @@ Status BucketReceiver::deliver(Update& u, size_t k) {
 Status BucketReceiver::drop(UpdatePlan& plan, Communicator& comm, const Hooks& hooks, Deadline deadline) {
   received_ = 0;
   deadline_ = deadline;
-  uint64_t largest = plan.streamed ? std::min(plan.bucket_bytes, plan.total_bytes) : 0;
+  uint64_t largest = plan.streamed ? plan.streamed_bucket_bound() : 0;
   for (const auto& b : plan.buckets) largest = std::max(largest, b.bytes);
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, largest));
   std::vector<const TensorView*> none(plan.tensors.size(), nullptr);

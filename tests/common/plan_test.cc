@@ -106,5 +106,57 @@ TEST(PlanTest, MismatchMessagesSayExpectedAndGot) {
   EXPECT_EQ(m.to_string(), "'lm_head.weight': shape expected [32000, 4096], got [32000, 4097]");
 }
 
+// A streamed plan's buckets come from the network one by one: each is
+// checked against the plan before it is received, and the end checks that
+// every tensor was covered whole.
+TEST(PlanTest, StreamedBucketsAreCheckedAsTheyArrive) {
+  std::vector<TensorSpec> t = {{"a", DType::kF32, {100}}, {"b", DType::kU8, {5000}}};
+  auto plan = build_streamed_plan(4, t, opts(4096, 1024));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->streamed);
+  EXPECT_TRUE(plan->buckets.empty());
+  EXPECT_EQ(plan->bucket_bytes, 4096u);
+  auto expect_refused = [&](PlanBucket b, const std::string& says) {
+    UpdatePlan p = *plan;
+    Status s = p.add_streamed_bucket(std::move(b));
+    EXPECT_EQ(s.code(), Code::kProtocol) << s.to_string();
+    EXPECT_NE(s.message().find(says), std::string::npos) << s.to_string();
+    EXPECT_TRUE(p.buckets.empty());
+  };
+  expect_refused(PlanBucket{8192, true, {PlanPiece{1, 0, 0, 8192}}}, "exceeds the plan's bucket size 4096");
+  expect_refused(PlanBucket{400, false, {PlanPiece{7, 0, 0, 400}}}, "piece names tensor #7 of 2");
+  expect_refused(PlanBucket{400, false, {PlanPiece{0, 200, 0, 400}}}, "lies outside its tensor or bucket");
+  expect_refused(PlanBucket{100, false, {PlanPiece{0, 0, 0, 400}}}, "lies outside its tensor or bucket");
+  expect_refused(PlanBucket{400, true, {PlanPiece{0, 0, 0, 200}, PlanPiece{0, 200, 200, 200}}},
+                 "direct bucket must be one whole piece");
+  expect_refused(PlanBucket{0, false, {}}, "a bucket without pieces");
+
+  UpdatePlan p = *plan;
+  ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{4096, true, {PlanPiece{1, 0, 0, 4096}}}).ok());
+  ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{400, false, {PlanPiece{0, 0, 0, 400}}}).ok());
+  Status twice = p.add_streamed_bucket(PlanBucket{400, false, {PlanPiece{0, 0, 0, 400}}});
+  EXPECT_NE(twice.message().find("cover more than the 400 bytes of 'a'"), std::string::npos) << twice.to_string();
+  Status early = p.end_stream();
+  EXPECT_EQ(early.code(), Code::kProtocol);
+  EXPECT_NE(early.message().find("ended with 4096 of the 5000 bytes of 'b' sent"), std::string::npos)
+      << early.to_string();
+  ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{904, true, {PlanPiece{1, 4096, 0, 904}}}).ok());
+  EXPECT_TRUE(p.end_stream().ok());
+
+  // On the wire: a streamed plan lists no buckets and bounds their size.
+  capnp::MallocMessageBuilder m;
+  auto w = m.initRoot<proto::Plan>();
+  plan_to_proto(*plan, w);
+  auto back = plan_from_proto(w.asReader());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->streamed);
+  EXPECT_EQ(back->bucket_bytes, 4096u);
+  w.setBucketBytes(kMaxStreamedBucketBytes + 1);
+  EXPECT_EQ(plan_from_proto(w.asReader()).status().code(), Code::kProtocol);
+  w.setBucketBytes(4096);
+  w.initBuckets(1);
+  EXPECT_NE(plan_from_proto(w.asReader()).status().message().find("a streamed plan lists buckets"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace paramcast
