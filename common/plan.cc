@@ -75,9 +75,12 @@ StatusOr<UpdatePlan> build_streamed_plan(uint64_t version, const std::vector<Ten
   auto plan = plan_tensors(version, tensors, options, [](UpdatePlan&, uint32_t, uint64_t) {});
   if (!plan.ok()) return plan;
   plan->streamed = true;
-  plan->bucket_bytes = options.bucket_bytes;
-  for (uint64_t n : plan->nbytes)  // a packed tensor larger than a bucket has one of its own
-    if (n < options.direct_min_bytes) plan->bucket_bytes = std::max(plan->bucket_bytes, n);
+  // Whole 256-byte blocks, as build_plan's chunks; a packed tensor larger
+  // than a bucket has one of its own.
+  uint64_t bucket = std::max(kPackAlignment, options.bucket_bytes / kPackAlignment * kPackAlignment);
+  for (uint64_t n : plan->nbytes)
+    if (n < options.direct_min_bytes) bucket = std::max(bucket, (n + kPackAlignment - 1) / kPackAlignment * kPackAlignment);
+  plan->bucket_bytes = bucket;
   plan->covered.assign(plan->tensors.size(), 0);
   return plan;
 }
@@ -109,9 +112,17 @@ Status check_bucket(const UpdatePlan& plan, const PlanBucket& b, std::vector<uin
 }
 
 uint32_t UpdatePlan::bucket_unit(size_t k) const {
-  size_t unit = 8;
-  for (const auto& p : buckets[k].pieces) unit = std::min(unit, dtype_size(tensors[p.tensor].dtype));
-  return static_cast<uint32_t>(std::max<size_t>(unit, 1));
+  uint64_t unit = 8;
+  for (const auto& p : buckets[k].pieces) unit = std::min<uint64_t>(unit, dtype_size(tensors[p.tensor].dtype));
+  // Every piece (and the bucket) must be whole units, whatever a peer's layout says.
+  auto whole = [&](uint64_t u) {
+    if (buckets[k].bytes % u) return false;
+    for (const auto& p : buckets[k].pieces)
+      if (p.bucket_offset % u || p.length % u) return false;
+    return true;
+  };
+  while (unit > 1 && !whole(unit)) unit /= 2;
+  return static_cast<uint32_t>(std::max<uint64_t>(unit, 1));
 }
 
 Status UpdatePlan::add_streamed_bucket(PlanBucket b) {
@@ -136,7 +147,8 @@ Status UpdatePlan::end_stream() const {
 
 StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
                                 const DataPlaneOptions& options) {
-  const uint64_t bucket = options.bucket_bytes;
+  // Chunks of a large tensor are whole 256-byte blocks (every element size divides them).
+  const uint64_t bucket = std::max(kPackAlignment, options.bucket_bytes / kPackAlignment * kPackAlignment);
   PlanBucket open;
   auto flush = [&](UpdatePlan& plan) {
     if (!open.pieces.empty()) plan.buckets.push_back(std::move(open));

@@ -311,7 +311,8 @@ void SubscriberImpl::on_layouts(proto::BucketLayouts::Reader l) {
   for (auto b : l.getBuckets()) {
     if (layouts_.size() >= kMaxPendingLayouts) {
       PC_WARN(id_ << ": more than " << kMaxPendingLayouts << " bucket layouts pending; v" << l.getVersion()
-                  << " bucket " << k << " and later dropped");
+                  << " bucket " << k << " and later dropped, the update fails");
+      overflowed_version_ = std::max(overflowed_version_, l.getVersion());
       break;
     }
     layouts_[{l.getVersion(), k++}] = bucket_from_proto(b);
@@ -334,7 +335,9 @@ void SubscriberImpl::on_delta(proto::BucketDelta::Reader d) {
   std::lock_guard<std::mutex> lock(mu_);
   if (deltas_.size() >= kMaxPendingDeltas) {
     PC_WARN(id_ << ": more than " << kMaxPendingDeltas << " bucket encodings pending; v" << d.getVersion()
-                << " bucket " << d.getBucket() << " dropped");
+                << " bucket " << d.getBucket() << " dropped, the update fails");
+    overflowed_version_ = std::max(overflowed_version_, d.getVersion());
+    cv_.notify_all();
     return;
   }
   deltas_[{d.getVersion(), d.getBucket()}] = std::move(h);
@@ -344,19 +347,29 @@ void SubscriberImpl::on_delta(proto::BucketDelta::Reader d) {
 StatusOr<delta::Header> SubscriberImpl::delta_header(uint64_t version, size_t bucket) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto key = std::make_pair(version, static_cast<uint32_t>(bucket));
-  auto gone = [&] { return stopping_ || !client_->joined() || abandoned_version_ >= version; };
+  auto gone = [&] {
+    return stopping_ || !client_->joined() || abandoned_version_ >= version || overflowed_version_ >= version;
+  };
   if (!cv_.wait_until(lock, deadline_, [&] { return deltas_.count(key) || gone(); }))
     return timeout_error("the encoding of bucket " + std::to_string(bucket) + " of v" + std::to_string(version) +
                          " never arrived within update_timeout (" + format_duration(update_cap_) + ")");
   auto it = deltas_.find(key);
   if (it == deltas_.end()) {
     if (stopping_) return aborted("subscriber stopping");
+    if (overflowed_version_ >= version) return overflowed(version);
     if (abandoned_version_ >= version) return aborted("the publisher abandoned v" + std::to_string(version));
     return peer_lost("publisher lost before the encoding of bucket " + std::to_string(bucket) + " arrived");
   }
   delta::Header h = std::move(it->second);
   deltas_.erase(it);
   return h;
+}
+
+Status SubscriberImpl::overflowed(uint64_t version) const {
+  std::string what = "update v";  // appended, not "v" + ...: GCC 12's -Wrestrict false positive at -O3
+  what += std::to_string(version);
+  return protocol_error(what + ": the publisher announced more buckets than this member keeps pending (65536); "
+                               "raise data_plane.bucket_size");
 }
 
 bool SubscriberImpl::keeps_copies() const { return callback_ && cfg_.subscriber.delta_baseline; }
@@ -532,11 +545,17 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
       std::lock_guard<std::mutex> lock(mu_);
       copy_version_ = 0;  // being written
     }
-    copy_.prepare(plan);  // kept when the manifest is the same
-    hooks.copy_of = [&](uint32_t t) { return copy_.tensor(t); };
+    // Copies of the tensors the callback gets (no destination), kept when
+    // the manifest is the same. Without memory for them, this update still
+    // lands (the callback gets whole tensors as without a copy); the next
+    // delta is refused (copy_version_ stays 0).
+    if (Status c = copy_.prepare(plan, [&](size_t i) { return dest[i] == nullptr; }); c.ok())
+      hooks.copy_of = [&](uint32_t t) { return copy_.tensor(t); };
+    else
+      PC_WARN(id_ << ": " << c.message());
   }
   Status s = receiver_->receive(*job.plan, dest, *comm, hooks, deadline());
-  if (s.ok() && keeps_copies()) {
+  if (s.ok() && keeps_copies() && hooks.copy_of) {
     std::lock_guard<std::mutex> lock(mu_);
     copy_version_ = plan.version;
     copy_manifest_ = plan.manifest_hash;
@@ -553,7 +572,9 @@ StatusOr<SubscriberImpl::Next> SubscriberImpl::next_bucket(uint64_t version, siz
     auto end = stream_end_.find(version);
     return layouts_.count(key) || (end != stream_end_.end() && end->second <= bucket);
   };
-  auto gone = [&] { return stopping_ || !client_->joined() || abandoned_version_ >= version; };
+  auto gone = [&] {
+    return stopping_ || !client_->joined() || abandoned_version_ >= version || overflowed_version_ >= version;
+  };
   if (!ready() && !wait) return Next::kNotYet;
   if (!cv_.wait_until(lock, deadline_, [&] { return ready() || gone(); }))
     return timeout_error("the layout of streamed bucket " + std::to_string(bucket) + " of v" + std::to_string(version) +
@@ -565,6 +586,7 @@ StatusOr<SubscriberImpl::Next> SubscriberImpl::next_bucket(uint64_t version, siz
   }
   if (ready()) return Next::kEnded;
   if (stopping_) return aborted("subscriber stopping");
+  if (overflowed_version_ >= version) return overflowed(version);
   if (abandoned_version_ >= version) return aborted("the publisher abandoned v" + std::to_string(version));
   return peer_lost("publisher lost before the layout of streamed bucket " + std::to_string(bucket) + " arrived");
 }

@@ -92,6 +92,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   void on_delta(proto::BucketDelta::Reader d);
   StatusOr<delta::Header> delta_header(uint64_t version, size_t bucket);
   bool keeps_copies() const;
+  Status overflowed(uint64_t version) const;
   uint64_t combined_checksum(const UpdatePlan& plan);
   void report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
               std::chrono::milliseconds receive_time, const std::vector<LinkStats>& links);
@@ -138,6 +139,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::map<uint64_t, uint64_t> stream_end_;
   std::map<std::pair<uint64_t, uint32_t>, delta::Header> deltas_;  // delta updates: bucket encodings announced
   uint64_t abandoned_version_ = 0;  // the last update the publisher abandoned
+  uint64_t overflowed_version_ = 0;  // the last update whose announcements overflowed the pending bound
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_
   std::shared_ptr<UpdatePlan> pending_plan_;  // control thread only

@@ -328,7 +328,7 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
   transfer::BucketSender::Hooks hooks;
   hooks.on_checksum = checksum_hook(plan, m);
   hooks.on_progress = progress_hook(plan, m);
-  if (keeps_baseline()) {
+  if (baseline_fresh_) {
     hooks.baseline = &baseline_;
     hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
     hooks.on_delta = delta_hook(plan, m);
@@ -391,8 +391,13 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
     }
   }
   if (keeps_baseline()) {
-    baseline_.prepare(plan);  // written by this update; a baseline once every member applied it
-    baseline_fresh_ = true;
+    // Written by this update; a baseline once every member applied it.
+    if (Status s = baseline_.prepare(plan); s.ok()) {
+      baseline_fresh_ = true;
+    } else {
+      PC_WARN("publisher: update v" << plan.version << ": " << s.message());
+      if (why.empty()) why = s.message();
+    }
   }
   if (why.empty()) {
     plan.delta_base = base;

@@ -58,7 +58,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   stream::StreamSender::Hooks hooks;
   hooks.on_checksum = checksum_hook(st->plan, st->move);
   hooks.on_progress = progress_hook(st->plan, st->move);
-  if (keeps_baseline()) {
+  if (baseline_fresh_) {
     hooks.baseline = &baseline_;
     hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
     hooks.on_delta = delta_hook(st->plan, st->move);

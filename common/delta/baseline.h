@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -23,28 +24,48 @@ namespace paramcast::delta {
 
 class Baseline {
  public:
-  // Makes room for `plan`'s tensors (kept when the manifest is the same:
-  // its bytes and version stay). Marks it being written (version 0).
-  void prepare(const UpdatePlan& plan) {
+  // Makes room for `plan`'s tensors, those `keep(i)` selects (kept when
+  // the manifest and the selection are the same: bytes and version stay).
+  // Marks it being written (version 0). A failed allocation is a Status,
+  // and leaves it empty.
+  template <typename Keep>
+  Status prepare(const UpdatePlan& plan, Keep&& keep) {
     version_ = 0;
-    if (manifest_ == plan.manifest_hash && !buffers_.empty()) return;
-    buffers_.clear();
-    index_.clear();
+    std::vector<bool> selected(plan.tensors.size());
+    for (size_t i = 0; i < selected.size(); ++i) selected[i] = keep(i);
+    if (manifest_ == plan.manifest_hash && selected == selected_ && !buffers_.empty()) return Status();
+    clear();
     uint64_t total = 0;
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
-      buffers_.emplace_back(new uint8_t[plan.nbytes[i] ? plan.nbytes[i] : 1]);
+      if (!selected[i]) {
+        buffers_.emplace_back();
+        continue;
+      }
+      buffers_.emplace_back(new (std::nothrow) uint8_t[plan.nbytes[i] ? plan.nbytes[i] : 1]);
+      if (!buffers_.back()) {
+        const uint64_t n = plan.nbytes[i];
+        clear();
+        return unavailable("no host memory for the delta baseline: tensor '" + plan.tensors[i].name + "' needs " +
+                           std::to_string(n) + " bytes after " + std::to_string(total) + " (set delta off, or "
+                           "give the process more memory)");
+      }
       index_[plan.tensors[i].name] = i;
       total += plan.nbytes[i];
     }
     manifest_ = plan.manifest_hash;
+    selected_ = std::move(selected);
     bytes_ = total;
+    return Status();
+  }
+  Status prepare(const UpdatePlan& plan) {
+    return prepare(plan, [](size_t) { return true; });
   }
   // The version it now holds completely (an applied update).
   void set_version(uint64_t version) { version_ = version; }
   void invalidate() { version_ = 0; }
   uint64_t version() const { return version_; }
   uint64_t manifest_hash() const { return manifest_; }
-  // Tensor i of the manifest it was prepared for.
+  // Tensor i of the manifest it was prepared for (null: not selected).
   uint8_t* tensor(size_t i) const { return buffers_[i].get(); }
   // By name (engines: the plan's tensor order may differ); null when absent.
   uint8_t* tensor(const std::string& name) const {
@@ -54,6 +75,7 @@ class Baseline {
   uint64_t bytes() const { return bytes_; }
   void clear() {
     buffers_.clear();
+    selected_.clear();
     index_.clear();
     manifest_ = 0;
     version_ = 0;
@@ -63,6 +85,7 @@ class Baseline {
  private:
   std::vector<std::unique_ptr<uint8_t[]>> buffers_;
   std::unordered_map<std::string, size_t> index_;
+  std::vector<bool> selected_;
   uint64_t manifest_ = 0;
   std::atomic<uint64_t> version_{0};
   std::atomic<uint64_t> bytes_{0};

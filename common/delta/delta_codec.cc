@@ -121,7 +121,8 @@ Header encode(const std::vector<Segment>& segments, uint64_t bucket_bytes, uint3
   const uint64_t budget = always ? (bucket_bytes ? bucket_bytes - 1 : 0) : bucket_bytes / 2;
   const uint64_t limit = units <= kMaxDeltaUnits ? budget / unit : 0;
   mask.assign((units + 7) / 8, 0);
-  bool fits = units <= kMaxDeltaUnits;
+  bool fits = units <= kMaxDeltaUnits && bucket_bytes % unit == 0;
+  for (const auto& s : segments) fits = fits && s.bucket_offset % unit == 0 && s.length % unit == 0;
   Scan scan{mask.data(), out, 0, limit};
   for (const auto& s : segments) {
     // The baseline moves to the new version: the changed units as they are
@@ -205,6 +206,10 @@ Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const 
              const std::string& what) {
   PC_RETURN_IF_ERROR(check_header(h, bucket_bytes, segments.size(), what));
   if (h.kind != Kind::kIndices && h.kind != Kind::kBitmask) return Status();
+  for (const auto& seg : segments)
+    if (seg.bucket_offset % h.unit || seg.length % h.unit)
+      return data_corrupt("delta of " + what + ": a piece at byte " + std::to_string(seg.bucket_offset) + " of " +
+                          std::to_string(seg.length) + " bytes is not whole units of " + std::to_string(h.unit));
   const uint64_t units = bucket_bytes / h.unit;
   const uint8_t* values = wire;
   const uint8_t* tail = wire + h.changed * h.unit;
@@ -257,7 +262,9 @@ Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const 
   auto locate = [&](uint64_t i) -> uint8_t* {
     const uint64_t at = i * h.unit;
     while (seg < segments.size() && segments[seg].bucket_offset + segments[seg].length <= at) ++seg;
-    if (seg == segments.size() || at < segments[seg].bucket_offset) return nullptr;
+    if (seg == segments.size() || at < segments[seg].bucket_offset ||
+        at + h.unit > segments[seg].bucket_offset + segments[seg].length)
+      return nullptr;
     return segments[seg].base + (at - segments[seg].bucket_offset);
   };
   PC_RETURN_IF_ERROR(visit([&](uint64_t, uint64_t i) -> Status {

@@ -228,6 +228,10 @@ Status BucketReceiver::land_delta(Update& u, size_t k) {
   std::vector<delta::Segment> segments;
   segments.reserve(b.pieces.size());
   for (const auto& p : b.pieces) {
+    if (p.length == 0) {  // an empty tensor may have no buffer at all: nothing lands there
+      segments.push_back({nullptr, nullptr, p.bucket_offset, 0});
+      continue;
+    }
     uint8_t* at = u.has_dest(p.tensor) ? static_cast<uint8_t*>(u.dest[p.tensor]->data) : kept(u, p.tensor);
     if (!at)
       return internal_error("delta of " + u.bucket_name(k) + ": tensor '" + u.plan.tensors[p.tensor].name +
@@ -246,6 +250,11 @@ Status BucketReceiver::check_pieces(Update& u, size_t k) {
   const auto& hashes = u.headers[k].piece_hashes;
   for (size_t i = 0; i < b.pieces.size(); ++i) {
     const auto& p = b.pieces[i];
+    if (p.length == 0) {  // an empty tensor (maybe without a buffer): its hash is that of no bytes
+      if (hashes[i] != xxh64(nullptr, 0))
+        return data_corrupt("tensor '" + u.plan.tensors[p.tensor].name + "' is empty but its hash is not");
+      continue;
+    }
     const uint8_t* at = u.has_dest(p.tensor) ? static_cast<const uint8_t*>(u.dest[p.tensor]->data) : kept(u, p.tensor);
     if (!at) {
       // Handed to on_tensor from where it landed: only a dense bucket can be.

@@ -158,5 +158,23 @@ TEST(PlanTest, StreamedBucketsAreCheckedAsTheyArrive) {
   EXPECT_NE(plan_from_proto(w.asReader()).status().message().find("a streamed plan lists buckets"), std::string::npos);
 }
 
+// Chunks of a large tensor are whole 256-byte blocks whatever bucket_size
+// says, and a bucket's delta unit divides every piece of it.
+TEST(PlanTest, ChunksAreWholeBlocksAndUnitsDivideEveryPiece) {
+  std::vector<TensorSpec> t = {{"w", DType::kF32, {3000}}, {"h", DType::kBF16, {7}}};
+  auto plan = build_plan(1, t, opts(4097, 1024));
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->buckets.size(), 4u);  // 12000 bytes in 4096-byte chunks, then h packed
+  EXPECT_EQ(plan->buckets[0].bytes, 4096u);
+  EXPECT_EQ(plan->bucket_unit(0), 4u);
+  EXPECT_EQ(plan->bucket_unit(3), 2u);
+  auto streamed = build_streamed_plan(1, t, opts(4097, 1024));
+  ASSERT_TRUE(streamed.ok());
+  EXPECT_EQ(streamed->bucket_bytes % kPackAlignment, 0u);
+  UpdatePlan p = *streamed;
+  ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{10, false, {PlanPiece{0, 2, 0, 10}}}).ok());
+  EXPECT_EQ(p.bucket_unit(0), 2u) << "an F32 piece at an odd offset is compared in smaller units";
+}
+
 }  // namespace
 }  // namespace paramcast

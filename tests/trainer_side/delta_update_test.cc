@@ -226,6 +226,24 @@ TEST_F(DeltaUpdateTest, StreamedUpdatesGoAsDeltasInAnyOrder) {
   }
 }
 
+// An empty tensor may be registered without a buffer (torch.empty(0)):
+// deltas still apply and verify around it.
+TEST_F(DeltaUpdateTest, EmptyTensorWithoutABufferDoesNotStopDeltas) {
+  std::vector<TensorSpec> specs = {{"w", DType::kBF16, {50000}}, {"empty", DType::kF32, {0}}};
+  start(delta_config(1), 1, specs);
+  ASSERT_TRUE(workers_[0]->sub->register_tensor(TensorView{specs[1], nullptr, Device::cpu()}).ok());
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  ASSERT_TRUE(pub_->weight_update(t.views()).ok());
+  for (uint32_t v = 2; v <= 3; ++v) {
+    change(t, 0.01, v);
+    UpdateResult r = pub_->weight_update(t.views());
+    ASSERT_TRUE(r.ok()) << r.status.to_string();
+    EXPECT_TRUE(r.delta) << r.dense_because;
+    EXPECT_TRUE(workers_[0]->bytes("w") == t.bytes[0]);
+  }
+}
+
 TEST_F(DeltaUpdateTest, OffKeepsNoBaselineAndSendsEveryByte) {
   std::vector<TensorSpec> specs = {{"a", DType::kBF16, {100000}}};
   Config cfg = delta_config(1);

@@ -151,5 +151,26 @@ TEST(DeltaCodecTest, HostileEncodingsAreRefusedBeforeAnyByteIsWritten) {
   EXPECT_EQ(s.code(), Code::kDataCorrupt) << s.to_string();
 }
 
+// A piece that is not whole units (a layout a peer sent) is refused before
+// a byte is written, and the encoder sends such a bucket dense.
+TEST(DeltaCodecTest, PiecesThatAreNotWholeUnitsAreRefused) {
+  std::vector<uint8_t> now(8, 1), base(8, 0), out(8), mask;
+  std::vector<Segment> odd = {{now.data() + 2, base.data() + 2, 0, 6}};
+  Header h = encode(odd, 8, 4, true, out.data(), mask);
+  EXPECT_EQ(h.kind, Kind::kDense);
+  Header bad;
+  bad.kind = Kind::kIndices;
+  bad.unit = 4;
+  bad.changed = 1;
+  bad.wire_bytes = 5;
+  bad.piece_hashes = {0};
+  std::vector<uint8_t> wire = {9, 9, 9, 9, 1};  // one change at unit 1: bytes 4..7 of a 6-byte piece
+  std::vector<uint8_t> dst(6, 0);
+  Status s = apply(bad, wire.data(), 8, {{nullptr, dst.data(), 0, 6}}, "bucket 0");
+  EXPECT_EQ(s.code(), Code::kDataCorrupt) << s.to_string();
+  EXPECT_NE(s.message().find("not whole units of 4"), std::string::npos) << s.to_string();
+  EXPECT_EQ(dst, std::vector<uint8_t>(6, 0));
+}
+
 }  // namespace
 }  // namespace paramcast::delta
