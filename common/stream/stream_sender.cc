@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/transfer/settle.h"
 
 namespace paramcast::stream {
 
@@ -180,15 +181,7 @@ void StreamSender::abort(const std::string& why) {
   if (failed_.ok()) failed_ = aborted(why);
   if (!comm_) return;
   comm_->abort(why);
-  bool quiet = true;
-  for (auto& w : works_) {
-    if (!w) continue;
-    (void)w->wait(std::max(deadline_, Clock::now() + kSettleTimeout));
-    if (!w->settled()) quiet = false;
-    w.reset();
-  }
-  if (!mem_->synchronize().ok()) quiet = false;
-  if (!quiet) {
+  if (!transfer::settle_works(works_, *mem_, deadline_)) {
     PC_WARN("publisher: in-flight work did not settle after a failure; its staging buffers are let go, not reused");
     staging_->abandon();
   }

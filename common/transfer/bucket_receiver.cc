@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/transfer/settle.h"
 #include "common/xxhash.h"
 
 namespace paramcast::transfer {
@@ -121,15 +122,7 @@ StatusOr<BucketReceiver::Hooks::Next> BucketReceiver::have(Update& u, size_t k, 
 // confirmed, the buffers are let go instead. The caller then abandons the
 // communicator (the collective is half-done).
 Status BucketReceiver::settle(Update& u, Status failure) {
-  bool quiet = true;
-  for (auto& w : u.works) {
-    if (!w) continue;
-    (void)w->wait(std::max(deadline_, Clock::now() + kSettleTimeout));
-    if (!w->settled()) quiet = false;
-    w.reset();
-  }
-  if (!mem_->synchronize().ok()) quiet = false;
-  if (!quiet) {
+  if (!settle_works(u.works, *mem_, deadline_)) {
     PC_WARN("subscriber: in-flight work did not settle after a failure; its buffers are let go, not reused");
     staging_.abandon();
     for (auto& [t, buf] : u.assembly) buf.abandon();

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/transfer/settle.h"
 
 namespace paramcast::transfer {
 
@@ -145,15 +146,7 @@ Status BucketSender::finish(const UpdatePlan& plan, size_t k, Work* work, const 
 // the deadline, the slots are let go, not reused.
 Status BucketSender::settle(Communicator& comm, std::vector<std::shared_ptr<Work>>& works, Status failure) {
   comm.abort(failure.message());
-  bool quiet = true;
-  for (auto& w : works) {
-    if (!w) continue;
-    (void)w->wait(std::max(deadline_, Clock::now() + kSettleTimeout));
-    if (!w->settled()) quiet = false;
-    w.reset();
-  }
-  if (!mem_->synchronize().ok()) quiet = false;
-  if (!quiet) {
+  if (!settle_works(works, *mem_, deadline_)) {
     PC_WARN("publisher: in-flight work did not settle after a failure; its staging buffers are let go, not reused");
     staging_.abandon();
   }

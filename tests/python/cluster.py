@@ -76,6 +76,22 @@ def _engine_main(conn, endpoint, worker_id, mode, dtype, seed, device="cpu"):
     def end(version, error):
         events.append(("end", version, error))
 
+    def set_ctl(key, value):
+        ctl[key] = value
+
+    _serve(conn, sub, {
+        "logits": lambda: tinymodel.logits(model),
+        "params": lambda: tinymodel.unfused_state(model),  # the trainer's names and layout, on the host
+        "set": set_ctl,
+        "events": lambda: list(events),
+        "shards": lambda version: shards.get(version, []),
+    })
+
+
+def _serve(conn, sub, commands):
+    """Starts `sub`, says "ready", then answers the test's commands until "stop":
+    "state", "wait" and the engine's own `commands` (name -> function of the arguments)."""
+    commands = {"state": lambda: (sub.state, sub.version), "wait": sub.wait_for_version, **commands}
     with sub:
         sub.start()
         conn.send("ready")
@@ -83,21 +99,7 @@ def _engine_main(conn, endpoint, worker_id, mode, dtype, seed, device="cpu"):
             cmd, *args = conn.recv()
             if cmd == "stop":
                 break
-            if cmd == "logits":
-                conn.send(tinymodel.logits(model))
-            elif cmd == "params":  # the trainer's names and layout, on the host
-                conn.send(tinymodel.unfused_state(model))
-            elif cmd == "state":
-                conn.send((sub.state, sub.version))
-            elif cmd == "wait":
-                conn.send(sub.wait_for_version(*args))
-            elif cmd == "set":
-                ctl[args[0]] = args[1]
-                conn.send(None)
-            elif cmd == "events":
-                conn.send(list(events))
-            elif cmd == "shards":
-                conn.send(shards.get(args[0], []))
+            conn.send(commands[cmd](*args))
     conn.send("stopped")
 
 
@@ -185,20 +187,7 @@ def _bulk_engine_main(conn, endpoint, worker_id, mode, cfg, specs, factory):
             out[name] = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
         return out
 
-    with sub:
-        sub.start()
-        conn.send("ready")
-        while True:
-            cmd, *args = conn.recv()
-            if cmd == "stop":
-                break
-            if cmd == "state":
-                conn.send((sub.state, sub.version))
-            elif cmd == "wait":
-                conn.send(sub.wait_for_version(*args))
-            elif cmd == "digest":
-                conn.send(digest())
-    conn.send("stopped")
+    _serve(conn, sub, {"digest": digest})
 
 
 class BulkEngine(Engine):
