@@ -79,6 +79,10 @@ class WeightUpdateTest : public ::testing::Test {
     for (auto& w : workers_) {
       EXPECT_EQ(w->sub->state().kind, WeightStateKind::kConsistent);
       EXPECT_EQ(w->sub->state().version, version);
+      // Under the lock the callback writes under: a later update may hand
+      // over tensors without any data-plane traffic (an unchanged delta
+      // bucket), and the test must not read them unsynchronised.
+      std::lock_guard<std::mutex> lock(w->mu);
       for (size_t i = 0; i < t.specs.size(); ++i)
         ASSERT_TRUE(w->bytes(t.specs[i].name) == t.bytes[i])
             << "tensor '" << t.specs[i].name << "' (" << t.bytes[i].size() << " B) differs in a "

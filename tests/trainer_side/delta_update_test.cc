@@ -240,6 +240,7 @@ TEST_F(DeltaUpdateTest, EmptyTensorWithoutABufferDoesNotStopDeltas) {
     UpdateResult r = pub_->weight_update(t.views());
     ASSERT_TRUE(r.ok()) << r.status.to_string();
     EXPECT_TRUE(r.delta) << r.dense_because;
+    EXPECT_EQ(workers_[0]->sub->state().version, r.version);  // (also orders this read after the engine's writes)
     EXPECT_TRUE(workers_[0]->bytes("w") == t.bytes[0]);
   }
 }

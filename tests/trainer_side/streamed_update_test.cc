@@ -244,6 +244,7 @@ TEST_F(StreamedUpdateTest, PartialUpdatesKeepEveryOtherTensor) {
     for (auto& w : workers_) {
       EXPECT_EQ(w->sub->state().kind, WeightStateKind::kConsistent);
       EXPECT_EQ(w->sub->state().version, r.version);
+      std::lock_guard<std::mutex> lock(w->mu);  // the callback writes under it
       for (size_t i = 0; i < specs.size(); ++i) {
         const auto& name = specs[i].name;
         auto at = std::find_if(lora_specs.begin(), lora_specs.end(), [&](const TensorSpec& s) { return s.name == name; });
