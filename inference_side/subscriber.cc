@@ -8,6 +8,7 @@
 #include "common/xxhash.h"
 #include "inference_side/plan_check.h"
 #include "inference_side/subscriber_impl.h"
+#include "paramcast/build_config.h"
 
 namespace paramcast {
 
@@ -40,6 +41,13 @@ proto::WeightState to_proto(WeightStateKind k) {
   return proto::WeightState::EMPTY;
 }
 
+// Whether this engine can apply deltas: a CUDA engine needs a build with
+// CUDA and registered buffers (its callback gets dense updates).
+bool delta_capable(const Config& cfg, Device device, bool callback) {
+  if (device.is_cuda()) return PARAMCAST_HAVE_NCCL && !callback;
+  return !callback || cfg.subscriber.delta_baseline;
+}
+
 control::ClientOptions client_options(const Config& cfg, const std::string& id, Device device, bool callback,
                                       control::ClientAuth auth = {}) {
   control::ClientOptions o;
@@ -49,9 +57,10 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
   o.device = device;
   o.capabilities = {"xxh64"};
   if (callback) o.capabilities.push_back("callback");
-  // Deltas are applied on the host, in place or onto the engine's own copy
-  // of the last version (a callback engine keeps one only when configured).
-  if (!device.is_cuda() && (!callback || cfg.subscriber.delta_baseline)) o.capabilities.push_back("delta");
+  // Deltas are applied in place (host or CUDA buffers, the latter on the
+  // device), or onto the engine's own copy of the last version for its
+  // callback (host memory only; kept only when configured).
+  if (delta_capable(cfg, device, callback)) o.capabilities.push_back("delta");
   if (const char* v = std::getenv("PARAMCAST_TEST_PROTOCOL_VERSION"))
     o.protocol_version_override = static_cast<uint32_t>(std::atoi(v));
   return o;
@@ -257,7 +266,7 @@ std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
     std::lock_guard<std::mutex> lock(mu_);
     const bool holds = state_.kind == WeightStateKind::kConsistent && state_.version == plan.delta_base;
     const bool copy = !keeps_copies() || (copy_version_ == plan.delta_base && copy_manifest_ == plan.manifest_hash);
-    if (!holds || !copy || device_.is_cuda() || (callback_ && !cfg_.subscriber.delta_baseline))
+    if (!holds || !copy || !delta_capable(cfg_, device_, bool(callback_)))
       out.push_back({Mismatch::Kind::kOther, "<delta>", "v" + std::to_string(plan.delta_base) + ", consistent" +
                                                             (keeps_copies() ? ", with its copy for the callback" : ""),
                      state_.to_string() + (holds && !copy ? ", its copy for the callback at another version" : "")});

@@ -41,6 +41,10 @@ void SubscriberImpl::on_delta(proto::BucketDelta::Reader d) {
   h.wire_bytes = d.getWireBytes();
   h.piece_hashes.reserve(d.getPieceHashes().size());
   for (uint64_t v : d.getPieceHashes()) h.piece_hashes.push_back(v);
+  // Any other kind is none, which no engine's memory checks: refused on use.
+  h.piece_hash = d.getPieceHash() == proto::ChecksumKind::XXH64        ? Checksum::kXxh64
+                 : d.getPieceHash() == proto::ChecksumKind::XXH64_BLOCKS ? Checksum::kXxh64Blocks
+                                                                         : Checksum::kNone;
   std::lock_guard<std::mutex> lock(mu_);
   if (deltas_.size() >= kMaxPendingDeltas) {
     PC_WARN(id_ << ": more than " << kMaxPendingDeltas << " bucket encodings pending; v" << d.getVersion()

@@ -285,7 +285,7 @@ struct Plan {
 
 enum DeltaKind {
   dense @0;      # the bucket's bytes, as without a delta
-  indices @1;    # changed values, then their uint32 unit indices
+  indices @1;    # changed values, then their unit indices as LEB128 gaps
   bitmask @2;    # changed values, then one bit per unit of the bucket
   unchanged @3;  # nothing changed: no broadcast
 }
@@ -305,8 +305,12 @@ struct BucketDelta {
   wireBytes @5 :UInt64;
   # Bytes broadcast for the bucket (0 when unchanged).
   pieceHashes @6 :List(UInt64);
-  # xxh64 of each piece's new bytes, in the bucket's piece order: a member
-  # checks its resulting bytes against them.
+  # The hash (pieceHash) of each piece's new bytes, in the bucket's piece
+  # order: a member checks its resulting bytes against them.
+  pieceHash @7 :ChecksumKind;
+  # Which hash pieceHashes holds: xxh64 (host memory) or xxh64Blocks (CUDA
+  # memory, computed on the device). A member whose memory checks the other
+  # kind refuses the bucket (DATA_CORRUPT) before writing.
 }
 
 enum MismatchKind {

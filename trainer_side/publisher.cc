@@ -43,6 +43,18 @@ Status PublisherImpl::init() {
   if (!mem.ok()) return mem.status();
   mem_ = std::move(mem.value());
   sender_ = std::make_unique<transfer::BucketSender>(mem_.get(), transfer::FaultInjection::from_env());
+  if (cfg_.publisher.delta != DeltaMode::kOff) {
+    // Where the codec cannot run (CUDA tensors in a build without CUDA),
+    // updates go dense, saying why (decide_delta).
+    auto codec = delta::create_codec(mem_.get(), cfg_.publisher.device, cfg_.publisher.delta_baseline);
+    if (codec.ok()) {
+      codec_ = std::move(*codec);
+      delta::DeltaCodec* c = codec_.get();
+      baseline_.set_storage([c](size_t n) { return c->allocate_baseline(n); }, [c](uint8_t* p) { c->free_baseline(p); });
+    } else {
+      PC_WARN("publisher: delta updates off: " << codec.status().message());
+    }
+  }
   PC_RETURN_IF_ERROR(server_.start(this));
   PC_INFO("publisher: listening on " << server_.endpoint() << " (" << backend_name(cfg_.data_plane.backend)
                                      << ", expects " << cfg_.expected_count() << " subscribers)");
@@ -330,6 +342,7 @@ Status PublisherImpl::move(const UpdatePlan& plan, const std::vector<TensorView>
   hooks.on_progress = progress_hook(plan, m);
   if (baseline_fresh_) {
     hooks.baseline = &baseline_;
+    hooks.codec = codec_.get();
     hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
     hooks.on_delta = delta_hook(plan, m);
   }

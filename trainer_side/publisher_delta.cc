@@ -20,6 +20,8 @@ std::function<void(size_t, const delta::Header&)> PublisherImpl::delta_hook(cons
                       d.setUnit(h.unit);
                       d.setChanged(h.changed);
                       d.setWireBytes(h.wire_bytes);
+                      d.setPieceHash(h.piece_hash == Checksum::kXxh64Blocks ? proto::ChecksumKind::XXH64_BLOCKS
+                                                                            : proto::ChecksumKind::XXH64);
                       auto list = d.initPieceHashes(static_cast<unsigned>(h.piece_hashes.size()));
                       for (size_t i = 0; i < h.piece_hashes.size(); ++i)
                         list.set(static_cast<unsigned>(i), h.piece_hashes[i]);
@@ -27,10 +29,9 @@ std::function<void(size_t, const delta::Header&)> PublisherImpl::delta_hook(cons
   };
 }
 
-// The baseline is kept (and deltas sent) for host tensors with publisher.delta on.
-bool PublisherImpl::keeps_baseline() const {
-  return cfg_.publisher.delta != DeltaMode::kOff && !cfg_.publisher.device.is_cuda();
-}
+// The baseline is kept (and deltas sent) with publisher.delta on, where the
+// codec runs on the publisher's memory (host, or CUDA in a CUDA build).
+bool PublisherImpl::keeps_baseline() const { return cfg_.publisher.delta != DeltaMode::kOff && codec_ != nullptr; }
 
 // A delta goes only to a group whose every member holds the baseline
 // version, consistent, and can apply one; anything else makes this update
@@ -42,7 +43,7 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
   const uint64_t base = baseline_.version();
   std::string why;
   if (!keeps_baseline()) {
-    why = "CUDA tensors: delta encoding runs on host memory only";
+    why = "no delta codec for " + cfg_.publisher.device.to_string() + " memory in this build";
   } else if (baseline_.version() == 0) {
     why = "no baseline yet";
   } else if (baseline_.manifest_hash() != plan.manifest_hash) {
@@ -52,7 +53,9 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
     for (const auto& id : group_) {
       auto m = server_.member(id);
       if (!m) why = id + " gone";
-      else if (!m->delta) why = id + " cannot apply deltas (a callback engine without subscriber.delta_baseline, or CUDA)";
+      else if (!m->delta)
+        why = id + " cannot apply deltas (a callback engine without subscriber.delta_baseline, or a CUDA engine "
+                   "with a callback or without CUDA in its build)";
       else if (m->state == proto::WeightState::DIRTY)
         why = id + " dirty (v" + std::to_string(m->dirty_version) + " incomplete)";
       else if (m->state != proto::WeightState::CONSISTENT || m->weight_version != base)

@@ -29,6 +29,7 @@
 #include "common/data/device_memory.h"
 #include "common/data/reaper.h"
 #include "common/delta/baseline.h"
+#include "common/delta/codec.h"
 #include "common/group/group_host.h"
 #include "common/stream/stream_sender.h"
 #include "common/transfer/bucket_sender.h"
@@ -140,6 +141,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::shared_ptr<Communicator> comm_;
   uint64_t last_version_ = 0;
   std::function<void(uint64_t, uint64_t, uint64_t)> progress_;
+  // The delta codec for the publisher's memory (made when delta is on);
+  // declared before baseline_, whose storage it frees.
+  std::unique_ptr<delta::DeltaCodec> codec_;
   delta::Baseline baseline_;  // the last version every member applied (publisher.delta)
   bool baseline_fresh_ = false;  // the update in flight writes the baseline
 };

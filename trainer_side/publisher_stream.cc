@@ -60,6 +60,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   hooks.on_progress = progress_hook(st->plan, st->move);
   if (baseline_fresh_) {
     hooks.baseline = &baseline_;
+    hooks.codec = codec_.get();
     hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
     hooks.on_delta = delta_hook(st->plan, st->move);
   }

@@ -4,13 +4,15 @@
 //
 // Owner: the publisher's update thread, or an engine's data thread. Its
 // size is the tensors' bytes; it is (re)allocated only when the manifest
-// changes. version() is the version it holds, 0 while an update is writing
+// changes. Its storage is host memory, or what a DeltaCodec gives
+// (codec.h: CUDA device memory, or pinned host memory). version() is the version it holds, 0 while an update is writing
 // it or after one failed: only a complete, applied version is a baseline.
 //
 // Thread-safety: one owning thread; bytes() may be read from any thread.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -24,6 +26,19 @@ namespace paramcast::delta {
 
 class Baseline {
  public:
+  using Allocate = std::function<uint8_t*(size_t)>;  // null on failure
+  using Free = std::function<void(uint8_t*)>;
+  Baseline() = default;
+  Baseline(const Baseline&) = delete;
+  Baseline& operator=(const Baseline&) = delete;
+  ~Baseline() { clear(); }
+  // Where its tensors live from now on (drops what it holds).
+  void set_storage(Allocate allocate, Free free) {
+    clear();
+    allocate_ = std::move(allocate);
+    free_ = std::move(free);
+  }
+
   // Makes room for `plan`'s tensors, those `keep(i)` selects (kept when
   // the manifest and the selection are the same: bytes and version stay).
   // Marks it being written (version 0). A failed allocation is a Status,
@@ -41,11 +56,11 @@ class Baseline {
         buffers_.emplace_back();
         continue;
       }
-      buffers_.emplace_back(new (std::nothrow) uint8_t[plan.nbytes[i] ? plan.nbytes[i] : 1]);
+      buffers_.push_back(allocate_(plan.nbytes[i]));
       if (!buffers_.back()) {
         const uint64_t n = plan.nbytes[i];
         clear();
-        return unavailable("no host memory for the delta baseline: tensor '" + plan.tensors[i].name + "' needs " +
+        return unavailable("no memory for the delta baseline: tensor '" + plan.tensors[i].name + "' needs " +
                            std::to_string(n) + " bytes after " + std::to_string(total) + " (set delta off, or "
                            "give the process more memory)");
       }
@@ -66,14 +81,16 @@ class Baseline {
   uint64_t version() const { return version_; }
   uint64_t manifest_hash() const { return manifest_; }
   // Tensor i of the manifest it was prepared for (null: not selected).
-  uint8_t* tensor(size_t i) const { return buffers_[i].get(); }
+  uint8_t* tensor(size_t i) const { return buffers_[i]; }
   // By name (engines: the plan's tensor order may differ); null when absent.
   uint8_t* tensor(const std::string& name) const {
     auto it = index_.find(name);
-    return it == index_.end() ? nullptr : buffers_[it->second].get();
+    return it == index_.end() ? nullptr : buffers_[it->second];
   }
   uint64_t bytes() const { return bytes_; }
   void clear() {
+    for (uint8_t* p : buffers_)
+      if (p) free_(p);
     buffers_.clear();
     selected_.clear();
     index_.clear();
@@ -83,7 +100,9 @@ class Baseline {
   }
 
  private:
-  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+  Allocate allocate_ = [](size_t n) -> uint8_t* { return new (std::nothrow) uint8_t[n ? n : 1]; };
+  Free free_ = [](uint8_t* p) { delete[] p; };
+  std::vector<uint8_t*> buffers_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<bool> selected_;
   uint64_t manifest_ = 0;

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "common/status.h"
 
 namespace paramcast::delta {
@@ -51,7 +52,10 @@ struct Header {
   uint32_t unit = 1;                  // bytes per compared element (1, 2, 4 or 8)
   uint64_t changed = 0;               // units carried (delta kinds)
   uint64_t wire_bytes = 0;            // bytes broadcast for this bucket (0 when unchanged)
-  std::vector<uint64_t> piece_hashes;  // xxh64 of each piece's new bytes, in piece order
+  std::vector<uint64_t> piece_hashes;  // hash of each piece's new bytes, in piece order
+  // Which hash piece_hashes holds: xxh64 (host memory) or xxh64-blocks
+  // (CUDA memory, computed on the device; data/bucket_checksum.h).
+  Checksum piece_hash = Checksum::kXxh64;
 };
 
 // The largest bucket a delta describes (a gap is at most 5 varint bytes).

@@ -83,6 +83,8 @@ Status StreamSender::send_direct(uint32_t index, const uint8_t* src, uint64_t n)
     PC_RETURN_IF_ERROR(issue(at, std::move(chunk), slot));
   }
   for (size_t k = done_; k < works_.size(); ++k) PC_RETURN_IF_ERROR(complete(k));
+  // The caller may free the tensor now: its copy into the baseline is done.
+  if (hooks_.baseline) PC_RETURN_IF_ERROR(fail(mem_->synchronize()));
   return Status();
 }
 
@@ -91,6 +93,7 @@ Status StreamSender::finish() {
   PC_RETURN_IF_ERROR(seal());
   if (hooks_.on_layout) hooks_.on_layout(works_.size(), nullptr, true);
   for (size_t k = done_; k < works_.size(); ++k) PC_RETURN_IF_ERROR(complete(k));
+  if (hooks_.baseline) PC_RETURN_IF_ERROR(fail(mem_->synchronize()));
   return Status();
 }
 
@@ -120,7 +123,10 @@ Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
     for (const auto& p : b.pieces)
       segments.push_back({from + p.bucket_offset, hooks_.baseline->tensor(p.tensor) + p.tensor_offset, p.bucket_offset,
                           p.length});
-    const delta::Header h = delta::encode(segments, b.bytes, plan_->bucket_unit(k), hooks_.delta_always, from, mask_);
+    auto encoded = hooks_.codec->encode(segments, b.bytes, plan_->bucket_unit(k), hooks_.delta_always, from);
+    if (!encoded.ok()) return fail(encoded.status().with_context("delta encoding of bucket " + std::to_string(k)));
+    const delta::Header& h = *encoded;
+    if (mem_->stream() && h.wire_bytes) PC_RETURN_IF_ERROR(fail(comm_->order_after(mem_->stream())));
     if (hooks_.on_delta) hooks_.on_delta(k, h);
     if (h.kind == delta::Kind::kIndices || h.kind == delta::Kind::kBitmask) ++delta_buckets_;
     wire_ += h.wire_bytes;
@@ -129,9 +135,12 @@ Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
     if (slot >= 0) slot_bucket_[slot] = static_cast<long>(k);
     return Status();
   }
-  if (hooks_.baseline)
+  if (hooks_.baseline) {  // queued on the copy stream for CUDA, beside the broadcast
+    std::vector<DeviceMemory::CopyOp> ops;
     for (const auto& p : b.pieces)
-      if (p.length) std::memcpy(hooks_.baseline->tensor(p.tensor) + p.tensor_offset, from + p.bucket_offset, p.length);
+      if (p.length) ops.push_back({hooks_.baseline->tensor(p.tensor) + p.tensor_offset, from + p.bucket_offset, p.length});
+    PC_RETURN_IF_ERROR(fail(mem_->copy_many(ops)));
+  }
   wire_ += bytes;
   if (slot >= 0 && mem_->stream()) PC_RETURN_IF_ERROR(fail(comm_->order_after(mem_->stream())));
   const int sum_slot = static_cast<int>(k % 2);

@@ -27,7 +27,7 @@
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
 #include "common/delta/baseline.h"
-#include "common/delta/delta_codec.h"
+#include "common/delta/codec.h"
 #include "common/plan.h"
 
 namespace paramcast::stream {
@@ -45,6 +45,7 @@ class StreamSender {
     // bytes; with plan->delta_base set each bucket is encoded against it
     // (a large tensor's chunks are staged first) and announced.
     delta::Baseline* baseline = nullptr;
+    delta::DeltaCodec* codec = nullptr;
     bool delta_always = false;
     std::function<void(size_t k, const delta::Header&)> on_delta;
   };
@@ -71,7 +72,7 @@ class StreamSender {
   Status seal();
   Status issue(uint8_t* from, PlanBucket bucket, int slot);
   Status send_direct(uint32_t index, const uint8_t* src, uint64_t n);
-  bool encoding() const { return plan_->delta_base != 0 && hooks_.baseline; }
+  bool encoding() const { return plan_->delta_base != 0 && hooks_.baseline && hooks_.codec; }
   Status wait_slot(int slot);
   Status complete(size_t k);
   Status fail(Status s);
@@ -92,7 +93,6 @@ class StreamSender {
   uint64_t sent_ = 0;
   uint64_t wire_ = 0;
   size_t delta_buckets_ = 0;
-  std::vector<uint8_t> mask_;  // delta encoding scratch
   Status failed_;
 };
 

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <thread>
 
+#include "common/data/bucket_checksum.h"
 #include "common/log.h"
 #include "common/transfer/settle.h"
-#include "common/xxhash.h"
 
 namespace paramcast::transfer {
 
@@ -51,6 +51,11 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
   received_ = 0;
   PC_CHECK_EQ(destinations.size(), plan.tensors.size());
   Update u{plan, destinations, comm, hooks, {}, {}, {}, {}, {}, {}};
+  if (u.delta() && !codec_) {
+    auto codec = delta::create_codec(mem_, device_);
+    if (!codec.ok()) return codec.status();
+    codec_ = std::move(*codec);
+  }
   uint64_t staging_bytes = 0;
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
     u.add(k);
@@ -214,7 +219,7 @@ uint8_t* BucketReceiver::kept(Update& u, uint32_t t) {
   return !u.has_dest(t) && u.hooks.copy_of ? u.hooks.copy_of(t) : nullptr;
 }
 
-// A delta (host memory): applied onto the destinations, which hold the
+// A delta: applied (on the device for CUDA memory) onto the destinations, which hold the
 // baseline version, or onto the engine's copy of it.
 Status BucketReceiver::land_delta(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
@@ -231,7 +236,7 @@ Status BucketReceiver::land_delta(Update& u, size_t k) {
                             "' has neither a destination nor a kept copy to apply it to");
     segments.push_back({nullptr, at + p.tensor_offset, p.bucket_offset, p.length});
   }
-  PC_RETURN_IF_ERROR(delta::apply(u.headers[k], u.where[k], b.bytes, segments, u.bucket_name(k)));
+  PC_RETURN_IF_ERROR(codec_->apply(u.headers[k], u.where[k], b.bytes, segments, u.bucket_name(k)));
   PC_RETURN_IF_ERROR(check_pieces(u, k));
   return deliver(u, k);
 }
@@ -240,30 +245,40 @@ Status BucketReceiver::land_delta(Update& u, size_t k) {
 // version: a delta update is verified end to end, naming the tensor.
 Status BucketReceiver::check_pieces(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
-  const auto& hashes = u.headers[k].piece_hashes;
-  for (size_t i = 0; i < b.pieces.size(); ++i) {
-    const auto& p = b.pieces[i];
-    if (p.length == 0) {  // an empty tensor (maybe without a buffer): its hash is that of no bytes
-      if (hashes[i] != xxh64(nullptr, 0))
-        return data_corrupt("tensor '" + u.plan.tensors[p.tensor].name + "' is empty but its hash is not");
+  const auto& h = u.headers[k];
+  if (h.piece_hash != codec_->piece_hash())
+    return data_corrupt("delta header of " + u.bucket_name(k) + ": piece hashes of kind " +
+                        checksum_name(h.piece_hash) + ", this engine's memory checks " +
+                        checksum_name(codec_->piece_hash()));
+  std::vector<delta::DeltaCodec::Piece> pieces;
+  pieces.reserve(b.pieces.size());
+  for (const auto& p : b.pieces) {
+    if (p.length == 0) {  // an empty tensor may have no buffer at all: its hash is that of no bytes
+      pieces.push_back({nullptr, 0});
       continue;
     }
     const uint8_t* at = u.has_dest(p.tensor) ? static_cast<const uint8_t*>(u.dest[p.tensor]->data) : kept(u, p.tensor);
     if (!at) {
       // Handed to on_tensor from where it landed: only a dense bucket can be.
-      if (u.encoded(k) || u.headers[k].kind == delta::Kind::kUnchanged)
+      if (u.encoded(k) || h.kind == delta::Kind::kUnchanged)
         return internal_error("delta of " + u.bucket_name(k) + ": tensor '" + u.plan.tensors[p.tensor].name +
                               "' has nowhere to keep it");
       at = u.where[k] + p.bucket_offset - p.tensor_offset;
     }
-    const uint64_t got = xxh64(at + p.tensor_offset, p.length);
-    if (got == hashes[i]) continue;
+    pieces.push_back({at + p.tensor_offset, p.length});
+  }
+  PC_RETURN_IF_ERROR(mem_->synchronize());  // unpacks queued on the copy stream land first
+  auto got = codec_->hash_pieces(pieces);
+  if (!got.ok()) return got.status().with_context("hashing the pieces of " + u.bucket_name(k));
+  for (size_t i = 0; i < b.pieces.size(); ++i) {
+    const auto& p = b.pieces[i];
+    if ((*got)[i] == h.piece_hashes[i]) continue;
     char buf[64];
-    std::snprintf(buf, sizeof buf, "expected %016llx, got %016llx", static_cast<unsigned long long>(hashes[i]),
-                  static_cast<unsigned long long>(got));
+    std::snprintf(buf, sizeof buf, "expected %016llx, got %016llx", static_cast<unsigned long long>(h.piece_hashes[i]),
+                  static_cast<unsigned long long>((*got)[i]));
     return data_corrupt("tensor '" + u.plan.tensors[p.tensor].name + "' (bytes " + std::to_string(p.tensor_offset) +
                         ".." + std::to_string(p.tensor_offset + p.length) + ") differs from the publisher's v" +
-                        std::to_string(u.plan.version) + " after " + delta::kind_name(u.headers[k].kind) + " " +
+                        std::to_string(u.plan.version) + " after " + delta::kind_name(h.kind) + " " +
                         u.bucket_name(k) + ": " + buf + "; the engine holds the bad bytes");
   }
   return Status();

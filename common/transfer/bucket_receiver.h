@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "common/data/communicator.h"
-#include "common/delta/delta_codec.h"
+#include "common/delta/codec.h"
 #include "common/data/device_memory.h"
 #include "common/plan.h"
 #include "common/transfer/fault_injection.h"
@@ -87,6 +87,7 @@ class BucketReceiver {
 
   DeviceMemory* const mem_;
   const Device device_;
+  std::unique_ptr<delta::DeltaCodec> codec_;  // made by the first delta update
   Deadline deadline_;  // of the receive in progress
   std::atomic<uint64_t> received_{0};
   FaultInjection faults_;

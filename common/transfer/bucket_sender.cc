@@ -15,7 +15,7 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
   deadline_ = deadline;
   wire_bytes_ = 0;
   delta_buckets_ = 0;
-  const bool encode = plan.delta_base != 0 && hooks.baseline;
+  const bool encode = plan.delta_base != 0 && hooks.baseline && hooks.codec;
   // Packing (copy stream) and direct/in-place broadcasts (the communicator's
   // stream) both read the caller's tensors: both wait for the caller's stream.
   PC_RETURN_IF_ERROR(mem_->order_after(after_stream));
@@ -52,6 +52,8 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
     Status s = finish(plan, k, works[k].get(), hooks, sent);
     if (!s.ok()) return settle(comm, works, s);
   }
+  // The baseline's copies (queued on the copy stream for CUDA) are done.
+  if (hooks.baseline) PC_RETURN_IF_ERROR(mem_->synchronize());
   return Status();
 }
 
@@ -68,7 +70,7 @@ Status BucketSender::issue(const UpdatePlan& plan, size_t k, const std::vector<T
   if (plan.checksum != Checksum::kNone) PC_RETURN_IF_ERROR(mem_->checksum_start(slot, *ptr, bytes, plan.checksum));
   work = comm.broadcast(*ptr, bytes, 0);
   wire_bytes_ += bytes;
-  keep_baseline(plan, k, tensors, hooks);
+  PC_RETURN_IF_ERROR(keep_baseline(plan, k, tensors, hooks));
   if (plan.checksum != Checksum::kNone) {
     auto sum = mem_->checksum_result(slot);
     if (!sum.ok()) return sum.status().with_context("checksum of bucket " + std::to_string(k));
@@ -91,7 +93,11 @@ Status BucketSender::issue_delta(const UpdatePlan& plan, size_t k, const std::ve
     segments.push_back({static_cast<const uint8_t*>(tensors[p.tensor].data) + p.tensor_offset,
                         hooks.baseline->tensor(p.tensor) + p.tensor_offset, p.bucket_offset, p.length});
   uint8_t* out = staging_.slot(k);
-  const delta::Header h = delta::encode(segments, b.bytes, plan.bucket_unit(k), hooks.delta_always, out, mask_);
+  auto encoded = hooks.codec->encode(segments, b.bytes, plan.bucket_unit(k), hooks.delta_always, out);
+  if (!encoded.ok()) return encoded.status().with_context("delta encoding of bucket " + std::to_string(k));
+  const delta::Header& h = *encoded;
+  // The encoding was written on the copy stream (CUDA): the broadcast waits for it.
+  if (mem_->stream() && h.wire_bytes) PC_RETURN_IF_ERROR(comm.order_after(mem_->stream()));
   if (hooks.on_delta) hooks.on_delta(k, h);
   if (h.kind == delta::Kind::kIndices || h.kind == delta::Kind::kBitmask) ++delta_buckets_;
   wire_bytes_ += h.wire_bytes;
@@ -100,14 +106,17 @@ Status BucketSender::issue_delta(const UpdatePlan& plan, size_t k, const std::ve
 }
 
 // A dense bucket of an update that keeps a baseline: its bytes become the
-// baseline's (host memory; read beside the broadcast, which reads them too).
-void BucketSender::keep_baseline(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                                 const Hooks& hooks) {
-  if (!hooks.baseline) return;
+// baseline's (copied beside the broadcast, which reads them too; queued on
+// the copy stream for CUDA).
+Status BucketSender::keep_baseline(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
+                                   const Hooks& hooks) {
+  if (!hooks.baseline) return Status();
+  std::vector<DeviceMemory::CopyOp> ops;
   for (const auto& p : plan.buckets[k].pieces)
     if (p.length)
-      std::memcpy(hooks.baseline->tensor(p.tensor) + p.tensor_offset,
-                  static_cast<const uint8_t*>(tensors[p.tensor].data) + p.tensor_offset, p.length);
+      ops.push_back({hooks.baseline->tensor(p.tensor) + p.tensor_offset,
+                     static_cast<const uint8_t*>(tensors[p.tensor].data) + p.tensor_offset, p.length});
+  return mem_->copy_many(ops);
 }
 
 // Where bucket k's bytes are sent from: the tensor itself (direct), the

@@ -26,7 +26,7 @@
 
 #include "common/data/communicator.h"
 #include "common/delta/baseline.h"
-#include "common/delta/delta_codec.h"
+#include "common/delta/codec.h"
 #include "common/data/device_memory.h"
 #include "common/plan.h"
 #include "common/transfer/fault_injection.h"
@@ -41,12 +41,14 @@ class BucketSender {
     std::function<void(size_t bucket, uint64_t checksum)> on_checksum;
     // Bucket k has left this rank: bytes sent so far of the update's total.
     std::function<void(uint64_t sent, uint64_t total)> on_progress;
-    // Delta updates (host memory). Non-null: the baseline moves to this
-    // update's bytes (prepared for its plan). With plan.delta_base set,
-    // each bucket is encoded against it (common/delta/delta_codec.h) into
-    // staging and on_delta tells its header before its broadcast (none for
-    // an unchanged bucket); `delta_always`: a delta whenever smaller.
+    // Delta updates. Non-null: the baseline moves to this update's bytes
+    // (prepared for its plan). With plan.delta_base set, each bucket is
+    // encoded against it by `codec` (common/delta/codec.h: on the device
+    // for CUDA memory) into staging and on_delta tells its header before
+    // its broadcast (none for an unchanged bucket); `delta_always`: a delta
+    // whenever smaller.
     delta::Baseline* baseline = nullptr;
+    delta::DeltaCodec* codec = nullptr;
     bool delta_always = false;
     std::function<void(size_t bucket, const delta::Header&)> on_delta;
   };
@@ -76,14 +78,13 @@ class BucketSender {
   Status finish(const UpdatePlan& plan, size_t k, Work* work, const Hooks& hooks, uint64_t& sent);
   Status issue_delta(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, Communicator& comm,
                      const Hooks& hooks, std::shared_ptr<Work>& work);
-  void keep_baseline(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, const Hooks& hooks);
+  Status keep_baseline(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, const Hooks& hooks);
 
   DeviceMemory* const mem_;
   Deadline deadline_;  // of the send in progress
   const FaultInjection faults_;
   StagingPair staging_;
   std::atomic<bool> stopping_{false};
-  std::vector<uint8_t> mask_;  // delta encoding scratch
   uint64_t wire_bytes_ = 0;
   size_t delta_buckets_ = 0;
 };

@@ -99,7 +99,39 @@ __global__ void block_digest_kernel(const uint8_t* data, size_t bytes, size_t bl
   digests[i] = xxh64_block<kAligned>(data + off, min(kBlock, bytes - off));
 }
 
+// One thread per block digest of all pieces; the piece by binary search
+// (the last one whose first block is at or before this one: empty pieces
+// share their successor's first block and are skipped).
+__global__ void piece_digest_kernel(const PieceDesc* pieces, uint32_t count, uint64_t blocks, uint64_t* digests) {
+  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= blocks) return;
+  long lo = 0, hi = static_cast<long>(count) - 1, at = 0;
+  while (lo <= hi) {
+    const long mid = (lo + hi) / 2;
+    if (pieces[mid].first_block <= g) {
+      at = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const PieceDesc p = pieces[at];
+  const size_t off = (g - p.first_block) * kBlock;
+  const auto* data = static_cast<const uint8_t*>(p.data) + off;
+  const size_t len = min(kBlock, static_cast<size_t>(p.bytes - off));
+  digests[g] = reinterpret_cast<uintptr_t>(data) % 8 == 0 ? xxh64_block<true>(data, len) : xxh64_block<false>(data, len);
+}
+
 }  // namespace
+
+cudaError_t launch_piece_digests(const PieceDesc* pieces, uint32_t count, uint64_t blocks, uint64_t* digests,
+                                 cudaStream_t stream) {
+  if (blocks == 0 || count == 0) return cudaSuccess;
+  constexpr unsigned kThreads = 128;
+  const unsigned grid = static_cast<unsigned>((blocks + kThreads - 1) / kThreads);
+  piece_digest_kernel<<<grid, kThreads, 0, stream>>>(pieces, count, blocks, digests);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_gather(const CopyDesc* ops, size_t count, cudaStream_t stream) {
   GatherBatch batch;

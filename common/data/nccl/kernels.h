@@ -27,4 +27,15 @@ cudaError_t launch_gather(const CopyDesc* ops, size_t count, cudaStream_t stream
 // of the checksum_blocks(n) blocks of `data`.
 cudaError_t launch_block_digests(const void* data, size_t bytes, uint64_t* digests, cudaStream_t stream);
 
+// The same for many buffers at once (a bucket's pieces, for delta piece
+// hashes): piece i's digests start at digests[first_block]; `pieces` is a
+// device array sorted by first_block, `blocks` the total.
+struct PieceDesc {
+  const void* data;
+  uint64_t bytes;
+  uint64_t first_block;
+};
+cudaError_t launch_piece_digests(const PieceDesc* pieces, uint32_t count, uint64_t blocks, uint64_t* digests,
+                                 cudaStream_t stream);
+
 }  // namespace paramcast::nccl_backend
