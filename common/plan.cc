@@ -105,6 +105,14 @@ Status check_bucket(const UpdatePlan& plan, const PlanBucket& b, std::vector<uin
     if (covered[piece.tensor] + piece.length > plan.nbytes[piece.tensor])
       return refuse("buckets cover more than the " + std::to_string(plan.nbytes[piece.tensor]) + " bytes of '" +
                     plan.tensors[piece.tensor].name + "'");
+    // Each tensor's pieces follow each other (no byte covered twice, none
+    // skipped), and a packed piece is a whole tensor.
+    if (piece.tensor_offset != covered[piece.tensor])
+      return refuse("piece of tensor '" + plan.tensors[piece.tensor].name + "' starts at byte " +
+                    std::to_string(piece.tensor_offset) + ", expected " + std::to_string(covered[piece.tensor]));
+    if (!b.direct && piece.length != plan.nbytes[piece.tensor])
+      return refuse("packed piece of tensor '" + plan.tensors[piece.tensor].name + "' carries " +
+                    std::to_string(piece.length) + " of its " + std::to_string(plan.nbytes[piece.tensor]) + " bytes");
     covered[piece.tensor] += piece.length;
     ++added;
   }

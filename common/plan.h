@@ -94,7 +94,9 @@ struct UpdatePlan {
       next_offset = p.bucket_offset + p.length;
       next_address = at + p.length;
     }
-    return base;
+    // The pieces must reach the bucket's end: a bucket rounded up past its
+    // last piece (an empty tensor last) would read or write past it.
+    return next_offset == buckets[bucket].bytes ? base : nullptr;
   }
 };
 

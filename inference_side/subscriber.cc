@@ -279,6 +279,14 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
   const uint64_t version = msg.getVersion();
   plan_seen_ = version;
   if (msg.getPrecommitted()) commit_seen_ = version;
+  {
+    // A new plan for a version an earlier Abandon (or overflow) named: that
+    // was another attempt at this version (a restarted publisher counts
+    // from the engines' versions again), not this one.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abandoned_version_ >= version) abandoned_version_ = 0;
+    if (overflowed_version_ >= version) overflowed_version_ = 0;
+  }
   auto plan = plan_from_proto(msg);
   std::vector<Mismatch> mismatches;
   if (!plan.ok()) mismatches.push_back({Mismatch::Kind::kOther, "<plan>", "a well-formed plan", plan.status().message()});

@@ -85,7 +85,9 @@ Status SubscriberImpl::overflowed(uint64_t version) const {
                                "raise data_plane.bucket_size");
 }
 
-bool SubscriberImpl::keeps_copies() const { return callback_ && cfg_.subscriber.delta_baseline; }
+// Copies for the callback are host memory: a CUDA engine keeps none (its
+// callback gets dense updates).
+bool SubscriberImpl::keeps_copies() const { return callback_ && cfg_.subscriber.delta_baseline && !device_.is_cuda(); }
 
 StatusOr<SubscriberImpl::Next> SubscriberImpl::next_bucket(uint64_t version, size_t bucket, bool wait,
                                                             PlanBucket& out) {

@@ -130,12 +130,17 @@ TEST(PlanTest, StreamedBucketsAreCheckedAsTheyArrive) {
   expect_refused(PlanBucket{400, true, {PlanPiece{0, 0, 0, 200}, PlanPiece{0, 200, 200, 200}}},
                  "direct bucket must be one whole piece");
   expect_refused(PlanBucket{0, false, {}}, "a bucket without pieces");
+  // Each tensor's bytes in order, none twice, none skipped; packed pieces whole.
+  expect_refused(PlanBucket{200, false, {PlanPiece{0, 0, 0, 200}}}, "packed piece of tensor 'a' carries 200 of its 400");
+  expect_refused(PlanBucket{2000, true, {PlanPiece{1, 1000, 0, 2000}}}, "starts at byte 1000, expected 0");
 
   UpdatePlan p = *plan;
   ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{4096, true, {PlanPiece{1, 0, 0, 4096}}}).ok());
   ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{400, false, {PlanPiece{0, 0, 0, 400}}}).ok());
   Status twice = p.add_streamed_bucket(PlanBucket{400, false, {PlanPiece{0, 0, 0, 400}}});
   EXPECT_NE(twice.message().find("cover more than the 400 bytes of 'a'"), std::string::npos) << twice.to_string();
+  Status again = p.add_streamed_bucket(PlanBucket{500, true, {PlanPiece{1, 0, 0, 500}}});  // b's first bytes again
+  EXPECT_NE(again.message().find("starts at byte 0, expected 4096"), std::string::npos) << again.to_string();
   Status early = p.end_stream();
   EXPECT_EQ(early.code(), Code::kProtocol);
   EXPECT_NE(early.message().find("ended with 4096 of the 5000 bytes of 'b' sent"), std::string::npos)
@@ -158,13 +163,31 @@ TEST(PlanTest, StreamedBucketsAreCheckedAsTheyArrive) {
   EXPECT_NE(plan_from_proto(w.asReader()).status().message().find("a streamed plan lists buckets"), std::string::npos);
 }
 
+// A packed bucket moves in place only when its tensors tile it to its end:
+// one rounded up past its last piece (an empty tensor last) is staged.
+TEST(PlanTest, InPlaceOnlyWhenThePiecesReachTheBucketsEnd) {
+  std::vector<TensorSpec> t = {{"a", DType::kF32, {25}}, {"b", DType::kF32, {0}}};
+  auto plan = build_plan(1, t, opts(1 << 20, 4096));
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->buckets.size(), 1u);
+  alignas(256) uint8_t arena[512];
+  auto buffer = [&](uint32_t i) -> void* { return i == 0 ? arena : arena + 100; };
+  ASSERT_EQ(plan->buckets[0].bytes, 256u) << "the empty tensor is placed at the next 256-byte boundary";
+  EXPECT_EQ(plan->in_place_base(0, buffer), nullptr) << "256 bytes would land on a's 100";
+  std::vector<TensorSpec> one = {{"a", DType::kF32, {25}}};
+  auto single = build_plan(1, one, opts(1 << 20, 4096));
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->buckets[0].bytes, 100u);
+  EXPECT_EQ(single->in_place_base(0, buffer), arena);
+}
+
 // Chunks of a large tensor are whole 256-byte blocks whatever bucket_size
 // says, and a bucket's delta unit divides every piece of it.
 TEST(PlanTest, ChunksAreWholeBlocksAndUnitsDivideEveryPiece) {
-  std::vector<TensorSpec> t = {{"w", DType::kF32, {3000}}, {"h", DType::kBF16, {7}}};
+  std::vector<TensorSpec> t = {{"w", DType::kF32, {3000}}, {"h", DType::kBF16, {7}}, {"s", DType::kF32, {3}}};
   auto plan = build_plan(1, t, opts(4097, 1024));
   ASSERT_TRUE(plan.ok());
-  ASSERT_EQ(plan->buckets.size(), 4u);  // 12000 bytes in 4096-byte chunks, then h packed
+  ASSERT_EQ(plan->buckets.size(), 4u);  // 12000 bytes in 4096-byte chunks, then h and s packed
   EXPECT_EQ(plan->buckets[0].bytes, 4096u);
   EXPECT_EQ(plan->bucket_unit(0), 4u);
   EXPECT_EQ(plan->bucket_unit(3), 2u);
@@ -172,7 +195,7 @@ TEST(PlanTest, ChunksAreWholeBlocksAndUnitsDivideEveryPiece) {
   ASSERT_TRUE(streamed.ok());
   EXPECT_EQ(streamed->bucket_bytes % kPackAlignment, 0u);
   UpdatePlan p = *streamed;
-  ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{10, false, {PlanPiece{0, 2, 0, 10}}}).ok());
+  ASSERT_TRUE(p.add_streamed_bucket(PlanBucket{14, false, {PlanPiece{2, 0, 2, 12}}}).ok());
   EXPECT_EQ(p.bucket_unit(0), 2u) << "an F32 piece at an odd offset is compared in smaller units";
 }
 
