@@ -112,8 +112,10 @@ struct PublisherOptions {
   // whole model's bytes, in host memory (docs/ARCHITECTURE.md). YAML:
   // `delta: auto`, or `delta: {mode: auto, baseline: host}`. Default: auto
   DeltaMode delta = DeltaMode::kAuto;
-  // Where the baseline lives: host, or device (CUDA tensors; not built yet:
-  // a CUDA publisher sends dense updates). Default: host
+  // Where a CUDA publisher's baseline lives: host (pinned memory the GPU
+  // reads through unified addressing) or device (the trainer's GPU: faster,
+  // costs the model's bytes there). Host tensors' baseline is host memory
+  // either way. Default: host
   DeltaBaseline delta_baseline = DeltaBaseline::kHost;
 };
 

@@ -101,3 +101,42 @@ def test_a_lost_cuda_engine_is_named_within_seconds_and_a_new_one_heals_the_grou
     for e in engines:
         assert e.call("state") == ("consistent", result.version), e.worker_id
         assert_same_weights(model, e)
+
+
+def test_cuda_deltas_are_encoded_and_applied_on_the_device_bit_exact():
+    """A CUDA trainer and an in-place CUDA engine: after a small change the update goes as a
+    delta (CUB compaction on the trainer's GPU, applied and verified on the engine's), bit-exact;
+    an update with nothing changed moves almost nothing. With a callback engine in the group
+    (the module's cluster) updates stay dense, saying why."""
+    share_one_gpu("trainer")
+    model = tinymodel.TinyLM(0, torch.bfloat16).to(DEVICE)
+    cfg = cuda_config(config_dict(subscribers=1), DEVICE, side="publisher")
+    cfg["publisher"]["delta"] = {"mode": "auto", "baseline": "device"}
+    pub = paramcast.Publisher(cfg)
+    engine = Engine(pub.endpoint, "engine-9", "inplace", "bfloat16", 9, DEVICE)
+    try:
+        engine.wait_ready()
+        pub.start()
+        first = pub.weight_update(model.named_parameters())
+        assert first.ok and not first.delta, "the first update has no baseline to go against"
+        with torch.no_grad():
+            for p in model.parameters():
+                p.view(-1)[::101] += 1.0  # about 1% of the elements
+        second = pub.weight_update(model.named_parameters())
+        assert second.ok and second.delta, second.dense_because
+        assert second.wire_bytes < second.bytes // 4, (second.wire_bytes, second.bytes)
+        assert_same_weights(model, engine)
+        third = pub.weight_update(model.named_parameters())
+        assert third.ok and third.delta and third.wire_bytes < 4096, third.wire_bytes
+        assert engine.call("state") == ("consistent", third.version)
+        assert_same_weights(model, engine)
+    finally:
+        engine.close()
+        pub.close()
+
+
+def test_a_cuda_callback_engine_keeps_updates_dense_and_says_why(cluster):
+    model, pub, engines = cluster
+    result = pub.weight_update(model.named_parameters())
+    assert result.ok and not result.delta
+    assert "engine-2 cannot apply deltas" in result.dense_because, result.dense_because
