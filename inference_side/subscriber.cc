@@ -85,9 +85,21 @@ Status SubscriberImpl::register_tensor(const TensorView& d) {
   if (d.device != device_)
     return invalid_argument("destination '" + d.spec.name + "' is on " + d.device.to_string() + " but worker '" + id_ +
                             "' receives on " + device_.to_string());
-  std::lock_guard<std::mutex> lock(reg_mu_);
-  registry_[d.spec.name] = d;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    registry_[d.spec.name] = d;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  registered_since_update_ = true;
   return Status();
+}
+
+uint64_t SubscriberImpl::delta_base_locked() const {
+  if (state_.kind != WeightStateKind::kConsistent || registered_since_update_ ||
+      !delta_capable(cfg_, device_, bool(callback_)))
+    return 0;
+  if (keeps_copies() && copy_version_ != state_.version) return 0;
+  return state_.version;
 }
 
 Status SubscriberImpl::start() {
@@ -176,6 +188,7 @@ control::WeightReport SubscriberImpl::weight_report() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     w.receiving_version = receiving_version_;
+    w.delta_base = delta_base_locked();
   }
   if (w.receiving_version && receiver_) w.received_bytes = receiver_->received();
   return w;
@@ -266,10 +279,11 @@ std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
     std::lock_guard<std::mutex> lock(mu_);
     const bool holds = state_.kind == WeightStateKind::kConsistent && state_.version == plan.delta_base;
     const bool copy = !keeps_copies() || (copy_version_ == plan.delta_base && copy_manifest_ == plan.manifest_hash);
-    if (!holds || !copy || !delta_capable(cfg_, device_, bool(callback_)))
+    if (!holds || !copy || delta_base_locked() != plan.delta_base)
       out.push_back({Mismatch::Kind::kOther, "<delta>", "v" + std::to_string(plan.delta_base) + ", consistent" +
                                                             (keeps_copies() ? ", with its copy for the callback" : ""),
-                     state_.to_string() + (holds && !copy ? ", its copy for the callback at another version" : "")});
+                     state_.to_string() + (holds && !copy ? ", its copy for the callback at another version" : "") +
+                         (holds && registered_since_update_ ? ", tensors registered since" : "")});
   }
   return out;
 }
@@ -536,6 +550,7 @@ uint64_t SubscriberImpl::combined_checksum(const UpdatePlan& plan) {
 void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, double seconds, uint64_t received,
                             std::chrono::milliseconds receive_time, const std::vector<LinkStats>& links) {
   const UpdatePlan& plan = *job.plan;
+  uint64_t delta_base = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     receiving_version_ = 0;
@@ -550,7 +565,9 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
       state_.kind = WeightStateKind::kConsistent;
       state_.version = plan.version;
       state_.dirty_version = 0;
+      if (!plan.partial) registered_since_update_ = false;  // every registered tensor now holds it
     }
+    delta_base = delta_base_locked();
     reports_.push_back(UpdateReport{plan.version, s, s.ok() ? plan.total_bytes : 0, seconds});
     cv_.notify_all();
   }
@@ -565,6 +582,7 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     a.setOk(s.ok());
     a.setBytes(s.ok() ? plan.total_bytes : std::min(received, plan.total_bytes));
     a.setReceiveMs(static_cast<uint64_t>(receive_time.count()));
+    a.setDeltaBase(delta_base);
     auto list = a.initLinks(static_cast<unsigned>(links.size()));
     for (size_t i = 0; i < links.size(); ++i) {
       list[static_cast<unsigned>(i)].setRank(static_cast<uint32_t>(links[i].peer));

@@ -110,6 +110,11 @@ class SubscriberImpl : public control::ControlClient::Listener {
   delta::Baseline copy_;
   uint64_t copy_version_ = 0;    // guarded by mu_
   uint64_t copy_manifest_ = 0;   // guarded by mu_
+  // A tensor was registered since the last whole update: its buffer does
+  // not hold the version, so no delta until a dense update wrote it.
+  bool registered_since_update_ = false;  // guarded by mu_
+  // The version a delta can be applied onto now (0: none); mu_ held.
+  uint64_t delta_base_locked() const;
   const transfer::FaultInjection faults_;
   ControlFaults lost_;  // test hook: control messages to lose
   std::thread data_thread_;

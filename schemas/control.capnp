@@ -78,6 +78,10 @@ struct Hello {
   dirtyVersion @9 :UInt64;
   # When dirty: the version whose update did not finish (a new publisher
   # continues above it: versions never repeat).
+  deltaBase @10 :UInt64;
+  # The version a delta can be applied onto now (0: none): the version
+  # held, consistent, when this member can apply a delta to it (the delta
+  # capability, and for a callback engine its copy at that version).
 }
 
 struct Welcome {
@@ -173,6 +177,8 @@ struct Heartbeat {
   # Subscriber: the version whose buckets it is receiving now (0: none).
   receivedBytes @10 :UInt64;
   # Subscriber: bytes of that version landed so far.
+  deltaBase @11 :UInt64;
+  # Subscriber: as Hello.deltaBase, now.
 }
 
 struct Leave {
@@ -397,6 +403,9 @@ struct Applied {
   receiveMs @6 :UInt64;
   # How long the receive took, from its first bucket issued to its last
   # landed (or its failure): bytes / receiveMs is this member's receive rate.
+  deltaBase @8 :UInt64;
+  # As Hello.deltaBase, after this update (its version when ok and this
+  # member can take a delta onto it; 0 otherwise).
   links @7 :List(LinkFigure);
   # What this member forwarded during the update, per child in the broadcast
   # tree (backends that see their links: Gloo): its children's link rates.

@@ -270,8 +270,7 @@ void PublisherImpl::run(UpdatePlan& plan, const std::vector<TensorView>& tensors
     return;
   }
   decide_delta(plan, r);
-  const bool precommitted = send_plan(plan, r);  // 3. check
-  if (!precommitted && !check_plan(plan, r)) return;
+  if (!plan_round(plan, r)) return;  // 3. check
   Status data = move(plan, tensors, options.after_stream, r);  // 4. move
   collect_applied(plan, data, r);     // 5. applied
 }
@@ -539,7 +538,7 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
       auto a = env.getBody().getApplied();
       const bool refused = a.getErrorCode() == static_cast<uint32_t>(Code::kRejected);
       server_.set_member_last_update(id, a.getVersion(), a.getOk(), a.getBytes(), a.getReceiveMs());
-      if (a.getOk()) server_.set_member_weights(id, a.getVersion(), proto::WeightState::CONSISTENT);
+      if (a.getOk()) server_.set_member_weights(id, a.getVersion(), proto::WeightState::CONSISTENT, a.getDeltaBase());
       else if (!refused) server_.set_member_weights(id, 0, proto::WeightState::DIRTY);  // a refused plan wrote nothing
     }
   }

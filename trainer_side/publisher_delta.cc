@@ -3,6 +3,7 @@
 // prepared for it, and each bucket's encoding announced to the group. The
 // encoding itself is common/delta/; the buckets are BucketSender's and
 // StreamSender's.
+#include "common/control/log_guard.h"
 #include "common/control/messages.h"
 #include "common/log.h"
 #include "trainer_side/publisher_impl.h"
@@ -60,16 +61,23 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
         why = id + " dirty (v" + std::to_string(m->dirty_version) + " incomplete)";
       else if (m->state != proto::WeightState::CONSISTENT || m->weight_version != base)
         why = id + " at v" + std::to_string(m->state == proto::WeightState::CONSISTENT ? m->weight_version : 0);
+      else if (m->delta_base != base)
+        why = id + " cannot apply a delta onto v" + std::to_string(base) +
+              " now (a buffer registered since, or its callback's copy at another version)";
       if (!why.empty()) break;
     }
   }
   if (keeps_baseline()) {
-    // Written by this update; a baseline once every member applied it.
-    if (Status s = baseline_.prepare(plan); s.ok()) {
-      baseline_fresh_ = true;
-    } else {
-      PC_WARN("publisher: update v" << plan.version << ": " << s.message());
-      if (why.empty()) why = s.message();
+    // Written by this update; a baseline once every member applied it. A
+    // new manifest's baseline is made once the plan is accepted
+    // (ready_baseline): a refused plan leaves the old one as it was.
+    baseline_fresh_ = true;
+    if (baseline_.manifest_hash() == plan.manifest_hash) {
+      if (Status s = baseline_.prepare(plan); !s.ok()) {
+        baseline_fresh_ = false;
+        PC_WARN("publisher: update v" << plan.version << ": " << s.message());
+        if (why.empty()) why = s.message();
+      }
     }
   }
   if (why.empty()) {
@@ -80,6 +88,55 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
   // The first update of a run has no baseline: that is no news.
   if (base == 0) PC_DEBUG("publisher: update v" << plan.version << ": dense (" << why << ")");
   else PC_INFO("publisher: update v" << plan.version << ": dense (" << why << ")");
+}
+
+// The baseline this update writes, once its plan was accepted (or went out
+// precommitted): made for a new manifest now (the bytes of the old one are
+// dropped only here).
+void PublisherImpl::ready_baseline(const UpdatePlan& plan) {
+  baseline_.begin_writing();
+  if (!baseline_fresh_ || baseline_.manifest_hash() == plan.manifest_hash) return;
+  if (Status s = baseline_.prepare(plan); !s.ok()) {
+    baseline_fresh_ = false;
+    PC_WARN("publisher: update v" << plan.version << ": " << s.message() << "; no baseline after it");
+  }
+}
+
+bool PublisherImpl::plan_round(UpdatePlan& plan, UpdateResult& r) {
+  if (send_plan(plan, r) || check_plan(plan, r)) {
+    ready_baseline(plan);
+    return true;
+  }
+  // No byte moved: the baseline still holds its version.
+  if (baseline_fresh_) baseline_.restore();
+  if (!plan.delta_base || r.status.code() != Code::kRejected) return false;
+  std::string who;
+  for (const auto& o : r.subscribers) {
+    if (o.status.ok()) continue;
+    if (o.mismatches.empty()) return false;
+    for (const auto& m : o.mismatches)
+      if (m.name != "<delta>") return false;
+    who += (who.empty() ? "" : ", ") + o.worker_id;
+  }
+  if (who.empty()) return false;
+  // Refused only as a delta (its heartbeat had not said so yet): the same
+  // version again, dense; the members took the Abandon of the first plan.
+  for (const auto& o : r.subscribers)
+    if (!o.status.ok()) {
+      r.dense_because = who + " refused the delta (" + o.worker_id + ": " + control::printable(o.mismatches.front().got) + ")";
+      break;
+    }
+  PC_INFO("publisher: update v" << plan.version << ": dense (" << r.dense_because << ")");
+  plan.delta_base = 0;
+  r.status = Status();
+  r.subscribers.clear();
+  if (baseline_fresh_ && !baseline_.prepare(plan).ok()) baseline_fresh_ = false;
+  if (send_plan(plan, r) || check_plan(plan, r)) {
+    ready_baseline(plan);
+    return true;
+  }
+  if (baseline_fresh_) baseline_.restore();
+  return false;
 }
 
 }  // namespace paramcast

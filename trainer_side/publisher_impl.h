@@ -95,6 +95,12 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Delta updates: whether this update can go as a delta (sets
   // plan.delta_base) or why not, and the baseline prepared for it.
   void decide_delta(UpdatePlan& plan, UpdateResult& r);
+  // Steps 3 with delta updates: sends the plan and, unless precommitted,
+  // waits for the answers; a delta refused only as a delta (a member that
+  // cannot take one right now) is planned again at once, dense. Returns
+  // whether to go on to step 4.
+  bool plan_round(UpdatePlan& plan, UpdateResult& r);
+  void ready_baseline(const UpdatePlan& plan);
   bool keeps_baseline() const;
   void collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r);
   // "; slowest member: 'id' (N received)" from the members' heartbeats, or "".

@@ -48,8 +48,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
     return st;
   }
   decide_delta(st->plan, st->r);
-  const bool precommitted = send_plan(st->plan, st->r);  // 3. check
-  if (!precommitted && !check_plan(st->plan, st->r)) {
+  if (!plan_round(st->plan, st->r)) {  // 3. check
     st->status = st->r.status;
     return st;
   }

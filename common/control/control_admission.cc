@@ -123,6 +123,7 @@ void ControlServer::admit_locked(const Sender& from, uint64_t inc, proto::Hello:
   m.device = get_device(h.getDevice());
   m.last_seen = now;
   m.weight_version = h.getWeightVersion();
+  m.delta_base = h.getDeltaBase();
   m.state = h.getState();
   m.dirty_version = h.getDirtyVersion();
   for (auto cap : h.getCapabilities())

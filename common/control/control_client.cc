@@ -96,6 +96,7 @@ zmq::message_t ControlClient::hello_message() {
     h.setWeightVersion(w.version);
     h.setState(w.state);
     h.setDirtyVersion(w.dirty_version);
+    h.setDeltaBase(w.delta_base);
   });
 }
 
@@ -184,6 +185,7 @@ void ControlClient::keep_membership(Clock::time_point now) {
               h.setWeightVersion(w.version);
               h.setState(w.state);
               h.setDirtyVersion(w.dirty_version);
+              h.setDeltaBase(w.delta_base);
               h.setAckSeq(ack_seq_);
               h.setPlanVersion(w.plan_version);
               h.setAnsweredVersion(w.answered_version);

@@ -64,6 +64,8 @@ struct WeightReport {
   // The update being received (0: none), and its bytes landed so far.
   uint64_t receiving_version = 0;
   uint64_t received_bytes = 0;
+  // The version a delta can be applied onto now (0: none).
+  uint64_t delta_base = 0;
 };
 
 class ControlClient {

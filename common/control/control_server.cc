@@ -157,12 +157,14 @@ bool ControlServer::is_live(const std::string& id) const {
   return it != members_.end() && !it->second.lost;
 }
 
-void ControlServer::set_member_weights(const std::string& id, uint64_t version, proto::WeightState state) {
+void ControlServer::set_member_weights(const std::string& id, uint64_t version, proto::WeightState state,
+                                       uint64_t delta_base) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = members_.find(id);
   if (it == members_.end()) return;
   if (state == proto::WeightState::CONSISTENT) it->second.weight_version = version;
   it->second.state = state;
+  it->second.delta_base = delta_base;
 }
 
 void ControlServer::set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes,
@@ -392,6 +394,7 @@ ControlServer::Deliveries ControlServer::dispatch_locked(const Sender& from, pro
       m.weight_version = h.getWeightVersion();
       m.state = h.getState();
       m.dirty_version = h.getDirtyVersion();
+      m.delta_base = h.getDeltaBase();
       m.ack_seq = std::min(h.getAckSeq(), beat_seq_);  // a member cannot have seen a later one
       m.plan_version = h.getPlanVersion();
       m.answered_version = h.getAnsweredVersion();

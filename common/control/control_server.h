@@ -90,6 +90,7 @@ struct Member {
   int rank = -1;  // in the current group; -1 when not in it
   bool lost = false;
   bool delta = false;  // announced the "delta" capability: it can apply delta updates
+  uint64_t delta_base = 0;  // the version it can apply a delta onto now (Hello, heartbeats, Applied)
 };
 
 class ControlServer {
@@ -146,7 +147,7 @@ class ControlServer {
   void assign_ranks(const std::vector<std::string>& group);
 
   // What a member reported in Applied: `version` held consistently, or dirty.
-  void set_member_weights(const std::string& id, uint64_t version, proto::WeightState state);
+  void set_member_weights(const std::string& id, uint64_t version, proto::WeightState state, uint64_t delta_base = 0);
   // Records a member's Applied figures for `paramcast status`.
   void set_member_last_update(const std::string& id, uint64_t version, bool ok, uint64_t bytes, uint64_t ms);
   // Its inbound link's rate in that update (bytes/s), once the publisher

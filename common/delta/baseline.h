@@ -45,10 +45,16 @@ class Baseline {
   // and leaves it empty.
   template <typename Keep>
   Status prepare(const UpdatePlan& plan, Keep&& keep) {
+    kept_version_ = 0;
+    restorable_ = true;
+    const uint64_t before = version_;
     version_ = 0;
     std::vector<bool> selected(plan.tensors.size());
     for (size_t i = 0; i < selected.size(); ++i) selected[i] = keep(i);
-    if (manifest_ == plan.manifest_hash && selected == selected_ && !buffers_.empty()) return Status();
+    if (manifest_ == plan.manifest_hash && selected == selected_ && !buffers_.empty()) {
+      kept_version_ = before;
+      return Status();
+    }
     clear();
     uint64_t total = 0;
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
@@ -76,8 +82,24 @@ class Baseline {
     return prepare(plan, [](size_t) { return true; });
   }
   // The version it now holds completely (an applied update).
-  void set_version(uint64_t version) { version_ = version; }
-  void invalidate() { version_ = 0; }
+  void set_version(uint64_t version) {
+    version_ = version;
+    restorable_ = false;
+  }
+  void invalidate() {
+    version_ = 0;
+    restorable_ = false;
+  }
+  // After prepare(), for an update that moved no byte (its plan refused):
+  // the version it held before, when prepare() kept its bytes.
+  // The update's bytes start moving: restore() no longer applies.
+  void begin_writing() { restorable_ = false; }
+  // Nothing happens unless prepare() ran since the last set_version() or
+  // begin_writing().
+  void restore() {
+    if (restorable_) version_ = kept_version_.load();
+    restorable_ = false;
+  }
   uint64_t version() const { return version_; }
   uint64_t manifest_hash() const { return manifest_; }
   // Tensor i of the manifest it was prepared for (null: not selected).
@@ -107,6 +129,8 @@ class Baseline {
   std::vector<bool> selected_;
   uint64_t manifest_ = 0;
   std::atomic<uint64_t> version_{0};
+  std::atomic<uint64_t> kept_version_{0};
+  bool restorable_ = false;
   std::atomic<uint64_t> bytes_{0};
 };
 

@@ -165,6 +165,57 @@ TEST_F(DeltaUpdateTest, DirtyOrRejoinedMemberGetsADenseUpdateThenDeltas) {
   expect_holds(t, r.version);
 }
 
+// A member that holds the baseline but cannot take a delta right now (a
+// buffer registered since the last update does not hold it) refuses only the
+// delta: the update goes dense at once, says who, and is bit-exact; the
+// baseline kept its version through the refused plan, so the next update is
+// a delta again.
+TEST_F(DeltaUpdateTest, AMemberThatCannotTakeTheDeltaNowGetsTheSameUpdateDense) {
+  auto specs = synthetic_llm_layout(2 << 20, 4, DType::kBF16);
+  Config cfg = delta_config(2);
+  // Every plan waits for its answers, so the refusal is an answer whether or
+  // not worker-1's heartbeat already said it cannot take a delta.
+  cfg.publisher.reuse_validated_plan = false;
+  start(cfg, 2, specs);
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  ASSERT_TRUE(pub_->weight_update(t.views()).ok());
+  // worker-1 gets a fresh buffer for one tensor: it no longer holds v1 there.
+  auto& buf = workers_[0]->dest[specs[0].name];
+  std::fill(buf.begin(), buf.end(), 0);
+  ASSERT_TRUE(workers_[0]->sub->register_tensor(TensorView{specs[0], buf.data(), Device::cpu()}).ok());
+  change(t, 0.02, 2);
+  UpdateResult r = pub_->weight_update(t.views());
+  ASSERT_TRUE(r.ok()) << r.status.to_string();
+  EXPECT_FALSE(r.delta);
+  EXPECT_NE(r.dense_because.find("worker-1"), std::string::npos) << r.dense_because;
+  EXPECT_EQ(r.dense_because.find("worker-2"), std::string::npos) << r.dense_because;
+  expect_holds(t, r.version);
+  change(t, 0.02, 3);
+  r = pub_->weight_update(t.views());
+  ASSERT_TRUE(r.ok() && r.delta) << r.status.to_string() << r.dense_because;
+  expect_holds(t, r.version);
+}
+
+// A plan every member refuses moves no byte: the baseline keeps its
+// version, and the next good update is a delta.
+TEST_F(DeltaUpdateTest, ARefusedPlanKeepsTheBaseline) {
+  std::vector<TensorSpec> specs = {{"a", DType::kBF16, {100000}}, {"b", DType::kBF16, {3000}}};
+  start(delta_config(2), 2, specs);
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  ASSERT_TRUE(pub_->weight_update(t.views()).ok());
+  HostTensors stranger = test::make_tensors({{"a", DType::kBF16, {100000}}, {"c", DType::kBF16, {3000}}});
+  stranger.fill(2);
+  UpdateResult refused = pub_->weight_update(stranger.views());
+  ASSERT_EQ(refused.status.code(), Code::kRejected) << refused.status.to_string();
+  change(t, 0.02, 3);
+  UpdateResult r = pub_->weight_update(t.views());
+  ASSERT_TRUE(r.ok()) << r.status.to_string();
+  EXPECT_TRUE(r.delta) << r.dense_because;
+  expect_holds(t, r.version);
+}
+
 TEST_F(DeltaUpdateTest, CorruptedDeltaFailsDataCorruptNamingTheTensor) {
   std::vector<TensorSpec> specs = {{"layer.0.w", DType::kBF16, {200000}}, {"layer.1.w", DType::kBF16, {200000}}};
   // worker-2 flips one received bit of bucket 1 of v2 (a delta): fault
