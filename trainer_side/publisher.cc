@@ -79,7 +79,7 @@ void PublisherImpl::shutdown() {
     if (c) c->abort("publisher shutting down");
     return;
   }
-  std::lock_guard<std::mutex> ulock(update_mu_);
+  std::lock_guard<UpdateGate> ulock(update_mu_);
   comm_.reset();
 }
 
@@ -95,7 +95,7 @@ std::string PublisherImpl::silence() const {
 
 // ------------------------------------------------------------------ start()
 Status PublisherImpl::start() {
-  std::lock_guard<std::mutex> ulock(update_mu_);
+  std::lock_guard<UpdateGate> ulock(update_mu_);
   const auto deadline = Clock::now() + cfg_.control.join_timeout;
   std::vector<std::string> missing;
   {
@@ -174,7 +174,13 @@ std::vector<std::string> PublisherImpl::absent() const {
 
 // ------------------------------------------------------------ weight_update
 UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options) {
-  std::lock_guard<std::mutex> ulock(update_mu_);
+  if (update_mu_.held_by_me()) {  // waiting for the stream this thread holds open would never end
+    UpdateResult r;
+    r.tensors = tensors.size();
+    r.status = invalid_argument("weight_update: a streamed update is open on this thread (finish or abort it first)");
+    return r;
+  }
+  std::lock_guard<UpdateGate> ulock(update_mu_);
   const auto t0 = Clock::now();
   cap_ = t0 + cfg_.publisher.update_timeout;  // plan, move and applied all end by then
   UpdateResult r;
@@ -244,8 +250,9 @@ Status PublisherImpl::check_tensors(const std::vector<TensorView>& tensors) cons
 }
 
 uint64_t PublisherImpl::next_version() {
-  std::lock_guard<std::mutex> ulock(update_mu_);
   std::string who;
+  if (update_mu_.held_by_me()) return std::max(last_version_, highest_member_version(who)) + 1;  // inside a stream
+  std::lock_guard<UpdateGate> ulock(update_mu_);
   return std::max(last_version_, highest_member_version(who)) + 1;
 }
 
@@ -595,7 +602,11 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
 
 // ------------------------------------------------------------------ misc
 void PublisherImpl::set_progress(std::function<void(uint64_t, uint64_t, uint64_t)> callback) {
-  std::lock_guard<std::mutex> lock(update_mu_);
+  if (update_mu_.held_by_me()) {  // inside a stream this thread holds open
+    progress_ = std::move(callback);
+    return;
+  }
+  std::lock_guard<UpdateGate> lock(update_mu_);
   progress_ = std::move(callback);
 }
 

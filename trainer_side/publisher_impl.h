@@ -34,6 +34,7 @@
 #include "common/stream/stream_sender.h"
 #include "common/transfer/bucket_sender.h"
 #include "trainer_side/publisher.h"
+#include "trainer_side/update_gate.h"
 #include "trainer_side/update_round.h"
 
 namespace paramcast {
@@ -143,7 +144,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::optional<ValidatedManifest> validated_;
   uint64_t published_version_ = 0;
 
-  std::mutex update_mu_;  // serializes updates; guards everything below
+  UpdateGate update_mu_;  // serializes updates; guards everything below
   std::shared_ptr<Communicator> comm_;
   uint64_t last_version_ = 0;
   std::function<void(uint64_t, uint64_t, uint64_t)> progress_;

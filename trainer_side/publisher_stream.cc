@@ -14,7 +14,7 @@ namespace paramcast {
 // One streamed update in progress: everything begin_stream set up, owned by
 // the Update handle. The update lock is held for its whole life.
 struct StreamState {
-  std::unique_lock<std::mutex> lock;
+  std::unique_lock<UpdateGate> lock;
   Clock::time_point t0;
   UpdatePlan plan;
   UpdateResult r;
@@ -31,7 +31,13 @@ struct StreamState {
 std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<TensorSpec>& manifest,
                                                          const UpdateOptions& options) {
   auto st = std::make_unique<StreamState>();
-  st->lock = std::unique_lock<std::mutex>(update_mu_);
+  if (update_mu_.held_by_me()) {
+    // This thread holds a streamed update open: waiting for it would never end.
+    st->status = st->r.status = invalid_argument("begin_update: a streamed update is already open on this thread "
+                                                 "(finish or abort it first)");
+    return st;
+  }
+  st->lock = std::unique_lock<UpdateGate>(update_mu_);
   streaming_ = true;
   st->t0 = Clock::now();
   cap_ = st->t0 + cfg_.publisher.update_timeout;

@@ -264,5 +264,30 @@ TEST_F(StreamedUpdateTest, PartialUpdatesKeepEveryOtherTensor) {
       << r.status.to_string();
 }
 
+// An Update may be finished on another thread than the one that began it
+// (a handle handed to a worker, a Python handle dropped anywhere); a call on
+// the thread that holds a stream open fails at once instead of waiting for
+// it forever.
+TEST_F(StreamedUpdateTest, FinishedOnAnotherThreadAndNoSelfDeadlock) {
+  std::vector<TensorSpec> specs = {{"a", DType::kF32, {5000}}, {"b", DType::kBF16, {300}}};
+  start(test::test_config(2), 2, specs);
+  HostTensors t = test::make_tensors(specs);
+  t.fill(1);
+  auto u = pub_->begin_update(t.specs);
+  ASSERT_TRUE(u->status().ok()) << u->status().to_string();
+  UpdateResult inside = pub_->weight_update(t.views());
+  EXPECT_EQ(inside.status.code(), Code::kInvalidArgument) << inside.status.to_string();
+  EXPECT_NE(inside.status.message().find("a streamed update is open on this thread"), std::string::npos);
+  EXPECT_EQ(pub_->begin_update(t.specs)->status().code(), Code::kInvalidArgument);
+  for (size_t i = 0; i < specs.size(); ++i) ASSERT_TRUE(u->send(t.views()[i]).ok());
+  UpdateResult r;
+  std::thread other([&] { r = u->finish(); });
+  other.join();
+  ASSERT_TRUE(r.ok()) << r.status.to_string();
+  expect_holds(t, r.version);
+  // The update lock was released by the other thread: this one updates again.
+  publish_and_check(t, r.version + 1);
+}
+
 }  // namespace
 }  // namespace paramcast
