@@ -14,7 +14,11 @@
 
 namespace paramcast {
 
-const char* backend_name(Backend b) { return b == Backend::kNccl ? "nccl" : "gloo"; }
+const char* backend_name(Backend b) {
+  return b == Backend::kNccl ? "nccl" : b == Backend::kShm ? "shm" : "gloo";
+}
+int backend_wire(Backend b) { return static_cast<int>(b); }  // the schema's enum has the same order
+Backend backend_from_wire(int v) { return v == 1 ? Backend::kNccl : v == 2 ? Backend::kShm : Backend::kGloo; }
 
 bool valid_worker_id(const std::string& id) {
   if (id.empty() || id.size() > 64 || id == "publisher") return false;
@@ -218,7 +222,7 @@ void parse_data_plane(const Loader& L, const YAML::Node& n, const std::string& p
   bool stall_given = false;
     L.map(n, p, {
       {"backend", [&](N v, P q) {
-        c.data_plane.backend = L.choice<Backend>(v, q, {{"gloo", Backend::kGloo}, {"nccl", Backend::kNccl}});
+        c.data_plane.backend = L.choice<Backend>(v, q, {{"gloo", Backend::kGloo}, {"nccl", Backend::kNccl}, {"shm", Backend::kShm}});
       }},
       {"gloo_hostname", [&](N v, P q) { c.data_plane.gloo_hostname = L.scalar(v, q, "a host name or address"); }},
       {"gloo_interface", [&](N v, P q) { c.data_plane.gloo_interface = L.scalar(v, q, "an interface name"); }},
@@ -352,9 +356,10 @@ void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c
                " subscribers: give one device for all, or one per subscriber");
   const bool any_cuda = c.publisher.device.is_cuda() ||
                         std::any_of(dev.begin(), dev.end(), [](const Device& d) { return d.is_cuda(); });
-  if (c.data_plane.backend == Backend::kGloo && any_cuda)
+  if (c.data_plane.backend != Backend::kNccl && any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
-           "backend gloo moves host memory, but a cuda device is configured: use backend nccl or cpu devices");
+           std::string("backend ") + backend_name(c.data_plane.backend) +
+               " moves host memory, but a cuda device is configured: use backend nccl or cpu devices");
   if (c.data_plane.backend == Backend::kNccl && !any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");

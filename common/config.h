@@ -38,13 +38,18 @@ struct ControlOptions {
   uint64_t max_message_bytes = 64ull << 20;
 };
 
-enum class Backend { kGloo, kNccl };
+enum class Backend { kGloo, kNccl, kShm };
 const char* backend_name(Backend b);
+// The control message's Backend for `b`, and back (unknown values: gloo).
+int backend_wire(Backend b);
+Backend backend_from_wire(int v);
 
 enum class Checksum { kNone, kXxh64, kXxh64Blocks };  // see common/data/bucket_checksum.h
 
 struct DataPlaneOptions {
-  // Default: gloo
+  // gloo (host memory over TCP), nccl (CUDA memory), or shm (host memory
+  // shared by a publisher and engines on one host: every member must run
+  // on the publisher's host, as the same user). Default: gloo
   Backend backend = Backend::kGloo;
   // Address Gloo's TCP device binds (and announces to peers). Default: 127.0.0.1
   std::string gloo_hostname = "127.0.0.1";

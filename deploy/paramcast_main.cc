@@ -296,7 +296,7 @@ void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r
               "\"last_wire_bytes\":%llu},\"members\":[",
               endpoint.c_str(), static_cast<unsigned long long>(r.getEpoch()),
               static_cast<unsigned long long>(r.getPublishedVersion()), r.getExpected(),
-              r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo", control::printable(r.getDelta().cStr()).c_str(),
+              backend_name(backend_from_wire(static_cast<int>(r.getBackend()))), control::printable(r.getDelta().cStr()).c_str(),
               static_cast<unsigned long long>(r.getBaselineBytes()), static_cast<unsigned long long>(r.getBaselineVersion()),
               static_cast<unsigned long long>(r.getLastBytes()), static_cast<unsigned long long>(r.getLastWireBytes()));
   bool first = true;
@@ -324,7 +324,7 @@ void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r
 void print_status_table(const std::string& endpoint, proto::StatusReply::Reader r) {
   std::printf("publisher %s  epoch %llu  published v%llu  %u expected  backend %s\n", endpoint.c_str(),
               static_cast<unsigned long long>(r.getEpoch()), static_cast<unsigned long long>(r.getPublishedVersion()),
-              r.getExpected(), r.getBackend() == proto::Backend::NCCL ? "nccl" : "gloo");
+              r.getExpected(), backend_name(backend_from_wire(static_cast<int>(r.getBackend()))));
   std::printf("delta %s  baseline %s (v%llu)  last update %s, %s on the wire\n",
               control::printable(r.getDelta().cStr()).c_str(), format_bytes(r.getBaselineBytes()).c_str(),
               static_cast<unsigned long long>(r.getBaselineVersion()), format_bytes(r.getLastBytes()).c_str(),

@@ -25,6 +25,7 @@ enum DeviceKind {
 enum Backend {
   gloo @0;
   nccl @1;
+  shm @2;  # host memory shared by the ranks of one host (common/data/shm/)
 }
 
 enum WeightState {

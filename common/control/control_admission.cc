@@ -196,7 +196,7 @@ void ControlServer::status_reply_locked(const std::string& peer, uint64_t reques
     s.setPublishedVersion(published_version_);
     s.setExpected(static_cast<uint32_t>(opt_.subscriber_ids.empty() ? opt_.subscriber_count
                                                                     : static_cast<int>(opt_.subscriber_ids.size())));
-    s.setBackend(opt_.backend == Backend::kNccl ? proto::Backend::NCCL : proto::Backend::GLOO);
+    s.setBackend(static_cast<proto::Backend>(backend_wire(opt_.backend)));
     s.setDelta(delta_.mode);
     s.setBaselineBytes(delta_.baseline_bytes);
     s.setBaselineVersion(delta_.baseline_version);

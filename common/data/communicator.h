@@ -15,7 +15,8 @@
 // control plane's to name (heartbeats); `op_timeout` is only a backstop, and
 // the caller bounds the whole update with the deadline it waits with.
 //
-// Backends: data/gloo (host memory over TCP), data/nccl (CUDA memory).
+// Backends: data/gloo (host memory over TCP), data/nccl (CUDA memory),
+// data/shm (host memory shared by the ranks of one host).
 // Thread-safety: broadcast() from one thread at a time; abort() and
 // async_error() from any thread.
 #pragma once
@@ -54,6 +55,9 @@ struct GroupOptions {
   // messages; may be empty.
   std::vector<std::string> members;
   std::string gloo_hostname = "127.0.0.1";
+  // shm: bytes of each of the ring's two slots (the root's choice: the data
+  // plane's bucket size; readers take it from the segment).
+  uint64_t shm_slot_bytes = 64ull << 20;
   std::string gloo_interface;
 };
 

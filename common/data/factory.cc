@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "common/data/gloo/gloo_factory.h"
+#include "common/data/shm/shm_factory.h"
 #include "paramcast/build_config.h"
 #if PARAMCAST_HAVE_NCCL
 #include "common/data/nccl/nccl_factory.h"
@@ -36,6 +37,8 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& 
   switch (options.backend) {
     case Backend::kGloo:
       return gloo_backend::create(options, store);
+    case Backend::kShm:
+      return shm_backend::create(options, store);
     case Backend::kNccl:
 #if PARAMCAST_HAVE_NCCL
       return nccl_backend::create(options, store);
@@ -54,11 +57,12 @@ StatusOr<std::string> mint_bootstrap(Backend backend, uint64_t epoch) {
     return unavailable("this build has no NCCL backend");
 #endif
   }
+  if (backend == Backend::kShm) return shm_backend::mint_bootstrap();
   return "paramcast/epoch-" + std::to_string(epoch);
 }
 
 std::string backend_unavailable_reason(Backend backend) {
-  if (backend == Backend::kGloo) return "";
+  if (backend == Backend::kGloo || backend == Backend::kShm) return "";
 #if PARAMCAST_HAVE_NCCL
   if (nccl_backend::cuda_device_count() == 0) return "no CUDA device on this machine";
   return "";

@@ -76,6 +76,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.members.insert(go.members.end(), members.begin(), members.end());
   go.gloo_hostname = cfg_.data_plane.gloo_hostname;
   go.gloo_interface = cfg_.data_plane.gloo_interface;
+  go.shm_slot_bytes = std::min<uint64_t>(cfg_.data_plane.bucket_bytes, 64ull << 20);
   WatchedStore store(store_, [&] { return doomed(members); });
   auto comm = create_communicator(go, store);
   // This rank failed on its own: collect what the members said by now.

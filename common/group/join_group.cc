@@ -5,7 +5,7 @@ namespace paramcast::group {
 void fill_join_group(proto::JoinGroup::Builder j, const GroupOptions& o, const std::vector<std::string>& members) {
   j.setRank(static_cast<uint32_t>(o.rank));
   j.setWorldSize(static_cast<uint32_t>(o.world_size));
-  j.setBackend(o.backend == Backend::kNccl ? proto::Backend::NCCL : proto::Backend::GLOO);
+  j.setBackend(static_cast<proto::Backend>(backend_wire(o.backend)));
   j.setBootstrap(kj::arrayPtr(reinterpret_cast<const kj::byte*>(o.bootstrap.data()), o.bootstrap.size()));
   auto list = j.initMembers(static_cast<unsigned>(members.size()));
   for (size_t k = 0; k < members.size(); ++k) list.set(static_cast<unsigned>(k), members[k]);
@@ -20,7 +20,7 @@ GroupOptions group_options_from(proto::JoinGroup::Reader j, uint64_t epoch, Devi
   o.epoch = epoch;
   o.rank = static_cast<int>(j.getRank());
   o.world_size = static_cast<int>(j.getWorldSize());
-  o.backend = j.getBackend() == proto::Backend::NCCL ? Backend::kNccl : Backend::kGloo;
+  o.backend = backend_from_wire(static_cast<int>(j.getBackend()));
   o.bootstrap.assign(reinterpret_cast<const char*>(j.getBootstrap().begin()), j.getBootstrap().size());
   o.device = device;
   o.init_timeout = std::chrono::milliseconds(j.getInitTimeoutMs());

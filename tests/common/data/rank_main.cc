@@ -32,7 +32,7 @@ uint8_t pattern(uint64_t size, int rep, uint64_t i) { return static_cast<uint8_t
 int main(int argc, char** argv) {
   Flags f = parse_flags(argc, argv, 1);
   GroupOptions g;
-  g.backend = f.get("backend") == "nccl" ? Backend::kNccl : Backend::kGloo;
+  g.backend = f.get("backend") == "nccl" ? Backend::kNccl : f.get("backend") == "shm" ? Backend::kShm : Backend::kGloo;
   g.rank = std::atoi(f.get("rank").c_str());
   g.world_size = std::atoi(f.get("world").c_str());
   g.epoch = 1;
@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   g.device = parse_device(f.get("device", "cpu")).value();
   g.op_timeout = std::chrono::milliseconds(std::atoi(f.get("timeout-ms", "30000").c_str()));
   g.init_timeout = std::chrono::seconds(60);
+  // shm: slots far smaller than the suite's broadcasts, so that a reader that
+  // stops holds every other one back within a few chunks (a deployment's
+  // slots are a bucket each, its updates many buckets).
+  g.shm_slot_bytes = 4 << 20;
   if (f.has("stall-ms")) g.stall_timeout = std::chrono::milliseconds(std::atoi(f.get("stall-ms").c_str()));
   for (int r = 0; r < g.world_size; ++r) g.members.push_back(r == 0 ? "publisher" : "worker-" + std::to_string(r));
   const int repeat = std::atoi(f.get("repeat", "1").c_str());

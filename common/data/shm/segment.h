@@ -1,0 +1,85 @@
+// Segment: the shared memory of one shm group (one epoch), and how it
+// reaches the group's other ranks.
+//
+// The root creates it with memfd_create: it has no name in any file system
+// (nothing can be left behind in /dev/shm, even after a SIGKILL) and is
+// freed when the last process that maps it unmaps it or exits. The root
+// hands the descriptor to each reader over a Unix socket in the abstract
+// namespace (SCM_RIGHTS), named by the bootstrap the control plane gave
+// every rank in JoinGroup (CURVE-authenticated where configured), and only
+// to a peer that runs as the same user (SO_PEERCRED) and presents the
+// bootstrap's 32-byte secret: the socket's name is visible to the host, the
+// secret is not. The socket closes once every reader attached.
+//
+// Layout: a 64 KiB header (ShmHeader: the ring's counters, each rank's pid,
+// the abort word), then kSlots slots of slot_bytes.
+//
+// Thread-safety: host() and attach() from one thread; the mapping is shared.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace paramcast::shm_backend {
+
+inline constexpr uint32_t kMagic = 0x70637368;  // "pcsh"
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr int kSlots = 2;
+inline constexpr int kMaxRanks = 1024;
+inline constexpr uint64_t kHeaderBytes = 64 << 10;
+
+// The shared header. Atomics in shared memory: lock-free 32/64-bit words
+// (std::atomic of those sizes is address-free on the platforms we build for).
+struct ShmHeader {
+  uint32_t magic;
+  uint32_t layout_version;
+  uint32_t world;
+  uint32_t slots;
+  uint64_t slot_bytes;
+  std::atomic<uint32_t> futex;       // bumped after every change a waiter may wait for
+  std::atomic<uint32_t> abort_word;  // 0, or (kind << 24) | (blamed rank + 1)
+  std::atomic<uint64_t> published;   // chunks the root has written
+  uint64_t slot_len[kSlots];         // bytes of the chunk a slot holds (written before `published`)
+  std::atomic<int32_t> pid[kMaxRanks];        // each rank's pid once attached (0 before)
+  std::atomic<uint64_t> consumed[kMaxRanks];  // chunks each reader has copied out
+};
+static_assert(sizeof(ShmHeader) <= kHeaderBytes, "ShmHeader must fit its 64 KiB");
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+// What the bootstrap carries: the socket's name and the secret.
+struct Bootstrap {
+  std::string name;    // 32 hex characters
+  std::string secret;  // 32 bytes
+  static StatusOr<Bootstrap> parse(const std::string& bytes);
+  static StatusOr<std::string> mint();
+};
+
+class Segment {
+ public:
+  ~Segment();
+  // Root: creates the segment for `world` ranks, serves it to every reader,
+  // and returns once all attached or `timeout` passed (the error names the
+  // ranks that did not attach, by `members`).
+  static StatusOr<std::unique_ptr<Segment>> host(const Bootstrap& b, int world, uint64_t slot_bytes,
+                                                 std::chrono::milliseconds timeout,
+                                                 const std::vector<std::string>& members);
+  // Reader `rank`: connects (the root may not listen yet: retried until
+  // `timeout`), receives the descriptor and maps the segment.
+  static StatusOr<std::unique_ptr<Segment>> attach(const Bootstrap& b, int rank, std::chrono::milliseconds timeout);
+
+  ShmHeader& header() const { return *reinterpret_cast<ShmHeader*>(base_); }
+  uint8_t* slot(uint64_t chunk) const { return base_ + kHeaderBytes + (chunk % kSlots) * header().slot_bytes; }
+
+ private:
+  Segment(uint8_t* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  uint8_t* base_;
+  size_t bytes_;
+};
+
+}  // namespace paramcast::shm_backend

@@ -1,0 +1,411 @@
+// The shm data plane (segment.h for the memory and how it is handed out).
+//
+// A ring of kSlots slots carries every broadcast in chunks of at most
+// slot_bytes. Chunk c (counted over the communicator's life) goes to slot
+// c % kSlots: the root waits until every reader consumed chunk c - kSlots,
+// copies the chunk in, and publishes it (`published` = c + 1); each reader
+// waits for it, copies it out, and says so (`consumed[rank]` = c + 1). The
+// root's Work completes once every reader consumed the operation's last
+// chunk (delivered, as a broadcast), while it already writes the next
+// operation's chunks: buckets stream through the ring back to back.
+//
+// Waiting: a futex word in the segment, bumped and woken after every
+// change; waits are bounded (kPoll) so that each waiter also watches:
+//  - the abort word: any rank that fails writes it (the kind and the rank
+//    it blames) and wakes everyone; every rank then fails naming that rank;
+//  - its peers' liveness: the root checks its readers' pids while it waits
+//    for them, a reader the root's (a SIGKILLed peer is named at once);
+//  - slowness: a reader that consumes nothing for stall_timeout while the
+//    root waits for it fails the group with kTimeout naming it (slow is not
+//    dead: any progress restarts the clock);
+//  - op_timeout, the backstop.
+//
+// Threads: runner_ runs the operations in order; callers of broadcast()
+// queue them. mu_ guards the queue and the error.
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "common/data/shm/segment.h"
+#include "common/data/shm/shm_factory.h"
+#include "common/data/work_state.h"
+#include "common/log.h"
+
+namespace paramcast::shm_backend {
+namespace {
+
+using data_internal::WorkState;
+
+constexpr auto kPoll = std::chrono::milliseconds(10);
+constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+enum AbortKind : uint32_t { kFailed = 1, kStalled = 2, kGone = 3 };
+
+uint32_t abort_word(AbortKind kind, int blamed) { return (kind << 24) | (static_cast<uint32_t>(blamed + 1) & 0xffffff); }
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::milliseconds max) {
+  timespec ts{0, static_cast<long>(std::chrono::nanoseconds(max).count())};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+// Whether a peer's process still runs: gone (ESRCH) or a zombie (killed,
+// not yet reaped by its parent) is dead; anything unknown counts as alive.
+bool alive(int32_t pid) {
+  if (pid <= 0) return true;
+  if (kill(pid, 0) != 0) return errno != ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return true;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* paren = std::strrchr(buf, ')');  // "pid (comm) S ...": comm may hold spaces
+  return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+class ShmCommunicator : public Communicator {
+ public:
+  ShmCommunicator(const GroupOptions& options, std::unique_ptr<Segment> segment)
+      : options_(options), seg_(std::move(segment)), h_(seg_->header()) {
+    runner_ = std::thread([this] { run(); });
+  }
+  ~ShmCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // An operation queued or running: the peers must not wait for it.
+      if ((busy_ || !queue_.empty()) && error_.ok()) fail_locked(aborted("communicator destroyed"), kFailed, options_.rank);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    bump();
+    runner_.join();
+  }
+
+  std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
+    auto work = std::make_shared<Handle>(this);
+    if (bytes == 0) {
+      work->state->complete(Status());
+      return work;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (root != 0) {
+      work->state->complete(invalid_argument("the shm data plane broadcasts from rank 0 only"));
+      return work;
+    }
+    if (!error_.ok()) {
+      work->state->complete(aborted("communicator of epoch " + std::to_string(options_.epoch) +
+                                    " is unusable: " + error_.to_string()));
+      return work;
+    }
+    queue_.push_back(Op{static_cast<uint8_t*>(data), bytes, work->state, Clock::now() + options_.op_timeout});
+    cv_.notify_all();
+    return work;
+  }
+
+  void abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fail_locked(aborted("aborted: " + reason), kFailed, options_.rank);
+    }
+    cv_.notify_all();
+    bump();
+  }
+  Status async_error() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) check_peers_locked();
+    return error_;
+  }
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+  Device device() const override { return Device::cpu(); }
+
+ private:
+  struct Op {
+    uint8_t* data;
+    size_t bytes;
+    std::shared_ptr<WorkState> state;
+    Deadline deadline;
+  };
+  struct Handle : Work {
+    explicit Handle(ShmCommunicator* c) : comm(c), state(std::make_shared<WorkState>()) {}
+    Status wait(Deadline deadline) override {
+      Status s = state->wait_until(deadline);
+      if (s.code() == Code::kTimeout && !state->done()) {
+        comm->abort("broadcast deadline passed");
+        return timeout_error("broadcast did not finish before its deadline (epoch " +
+                             std::to_string(comm->options_.epoch) + ", rank " + std::to_string(comm->options_.rank) +
+                             "); communicator aborted");
+      }
+      return s;
+    }
+    ShmCommunicator* comm;
+    std::shared_ptr<WorkState> state;
+  };
+  // The root's operations whose chunks are all written, waiting for the
+  // readers to consume through `end` (a chunk count).
+  struct Delivery {
+    uint64_t end;
+    std::shared_ptr<WorkState> state;
+  };
+
+  // "rank 5 (worker-5)", as the other backends name ranks.
+  std::string who(int rank) const {
+    std::string name = rank >= 0 && rank < static_cast<int>(options_.members.size()) ? options_.members[rank] : "";
+    return "rank " + std::to_string(rank) + (name.empty() ? "" : " (" + name + ")");
+  }
+  void bump() {
+    h_.futex.fetch_add(1, std::memory_order_release);
+    futex_wake_all(&h_.futex);
+  }
+
+  // The first failure sticks; every pending Work completes with it, and the
+  // peers learn whom to blame from the abort word.
+  void fail_locked(Status s, AbortKind kind, int blamed) {
+    if (!error_.ok()) return;
+    error_ = std::move(s);
+    uint32_t expected = 0;
+    h_.abort_word.compare_exchange_strong(expected, abort_word(kind, blamed));
+    for (auto& op : queue_) op.state->complete(error_);
+    queue_.clear();
+    for (auto& d : deliveries_) d.state->complete(error_);
+    deliveries_.clear();
+    if (current_) current_->complete(error_);
+  }
+  void fail(Status s, AbortKind kind, int blamed) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fail_locked(std::move(s), kind, blamed);
+    }
+    bump();
+  }
+  // A peer's abort word, or a dead peer this rank depends on.
+  void check_peers_locked() {
+    const uint32_t w = h_.abort_word.load(std::memory_order_acquire);
+    if (w != 0) {
+      const int blamed = static_cast<int>(w & 0xffffff) - 1;
+      const uint32_t kind = w >> 24;
+      Status s = kind == kStalled ? timeout_error("shm data plane: the root saw no progress to " + who(blamed) +
+                                                  " for stall_timeout")
+                 : kind == kGone  ? peer_lost("shm data plane: " + who(blamed) + " is gone (its process exited)")
+                                  : aborted("shm data plane: " + who(blamed) + " aborted the group");
+      fail_locked(std::move(s), static_cast<AbortKind>(kind), blamed);
+    }
+  }
+
+  // Waits until `ready()`, or fails (returns false). `readers`: the root
+  // waits for its readers (stall and liveness per reader); otherwise a
+  // reader waits for the root.
+  template <typename Ready>
+  bool wait_for(Ready&& ready, Deadline deadline, bool readers) {
+    auto last_progress = Clock::now();
+    uint64_t last_sum = consumed_sum();
+    auto next_liveness = Clock::now() + kLivenessEvery;
+    while (true) {
+      const uint32_t seen = h_.futex.load(std::memory_order_acquire);
+      if (ready()) return true;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error_.ok()) check_peers_locked();
+        if (!error_.ok() || stop_) return false;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        fail(timeout_error("shm data plane: broadcast of epoch " + std::to_string(options_.epoch) +
+                           " did not finish within op_timeout"),
+             kFailed, options_.rank);
+        return false;
+      }
+      if (now >= next_liveness) {
+        next_liveness = now + kLivenessEvery;
+        for (int r = readers ? 1 : 0; r < (readers ? options_.world_size : 1); ++r)
+          if (!alive(h_.pid[r].load())) {
+            fail(peer_lost("shm data plane: " + who(r) + " is gone (its process exited)"), kGone, r);
+            return false;
+          }
+      }
+      if (readers) {
+        const uint64_t sum = consumed_sum();
+        if (sum != last_sum) {
+          last_sum = sum;
+          last_progress = now;
+        } else if (now - last_progress >= options_.stall_timeout) {
+          const int r = slowest_reader();
+          char figures[96];
+          std::snprintf(figures, sizeof figures, "no progress for %.3f s to ", 
+                        std::chrono::duration<double>(now - last_progress).count());
+          char bound[64];
+          std::snprintf(bound, sizeof bound, " (stall_timeout %.3f s)",
+                        std::chrono::duration<double>(options_.stall_timeout).count());
+          fail(timeout_error("shm data plane: " + std::string(figures) + who(r) + bound), kStalled, r);
+          return false;
+        }
+      }
+      futex_wait(&h_.futex, seen, kPoll);
+    }
+  }
+  uint64_t consumed_sum() const {
+    uint64_t s = 0;
+    for (int r = 1; r < options_.world_size; ++r) s += h_.consumed[r].load(std::memory_order_acquire);
+    return s;
+  }
+  uint64_t min_consumed() const {
+    uint64_t m = UINT64_MAX;
+    for (int r = 1; r < options_.world_size; ++r) m = std::min(m, h_.consumed[r].load(std::memory_order_acquire));
+    return m;
+  }
+  int slowest_reader() const {
+    int at = 1;
+    for (int r = 2; r < options_.world_size; ++r)
+      if (h_.consumed[r].load() < h_.consumed[at].load()) at = r;
+    return at;
+  }
+
+  // Root: completes the deliveries every reader has consumed.
+  void deliver_done() {
+    if (options_.world_size == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& d : deliveries_) d.state->complete(Status());
+      deliveries_.clear();
+      return;
+    }
+    const uint64_t done = min_consumed();
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!deliveries_.empty() && deliveries_.front().end <= done) {
+      deliveries_.front().state->complete(Status());
+      deliveries_.pop_front();
+    }
+  }
+
+  void run() {
+    const bool root = options_.rank == 0;
+    while (true) {
+      Op op;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (root) {
+          // Idle with deliveries outstanding: wait for the readers (below).
+          cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !deliveries_.empty(); });
+        } else {
+          cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        }
+        if (stop_) return;
+        if (queue_.empty()) {  // root: only deliveries to wait for
+          const uint64_t end = deliveries_.back().end;
+          const Deadline deadline = deliveries_deadline_;
+          lock.unlock();
+          if (wait_for([&] { return min_consumed() >= end; }, deadline, true)) deliver_done();
+          continue;
+        }
+        op = queue_.front();
+        queue_.pop_front();
+        current_ = op.state;
+        busy_ = true;
+      }
+      const bool ok = root ? send(op) : receive(op);
+      std::lock_guard<std::mutex> lock(mu_);
+      current_.reset();
+      busy_ = false;
+      if (!ok) continue;
+      if (!root) op.state->complete(Status());
+    }
+  }
+
+  // Root: copies op's chunks into the ring as slots free up.
+  bool send(const Op& op) {
+    const uint64_t slot = h_.slot_bytes;
+    for (size_t off = 0; off < op.bytes; off += slot) {
+      const uint64_t c = next_chunk_;
+      const uint64_t need = c >= kSlots ? c - kSlots + 1 : 0;  // chunk c - kSlots consumed by every reader
+      if (options_.world_size > 1 &&
+          !wait_for([&] { deliver_done(); return min_consumed() >= need; }, op.deadline, true))
+        return false;
+      const size_t len = std::min<uint64_t>(slot, op.bytes - off);
+      std::memcpy(seg_->slot(c), op.data + off, len);
+      h_.slot_len[c % kSlots] = len;
+      h_.published.store(c + 1, std::memory_order_release);
+      next_chunk_ = c + 1;
+      bump();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return false;
+    deliveries_.push_back(Delivery{next_chunk_, op.state});
+    deliveries_deadline_ = op.deadline;
+    cv_.notify_all();
+    return true;
+  }
+
+  // Reader: copies op's chunks out of the ring as they are published.
+  bool receive(const Op& op) {
+    const uint64_t slot = h_.slot_bytes;
+    const int me = options_.rank;
+    for (size_t off = 0; off < op.bytes; off += slot) {
+      const uint64_t c = next_chunk_;
+      if (!wait_for([&] { return h_.published.load(std::memory_order_acquire) >= c + 1; }, op.deadline, false))
+        return false;
+      const size_t len = std::min<uint64_t>(slot, op.bytes - off);
+      if (h_.slot_len[c % kSlots] != len) {
+        fail(protocol_error("shm data plane: chunk " + std::to_string(c) + " holds " +
+                            std::to_string(h_.slot_len[c % kSlots]) + " bytes, this rank expected " +
+                            std::to_string(len) + " (the ranks' broadcasts differ)"),
+             kFailed, me);
+        return false;
+      }
+      std::memcpy(op.data + off, seg_->slot(c), len);
+      h_.consumed[me].store(c + 1, std::memory_order_release);
+      next_chunk_ = c + 1;
+      bump();
+    }
+    return true;
+  }
+
+  const GroupOptions options_;
+  std::unique_ptr<Segment> seg_;
+  ShmHeader& h_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  std::deque<Delivery> deliveries_;
+  Deadline deliveries_deadline_{};
+  std::shared_ptr<WorkState> current_;
+  Status error_;
+  bool busy_ = false;
+  bool stop_ = false;
+  uint64_t next_chunk_ = 0;  // runner only
+  std::thread runner_;
+};
+
+}  // namespace
+
+StatusOr<std::string> mint_bootstrap() { return Bootstrap::mint(); }
+
+StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store) {
+  (void)store;  // the segment travels over its own socket, named by the bootstrap
+  if (options.device.is_cuda())
+    return invalid_argument("the shm data plane moves host memory; " + options.device.to_string() + " needs nccl");
+  auto b = Bootstrap::parse(options.bootstrap);
+  if (!b.ok()) return b.status();
+  // Slots of one bucket each at most, in whole 4 KiB pages.
+  const uint64_t slot_bytes = std::max<uint64_t>(4096, (options.shm_slot_bytes + 4095) / 4096 * 4096);
+  auto seg = options.rank == 0
+                 ? Segment::host(*b, options.world_size, slot_bytes, options.init_timeout, options.members)
+                 : Segment::attach(*b, options.rank, options.init_timeout);
+  if (!seg.ok()) return seg.status().with_context("rank " + std::to_string(options.rank) + " of epoch " +
+                                                  std::to_string(options.epoch));
+  return std::unique_ptr<Communicator>(new ShmCommunicator(options, std::move(*seg)));
+}
+
+}  // namespace paramcast::shm_backend
