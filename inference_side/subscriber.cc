@@ -568,13 +568,18 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
       if (!plan.partial) registered_since_update_ = false;  // every registered tensor now holds it
     }
     delta_base = delta_base_locked();
+  }
+  // The report reaches next_report() only after Applied is queued: a caller
+  // that stops once it saw the report must not drop the Applied.
+  auto publish_report = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
     reports_.push_back(UpdateReport{plan.version, s, s.ok() ? plan.total_bytes : 0, seconds});
     cv_.notify_all();
-  }
-  if (lost_.loses("mute-applied", plan.version)) return;  // test hook: stuck, silently
+  };
+  if (lost_.loses("mute-applied", plan.version)) return publish_report();  // test hook: stuck, silently
   if (lost_.loses("applied", plan.version)) {  // test hook: as if the connection broke with it queued
     applied_sent_ = plan.version;
-    return;
+    return publish_report();
   }
   client_->send(control::make_message(job.epoch, client_->incarnation(), [&](auto b) {
     auto a = b.initApplied();
@@ -597,6 +602,7 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     }
   }));
   applied_sent_ = plan.version;
+  publish_report();
 }
 
 // ------------------------------------------------------------ public handle

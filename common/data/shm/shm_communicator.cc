@@ -119,7 +119,11 @@ class ShmCommunicator : public Communicator {
   void abort(const std::string& reason) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      fail_locked(aborted("aborted: " + reason), kFailed, options_.rank);
+      // Idle (nothing queued, running or being delivered): this rank leaves
+      // without failing the peers, which may still be finishing their last
+      // broadcast (Gloo's goodbye).
+      const bool idle = !busy_ && queue_.empty() && deliveries_.empty();
+      fail_locked(aborted("aborted: " + reason), kFailed, options_.rank, /*tell_peers=*/!idle);
     }
     cv_.notify_all();
     bump();
@@ -174,11 +178,11 @@ class ShmCommunicator : public Communicator {
 
   // The first failure sticks; every pending Work completes with it, and the
   // peers learn whom to blame from the abort word.
-  void fail_locked(Status s, AbortKind kind, int blamed) {
+  void fail_locked(Status s, AbortKind kind, int blamed, bool tell_peers = true) {
     if (!error_.ok()) return;
     error_ = std::move(s);
     uint32_t expected = 0;
-    h_.abort_word.compare_exchange_strong(expected, abort_word(kind, blamed));
+    if (tell_peers) h_.abort_word.compare_exchange_strong(expected, abort_word(kind, blamed));
     for (auto& op : queue_) op.state->complete(error_);
     queue_.clear();
     for (auto& d : deliveries_) d.state->complete(error_);

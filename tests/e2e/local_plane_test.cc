@@ -1,0 +1,153 @@
+// The shm data plane with real processes: a trainer and seven workers on
+// this host share the publisher's memory (data_plane.backend: shm). Every
+// worker verifies every byte; a killed reader is named within
+// heartbeat_timeout + 2 s and the publisher is not blocked by it; a reader
+// that stops taking bytes while its control thread heartbeats is named by
+// the stall timeout; a killed publisher leaves its readers dirty, not hung;
+// and nothing is left in /dev/shm (the segment is a memfd).
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <set>
+
+#include "tests/support/worker_cluster.h"
+
+namespace paramcast {
+namespace {
+
+using Ms = std::chrono::milliseconds;
+using test::Process;
+using test::WorkerClusterTest;
+
+std::set<std::string> dev_shm() {
+  std::set<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) names.insert(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
+
+std::string shm_yaml(int subscribers, const std::string& extra_publisher = "", const std::string& stall = "20s") {
+  std::string y = test::test_config_yaml(subscribers, extra_publisher);
+  auto replace = [&](const std::string& from, const std::string& to) {
+    const auto at = y.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) y.replace(at, from.size(), to);
+  };
+  replace("backend: gloo", "backend: shm");
+  replace("stall_timeout: 20s", "stall_timeout: " + stall);
+  return y;
+}
+
+TEST(LocalPlaneTest, LocalShmDeploymentSucceedsAndEveryWorkerVerifies) {
+  const auto before = dev_shm();
+  auto launch = Process::start(test::binary("paramcast"),
+                               {"launch", std::string(PARAMCAST_SOURCE_DIR) + "/deploy/local-shm.yaml"});
+  auto code = launch->wait_for(std::chrono::seconds(300));
+  ASSERT_TRUE(code.has_value()) << "launch hung:\n" << launch->output();
+  const std::string out = launch->output();
+  EXPECT_EQ(*code, 0) << out;
+  EXPECT_NE(out.find("8 roles, all succeeded"), std::string::npos) << out;
+  EXPECT_NE(out.find("paramcast-trainer: 5 updates, 0 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("(shm"), std::string::npos) << "the group formed over shm:\n" << out;
+  for (int i = 1; i <= 7; ++i) {
+    const std::string w = "worker-" + std::to_string(i);
+    EXPECT_NE(out.find("[" + w + " ] " + w + ": 5 updates verified, 0 failed; state version 5, consistent"),
+              std::string::npos)
+        << w << ":\n" << out;
+  }
+  EXPECT_EQ(dev_shm(), before) << "nothing is left in /dev/shm";
+}
+
+class LocalPlaneClusterTest : public WorkerClusterTest {};
+
+TEST_F(LocalPlaneClusterTest, KilledReaderIsNamedAndTheNextUpdateReachesTheOthers) {
+  make_publisher(shm_yaml(3, "  on_member_loss: continue\n"));
+  spawn_worker("worker-1", {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=1"});
+  spawn_worker("worker-2");
+  spawn_worker("worker-3");
+  ASSERT_TRUE(pub_->start().ok());
+  model_ = test::make_tensors(synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers,
+                                                   config_.trainer.dtype));
+  model_.fill(1, config_.trainer.seed);
+  auto fut = pub_->weight_update_async(model_.views(), 1);
+  ASSERT_TRUE(workers_["worker-1"]->wait_for_output("stalling after bucket 1", std::chrono::seconds(20)))
+      << workers_["worker-1"]->output();
+  workers_["worker-1"]->kill(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  const auto bound = config_.control.heartbeat_timeout + std::chrono::seconds(2);
+  ASSERT_EQ(fut.wait_for(bound + std::chrono::seconds(5)), std::future_status::ready) << "weight_update hung";
+  UpdateResult r = fut.get();
+  EXPECT_LE(std::chrono::steady_clock::now() - killed, bound);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status.message().find("worker-1"), std::string::npos) << r.status.to_string();
+  // The group re-forms without it; the others get the next version.
+  UpdateResult r2 = publish(2);
+  ASSERT_TRUE(r2.ok()) << r2.status.to_string();
+  for (const char* id : {"worker-2", "worker-3"})
+    EXPECT_TRUE(workers_[id]->wait_for_output("v2 verified", std::chrono::seconds(10))) << workers_[id]->output();
+}
+
+// worker-2's data thread wedges after bucket 1 while its control thread
+// keeps heartbeating: the root sees it take nothing and names it.
+TEST_F(LocalPlaneClusterTest, ReaderThatStopsTakingBytesIsNamedByTheStallTimeout) {
+  make_publisher(shm_yaml(3, "", "2s"));
+  spawn_worker("worker-1");
+  spawn_worker("worker-2", {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=1"});
+  spawn_worker("worker-3");
+  ASSERT_TRUE(pub_->start().ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  UpdateResult r = publish(1);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kTimeout) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("rank 2 (worker-2)"), std::string::npos) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("stall_timeout 2.000 s"), std::string::npos) << r.status.to_string();
+  EXPECT_LE(took, std::chrono::seconds(2 + 8)) << "the stall window, and slack for a loaded machine";
+}
+
+TEST_F(LocalPlaneClusterTest, KilledPublisherLeavesReadersDirtyNotHungAndNothingInDevShm) {
+  const auto before = dev_shm();
+  const std::string yaml_path = test::write_file(dir_, "deploy.yaml", shm_yaml(3));
+  config_ = load_config_file(yaml_path).value();
+  const std::string endpoint_file = dir_ + "/endpoint";
+  auto trainer = Process::start(test::binary("paramcast-trainer"),
+                                {"--config", yaml_path, "--endpoint-file", endpoint_file, "--updates", "5"},
+                                {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=2:1"});
+  ASSERT_TRUE(trainer->wait_for_output("control endpoint", std::chrono::seconds(10))) << trainer->output();
+  std::string endpoint;
+  std::ifstream(endpoint_file) >> endpoint;
+  ASSERT_FALSE(endpoint.empty());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int i = 1; i <= 3; ++i)
+    workers.push_back(Process::start(test::binary("paramcast-worker"),
+                                     {"--config", yaml_path, "--id", "worker-" + std::to_string(i), "--endpoint",
+                                      endpoint, "--updates", "0"}));
+  for (auto& w : workers) ASSERT_TRUE(w->wait_for_output("v1 verified", std::chrono::seconds(20))) << w->output();
+  ASSERT_TRUE(trainer->wait_for_output("stalling after bucket 1 of v2", std::chrono::seconds(20)))
+      << trainer->output();
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(Ms(100))) {
+    auto status = Process::start(test::binary("paramcast"), {"status", endpoint, "--json"});
+    ASSERT_EQ(status->wait_for(std::chrono::seconds(10)), 0) << status->output();
+    if (test::count(status->output(), "\"state\":\"dirty\"") == 3) break;
+  }
+  trainer->kill(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  const auto bound = config_.control.heartbeat_timeout + std::chrono::seconds(2);
+  for (auto& w : workers) {
+    ASSERT_TRUE(w->wait_for_output("publisher lost", bound + std::chrono::seconds(1))) << w->output();
+    EXPECT_LE(std::chrono::steady_clock::now() - killed, bound);
+    EXPECT_NE(w->output().find("dirty (v2 incomplete, last consistent v1)"), std::string::npos) << w->output();
+    EXPECT_TRUE(w->running());
+  }
+  for (auto& w : workers) w->kill(SIGKILL);
+  for (auto& w : workers) w->wait_for(std::chrono::seconds(10));
+  EXPECT_EQ(dev_shm(), before) << "nothing is left in /dev/shm after a SIGKILLed publisher";
+}
+
+}  // namespace
+}  // namespace paramcast
