@@ -226,6 +226,7 @@ void parse_data_plane(const Loader& L, const YAML::Node& n, const std::string& p
       }},
       {"gloo_hostname", [&](N v, P q) { c.data_plane.gloo_hostname = L.scalar(v, q, "a host name or address"); }},
       {"gloo_interface", [&](N v, P q) { c.data_plane.gloo_interface = L.scalar(v, q, "an interface name"); }},
+      {"local", [&](N v, P q) { c.data_plane.local = L.choice<bool>(v, q, {{"auto", true}, {"off", false}}); }},
       {"bucket_size", [&](N v, P q) { c.data_plane.bucket_bytes = L.size(v, q, 4096); }},
       {"direct_min_size", [&](N v, P q) { c.data_plane.direct_min_bytes = L.size(v, q, 1); }},
       {"checksum", [&](N v, P q) {
@@ -360,6 +361,10 @@ void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            std::string("backend ") + backend_name(c.data_plane.backend) +
                " moves host memory, but a cuda device is configured: use backend nccl or cpu devices");
+  if (c.data_plane.local && c.data_plane.backend != Backend::kGloo)
+    L.fail(root["data_plane"]["local"], "data_plane.local",
+           std::string("auto needs backend gloo (with backend ") + backend_name(c.data_plane.backend) +
+               ": shm already is local; nccl's same-GPU path is not built)");
   if (c.data_plane.backend == Backend::kNccl && !any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");

@@ -55,6 +55,13 @@ struct DataPlaneOptions {
   std::string gloo_hostname = "127.0.0.1";
   // Network interface for Gloo instead of a hostname, e.g. "lo". Default: unset
   std::string gloo_interface;
+  // Members on the publisher's host (same boot, same user, same network
+  // namespace, as each says in its Hello: never guessed from an address)
+  // read the bytes from the publisher's shared memory (the shm plane) while
+  // the others get them over the backend, in the same update: `auto`, or
+  // `off` (everyone over the backend). With backend gloo. Set on the
+  // publisher and on the members that may take part. Default: off
+  bool local = false;
   // Staging bucket size; small tensors are packed into buckets of this size.
   // Default: 256MiB
   uint64_t bucket_bytes = 256ull << 20;

@@ -1,6 +1,7 @@
 #include "inference_side/subscriber.h"
 
 #include "common/control/messages.h"
+#include "common/data/shm/host_identity.h"
 #include "common/group/join_group.h"
 #include "common/log.h"
 #include "common/plan_proto.h"
@@ -61,6 +62,8 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
   // device), or onto the engine's own copy of the last version for its
   // callback (host memory only; kept only when configured).
   if (delta_capable(cfg, device, callback)) o.capabilities.push_back("delta");
+  // data_plane.local: this member may read the publisher's shared memory.
+  if (cfg.data_plane.local && !device.is_cuda()) o.host_identity = shm_backend::host_identity();
   if (const char* v = std::getenv("PARAMCAST_TEST_PROTOCOL_VERSION"))
     o.protocol_version_override = static_cast<uint32_t>(std::atoi(v));
   return o;

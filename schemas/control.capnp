@@ -83,6 +83,11 @@ struct Hello {
   # The version a delta can be applied onto now (0: none): the version
   # held, consistent, when this member can apply a delta to it (the delta
   # capability, and for a callback engine its copy at that version).
+  hostIdentity @11 :Text;
+  # Who shares memory with whom: the host's boot id, the user id and the
+  # network namespace ("<boot id>:<uid>:net:[<inode>]"). Empty when the
+  # member's data_plane.local is off. A publisher with data_plane.local:
+  # auto puts members whose identity equals its own on the shm plane.
 }
 
 struct Welcome {
@@ -132,6 +137,12 @@ struct JoinGroup {
   # A collective fails with TIMEOUT when a link a rank sends on makes no
   # progress for this long (data_plane.stall_timeout). 0 from an older
   # publisher: the subscriber's own setting applies.
+  local @8 :List(Bool);
+  # Per rank (index = rank): reads the publisher's shared memory (shm
+  # plane) instead of the backend; empty: nobody does. The publisher's
+  # backend group then has rank 0 and the other ranks, renumbered in order.
+  localBootstrap @9 :Data;
+  # The shm plane's bootstrap (its socket's name and secret), when any rank is local.
 }
 
 struct GroupReady {

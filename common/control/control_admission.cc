@@ -119,6 +119,8 @@ void ControlServer::admit_locked(const Sender& from, uint64_t inc, proto::Hello:
   m.incarnation = inc;
   m.route = peer;
   m.host = h.getHost().cStr();
+  // Compared byte for byte with the publisher's own: bounded, never logged raw.
+  if (h.getHostIdentity().size() <= 256) m.host_identity = h.getHostIdentity().cStr();
   m.pid = h.getPid();
   m.device = get_device(h.getDevice());
   m.last_seen = now;

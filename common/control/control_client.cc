@@ -97,6 +97,7 @@ zmq::message_t ControlClient::hello_message() {
     h.setState(w.state);
     h.setDirtyVersion(w.dirty_version);
     h.setDeltaBase(w.delta_base);
+    h.setHostIdentity(opt_.host_identity);
   });
 }
 

@@ -47,6 +47,8 @@ struct ClientOptions {
   // Tests only: announce another protocol version. 0: the real one.
   uint32_t protocol_version_override = 0;
   ClientAuth auth;  // curve: this worker's key pair and the publisher's public key
+  // Hello's hostIdentity (empty: this member never reads shared memory).
+  std::string host_identity;
 };
 
 // What Hello and heartbeats say about the subscriber's weights.

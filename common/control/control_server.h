@@ -65,6 +65,7 @@ struct Member {
   uint64_t incarnation = 0;
   std::string route;  // routing identity of its member connection
   std::string host;
+  std::string host_identity;  // Hello's hostIdentity (bounded, printable), or empty
   uint32_t pid = 0;
   Device device;
   Clock::time_point last_seen;

@@ -55,6 +55,11 @@ struct GroupOptions {
   // messages; may be empty.
   std::vector<std::string> members;
   std::string gloo_hostname = "127.0.0.1";
+  // Mixed groups (data_plane.local): per rank, whether it reads the root's
+  // shared memory; empty: none does. The backend then carries rank 0 and
+  // the other ranks (renumbered in order), the shm plane rank 0 and these.
+  std::vector<bool> local;
+  std::string local_bootstrap;  // the shm plane's, when any rank is local
   // shm: bytes of each of the ring's two slots (the root's choice: the data
   // plane's bucket size; readers take it from the segment).
   uint64_t shm_slot_bytes = 64ull << 20;

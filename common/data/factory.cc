@@ -5,6 +5,7 @@
 
 #include "common/data/gloo/gloo_factory.h"
 #include "common/data/shm/shm_factory.h"
+#include "common/data/split_communicator.h"
 #include "paramcast/build_config.h"
 #if PARAMCAST_HAVE_NCCL
 #include "common/data/nccl/nccl_factory.h"
@@ -34,6 +35,7 @@ void ignore_sigpipe_once() {
 
 StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& options, Store& store) {
   ignore_sigpipe_once();
+  if (!options.local.empty()) return create_split_communicator(options, store);  // a mixed group
   switch (options.backend) {
     case Backend::kGloo:
       return gloo_backend::create(options, store);

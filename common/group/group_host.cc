@@ -1,6 +1,7 @@
 #include "common/group/group_host.h"
 
 #include "common/control/messages.h"
+#include "common/data/shm/host_identity.h"
 #include "common/group/join_group.h"
 #include "common/log.h"
 
@@ -10,6 +11,10 @@ namespace paramcast::group {
 
 GroupHost::GroupHost(const Config& config, control::ControlServer& server)
     : cfg_(config),
+      host_identity_(config.data_plane.local && config.data_plane.backend == Backend::kGloo &&
+                             !config.publisher.device.is_cuda()
+                         ? shm_backend::host_identity()
+                         : ""),
       server_(server),
       store_([this](const std::string& peer, uint64_t request_id, const std::string& key, const std::string& value) {
         server_.send(peer, control::make_message(epoch_, server_.incarnation(), [&](auto b) {
@@ -60,9 +65,12 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   store_.begin_epoch(epoch);  // keys of earlier epochs are dropped, and members write only this one's
   server_.set_epoch(epoch);
   server_.assign_ranks(members);
+  choose_local(members);
   auto bootstrap = announce(epoch, members);
   if (!bootstrap.ok()) return bootstrap.status();
   GroupOptions go;
+  go.local = local_;
+  go.local_bootstrap = local_bootstrap_;
   go.epoch = epoch;
   go.rank = 0;
   go.world_size = static_cast<int>(members.size()) + 1;
@@ -90,8 +98,15 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     tell_failed(epoch, members, msg);
     return unavailable(msg);
   }
+  std::string planes = backend_name(cfg_.data_plane.backend);
+  if (!local_.empty()) {  // a mixed group: who reads this host's shared memory
+    std::string shm;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (local_[i + 1]) shm += (shm.empty() ? "" : ", ") + members[i];
+    planes += "; shm: " + shm;
+  }
   PC_INFO("publisher: group epoch " << epoch << " formed: publisher + " << members.size() << " subscribers ("
-                                    << backend_name(cfg_.data_plane.backend) << ")");
+                                    << planes << ")");
   return std::shared_ptr<Communicator>(std::move(comm.value()));
 }
 
@@ -150,6 +165,50 @@ void GroupHost::forgive(const std::string& id) {
   strikes_.erase(id);
 }
 
+// The rank a member's rendezvous keys carry: its group rank, or in a mixed
+// group its rank in the backend's plane.
+int GroupHost::store_rank(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plane_rank_.find(id);
+    if (it != plane_rank_.end()) return it->second;
+  }
+  const auto m = server_.member(id);
+  return m ? m->rank : -1;
+}
+
+void GroupHost::choose_local(const std::vector<std::string>& members) {
+  local_.clear();
+  local_bootstrap_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plane_rank_.clear();
+  }
+  if (host_identity_.empty()) return;
+  std::vector<bool> local(members.size() + 1, false);
+  local[0] = true;
+  bool any = false;
+  for (size_t i = 0; i < members.size(); ++i) {
+    auto m = server_.member(members[i]);
+    local[i + 1] = m && m->host_identity == host_identity_;
+    any = any || local[i + 1];
+  }
+  if (!any) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int next = 1;
+    for (size_t i = 0; i < members.size(); ++i) plane_rank_[members[i]] = local[i + 1] ? -1 : next++;
+  }
+  auto b = mint_bootstrap(Backend::kShm, epoch_);
+  if (!b.ok()) {
+    PC_WARN("publisher: no shm plane this epoch (every member over " << backend_name(cfg_.data_plane.backend)
+                                                                     << "): " << b.status().message());
+    return;
+  }
+  local_ = std::move(local);
+  local_bootstrap_ = std::move(*b);
+}
+
 // Mints the bootstrap and sends every member its JoinGroup.
 StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std::string>& members) {
   auto bootstrap = mint_bootstrap(cfg_.data_plane.backend, epoch);
@@ -163,6 +222,8 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   go.init_timeout = cfg_.data_plane.init_timeout;
   go.op_timeout = cfg_.publisher.update_timeout;
   go.stall_timeout = cfg_.data_plane.stall_timeout;
+  go.local = local_;
+  go.local_bootstrap = local_bootstrap_;
   for (size_t i = 0; i < members.size(); ++i) {
     go.rank = static_cast<int>(i + 1);
     server_.send(members[i], control::make_message(epoch, server_.incarnation(), [&](auto b) {
@@ -227,8 +288,7 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
     }
     case B::STORE_SET: {
       auto s = body.getStoreSet();
-      const auto m = server_.member(id);
-      Status st = store_.remote_set(id, m ? m->rank : -1, s.getKey().cStr(),
+      Status st = store_.remote_set(id, store_rank(id), s.getKey().cStr(),
                                     std::string(reinterpret_cast<const char*>(s.getValue().begin()), s.getValue().size()));
       if (!st.ok()) {
         server_.note_dropped(id, st.message());
@@ -239,8 +299,7 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
       return true;
     }
     case B::STORE_GET: {
-      const auto m = server_.member(id);
-      Status st = store_.remote_get(id, m ? m->rank : -1, body.getStoreGet().getRequestId(),
+      Status st = store_.remote_get(id, store_rank(id), body.getStoreGet().getRequestId(),
                                     body.getStoreGet().getKey().cStr());
       if (!st.ok()) server_.note_dropped(id, st.message());
       return true;

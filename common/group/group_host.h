@@ -66,7 +66,15 @@ class GroupHost {
   void tell_failed(uint64_t epoch, const std::vector<std::string>& members, const std::string& why);
   void count_strikes(const std::vector<std::string>& members, const std::vector<std::string>& problems);
 
+  // Which members read this host's shared memory this epoch (rank-indexed,
+  // data_plane.local), and that plane's bootstrap; written by form() only.
+  void choose_local(const std::vector<std::string>& members);
+  int store_rank(const std::string& id);
+
   const Config cfg_;
+  const std::string host_identity_;  // this process's (data_plane.local), or empty
+  std::vector<bool> local_;
+  std::string local_bootstrap_;
   control::ControlServer& server_;
   HostedStore store_;
   std::atomic<uint64_t> epoch_{0};
@@ -78,6 +86,9 @@ class GroupHost {
   std::set<std::string> published_;  // members that set a rendezvous key this epoch
   std::map<std::string, std::string> failed_;
   std::map<std::string, int> assigned_rank_;
+  // Mixed groups: a member's rank in the backend's plane (what its
+  // rendezvous keys carry), -1 for one on the shm plane; empty otherwise.
+  std::map<std::string, int> plane_rank_;
   struct Strikes {
     int count = 0;
     std::string reason;

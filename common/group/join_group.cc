@@ -12,6 +12,12 @@ void fill_join_group(proto::JoinGroup::Builder j, const GroupOptions& o, const s
   j.setInitTimeoutMs(static_cast<uint32_t>(o.init_timeout.count()));
   j.setOpTimeoutMs(static_cast<uint32_t>(o.op_timeout.count()));
   j.setStallTimeoutMs(static_cast<uint32_t>(o.stall_timeout.count()));
+  if (!o.local.empty()) {
+    auto local = j.initLocal(static_cast<unsigned>(o.local.size()));
+    for (size_t r = 0; r < o.local.size(); ++r) local.set(static_cast<unsigned>(r), o.local[r]);
+    j.setLocalBootstrap(
+        kj::arrayPtr(reinterpret_cast<const kj::byte*>(o.local_bootstrap.data()), o.local_bootstrap.size()));
+  }
 }
 
 GroupOptions group_options_from(proto::JoinGroup::Reader j, uint64_t epoch, Device device,
@@ -34,6 +40,13 @@ GroupOptions group_options_from(proto::JoinGroup::Reader j, uint64_t epoch, Devi
   }
   o.gloo_hostname = data_plane.gloo_hostname;
   o.gloo_interface = data_plane.gloo_interface;
+  // One flag per rank, or none (a list of another length is ignored: the
+  // formation then fails at init_timeout rather than mixing layouts).
+  if (j.getLocal().size() == static_cast<unsigned>(o.world_size) && o.world_size > 0) {
+    for (bool l : j.getLocal()) o.local.push_back(l);
+    o.local_bootstrap.assign(reinterpret_cast<const char*>(j.getLocalBootstrap().begin()),
+                             j.getLocalBootstrap().size());
+  }
   return o;
 }
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <set>
 
+#include "tests/support/netns.h"
 #include "tests/support/worker_cluster.h"
 
 namespace paramcast {
@@ -147,6 +148,52 @@ TEST_F(LocalPlaneClusterTest, KilledPublisherLeavesReadersDirtyNotHungAndNothing
   for (auto& w : workers) w->kill(SIGKILL);
   for (auto& w : workers) w->wait_for(std::chrono::seconds(10));
   EXPECT_EQ(dev_shm(), before) << "nothing is left in /dev/shm after a SIGKILLed publisher";
+}
+
+// A mixed group: the trainer and two workers share a network namespace (one
+// host, as their Hellos say), two more workers run in namespaces of their
+// own behind veths. With data_plane.local: auto the two beside the trainer
+// read its shared memory and the other two get the same buckets over Gloo,
+// in the same updates; every worker verifies every byte.
+TEST(LocalPlaneTest, MixedGroupLocalMembersOverShmRemoteOverGlooBitExact) {
+  std::string why;
+  auto lab = test::NetworkLab::create(3, &why);
+  if (!lab) GTEST_SKIP() << "cannot build network namespaces here: " << why;
+  const std::string dir = test::make_temp_dir("paramcast-mixed");
+  const std::string endpoint = "tcp://" + lab->address(0) + ":29501";
+  const std::string yaml = test::write_file(
+      dir, "deploy.yaml",
+      "control:\n  endpoint: " + endpoint +
+          "\n  heartbeat_interval: 100ms\n  heartbeat_timeout: 1500ms\n  join_timeout: 30s\n"
+          "data_plane:\n  backend: gloo\n  local: auto\n  gloo_interface: " + test::NetworkLab::kInterface +
+          "\n  bucket_size: 1MiB\n  checksum: xxh64\n  init_timeout: 20s\n"
+          "publisher:\n  subscribers: [local-1, local-2, remote-1, remote-2]\n"
+          "trainer:\n  model_size: 16MiB\n  layers: 8\n  updates: 4\n"
+          "logging:\n  level: info\n"
+          "auth:\n  mode: plain\n");  // the lab's private network
+  auto trainer = Process::start(lab->exec_path(), lab->exec_args(0, test::binary("paramcast-trainer"), {"--config", yaml}));
+  ASSERT_TRUE(trainer->wait_for_output("control endpoint", Ms(10000))) << trainer->output();
+  std::vector<std::pair<std::string, std::unique_ptr<Process>>> workers;
+  const std::pair<const char*, int> where[] = {{"local-1", 0}, {"local-2", 0}, {"remote-1", 1}, {"remote-2", 2}};
+  for (const auto& [id, node] : where)
+    workers.emplace_back(id, Process::start(lab->exec_path(),
+                                            lab->exec_args(node, test::binary("paramcast-worker"),
+                                                           {"--config", yaml, "--id", id, "--endpoint", endpoint,
+                                                            "--updates", "4"})));
+  auto code = trainer->wait_for(std::chrono::seconds(120));
+  ASSERT_TRUE(code.has_value()) << trainer->output();
+  EXPECT_EQ(*code, 0) << trainer->output();
+  EXPECT_NE(trainer->output().find("4 updates, 0 failed"), std::string::npos) << trainer->output();
+  for (auto& [id, w] : workers) {
+    auto wc = w->wait_for(std::chrono::seconds(30));
+    ASSERT_TRUE(wc.has_value()) << id << ":\n" << w->output();
+    EXPECT_EQ(*wc, 0) << id << ":\n" << w->output();
+    EXPECT_NE(w->output().find(id + ": 4 updates verified, 0 failed"), std::string::npos) << id << ":\n"
+                                                                                          << w->output();
+  }
+  // Who went where: the trainer's formation line says so.
+  EXPECT_NE(trainer->output().find("shm: local-1, local-2"), std::string::npos) << trainer->output();
+  test::remove_tree(dir);
 }
 
 }  // namespace
