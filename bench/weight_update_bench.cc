@@ -505,7 +505,7 @@ int run_root(Options o, const std::string& self) {
 
 const Tool kTool{
     .name = "paramcast-bench",
-    .usage = "usage: paramcast-bench [--backend gloo|nccl] [--world 8] [--size 1GiB] [--counts 1,291,10000]\n"
+    .usage = "usage: paramcast-bench [--backend gloo|nccl|shm] [--world 8] [--size 1GiB] [--counts 1,291,10000]\n"
              "                       [--repeats 3] [--latency-updates 200] [--bucket 256MiB]\n"
              "                       [--checksum none|xxh64|xxh64-blocks] [--layout separate|arena] [--gpus N]\n"
              "                       [--json FILE]\n"
@@ -514,7 +514,7 @@ const Tool kTool{
              "gloo, against libgloo's gloo::broadcast), on one machine: this process is\n"
              "rank 0, the other ranks are this program re-executed.\n"
              "\n"
-             "  --backend gloo|nccl      data plane (default gloo)\n"
+             "  --backend gloo|nccl|shm  data plane (default gloo; shm: every rank on this host)\n"
              "  --world N                ranks, this one included (default 8)\n"
              "  --size SIZE              bytes per update (default 1GiB)\n"
              "  --counts N,...           tensor counts to split SIZE into (default 1,291,10000)\n"
@@ -539,6 +539,7 @@ int main(int argc, char** argv) {
   if (!f.positional.empty()) return usage_error(kTool, "unexpected argument '" + f.positional[0] + "'");
   Options o;
   if (f.get("backend", "gloo") == "nccl") o.backend = Backend::kNccl;
+  if (f.get("backend", "gloo") == "shm") o.backend = Backend::kShm;
   o.world = std::atoi(f.get("world", "8").c_str());
   o.size = parse_size(f.get("size", "1GiB")).value_or(0);
   o.repeats = std::atoi(f.get("repeats", "3").c_str());
