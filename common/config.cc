@@ -357,14 +357,19 @@ void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c
                " subscribers: give one device for all, or one per subscriber");
   const bool any_cuda = c.publisher.device.is_cuda() ||
                         std::any_of(dev.begin(), dev.end(), [](const Device& d) { return d.is_cuda(); });
-  if (c.data_plane.backend != Backend::kNccl && any_cuda)
+  const bool all_cuda = c.publisher.device.is_cuda() &&
+                        std::all_of(dev.begin(), dev.end(), [](const Device& d) { return d.is_cuda(); });
+  if (c.data_plane.backend == Backend::kGloo && any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
-           std::string("backend ") + backend_name(c.data_plane.backend) +
-               " moves host memory, but a cuda device is configured: use backend nccl or cpu devices");
+           "backend gloo moves host memory, but a cuda device is configured: use backend nccl or cpu devices");
+  if (c.data_plane.backend == Backend::kShm && any_cuda && !all_cuda)
+    L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
+           "backend shm moves host memory or CUDA memory, not both: make publisher.device and every subscriber "
+           "device cpu, or every one cuda");
   if (c.data_plane.local && c.data_plane.backend != Backend::kGloo)
     L.fail(root["data_plane"]["local"], "data_plane.local",
            std::string("auto needs backend gloo (with backend ") + backend_name(c.data_plane.backend) +
-               ": shm already is local; nccl's same-GPU path is not built)");
+               ": shm already is local; engines on the trainer's GPU use backend shm with cuda devices)");
   if (c.data_plane.backend == Backend::kNccl && !any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");

@@ -47,9 +47,10 @@ Backend backend_from_wire(int v);
 enum class Checksum { kNone, kXxh64, kXxh64Blocks };  // see common/data/bucket_checksum.h
 
 struct DataPlaneOptions {
-  // gloo (host memory over TCP), nccl (CUDA memory), or shm (host memory
-  // shared by a publisher and engines on one host: every member must run
-  // on the publisher's host, as the same user). Default: gloo
+  // gloo (host memory over TCP), nccl (CUDA memory), or shm (memory of the
+  // publisher's host shared with engines beside it, as the same user: host
+  // memory, or with CUDA devices its GPU memory through CUDA IPC, for
+  // engines on the trainer's GPU). Default: gloo
   Backend backend = Backend::kGloo;
   // Address Gloo's TCP device binds (and announces to peers). Default: 127.0.0.1
   std::string gloo_hostname = "127.0.0.1";

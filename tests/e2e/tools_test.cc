@@ -112,7 +112,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "paramcast-trainer"},
         ToolCase{"paramcast_worker", "paramcast-worker", {}, "usage: paramcast-worker --config FILE.yaml",
                  "paramcast-worker"},
-        ToolCase{"paramcast_bench", "paramcast-bench", {}, "usage: paramcast-bench [--backend gloo|nccl]",
+        ToolCase{"paramcast_bench", "paramcast-bench", {}, "usage: paramcast-bench [--backend gloo|nccl|shm]",
                  "paramcast-bench", true},
         ToolCase{"gloo_pieces_probe", "gloo-pieces-probe", {}, "usage: gloo-pieces-probe [PIECES=10000]",
                  "gloo-pieces-probe", true}),

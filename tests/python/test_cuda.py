@@ -140,3 +140,32 @@ def test_a_cuda_callback_engine_keeps_updates_dense_and_says_why(cluster):
     result = pub.weight_update(model.named_parameters())
     assert result.ok and not result.delta
     assert "engine-2 cannot apply deltas" in result.dense_because, result.dense_because
+
+
+def test_engines_on_the_trainers_gpu_get_the_bytes_through_cuda_ipc():
+    """backend shm on CUDA devices: the trainer's two slots are its GPU memory, opened by each
+    engine through CUDA IPC; an in-place and a fused engine on the same GPU are bit-exact."""
+    share_one_gpu("trainer")
+    model = tinymodel.TinyLM(0, torch.float32).to(DEVICE)
+    cfg = cuda_config(config_dict(subscribers=2), DEVICE, side="publisher")
+    cfg["data_plane"]["backend"] = "shm"
+    pub = paramcast.Publisher(cfg)
+    engines = []
+    try:
+        for worker, mode, seed in (("ipc-1", "inplace", 1), ("ipc-2", "fused", 2)):
+            engines.append(Engine(pub.endpoint, worker, mode, "float32", seed, DEVICE))
+        for e in engines:
+            e.wait_ready()
+        pub.start()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        for step in range(2):
+            result = pub.weight_update(model.named_parameters())
+            assert result.ok, result
+            for e in engines:
+                assert e.call("state") == ("consistent", result.version), e.worker_id
+                assert_same_weights(model, e)
+            tinymodel.train_step(model, optimizer, seed=step)
+    finally:
+        for e in engines:
+            e.close()
+        pub.close()

@@ -96,10 +96,11 @@ Segment::~Segment() {
 }
 
 StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, uint64_t slot_bytes,
-                                                 std::chrono::milliseconds timeout,
-                                                 const std::vector<std::string>& members) {
+                                                 bool host_slots, std::chrono::milliseconds timeout,
+                                                 const std::vector<std::string>& members,
+                                                 const std::function<Status(ShmHeader&)>& prepare) {
   if (world < 1 || world > kMaxRanks) return invalid_argument("shm group of " + std::to_string(world) + " ranks");
-  const size_t bytes = kHeaderBytes + kSlots * slot_bytes;
+  const size_t bytes = kHeaderBytes + (host_slots ? kSlots * slot_bytes : 0);
   Fd mem(memfd_create("paramcast-shm", MFD_CLOEXEC));
   if (mem.get() < 0) return internal_error(errno_text("memfd_create"));
   if (ftruncate(mem.get(), static_cast<off_t>(bytes)) != 0) return unavailable(errno_text("ftruncate of the shm segment"));
@@ -113,6 +114,7 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
   h->slots = kSlots;
   h->slot_bytes = slot_bytes;
   h->pid[0].store(getpid());
+  if (prepare) PC_RETURN_IF_ERROR(prepare(*h));
   if (world == 1) return seg;
 
   Fd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -218,7 +220,8 @@ StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank,
     std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), static_cast<size_t>(st.st_size)));
     const ShmHeader& h = seg->header();
     if (h.magic != kMagic || h.layout_version != kLayoutVersion || h.slots != kSlots ||
-        kHeaderBytes + kSlots * h.slot_bytes != static_cast<uint64_t>(st.st_size) || rank >= static_cast<int>(h.world))
+        kHeaderBytes + (h.cuda ? 0 : kSlots * h.slot_bytes) != static_cast<uint64_t>(st.st_size) ||
+        rank >= static_cast<int>(h.world))
       return protocol_error("shm segment: unexpected layout (version " + std::to_string(h.layout_version) + ", " +
                             std::to_string(h.world) + " ranks)");
     seg->header().pid[rank].store(getpid());

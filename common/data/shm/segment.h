@@ -12,7 +12,8 @@
 // secret is not. The socket closes once every reader attached.
 //
 // Layout: a 64 KiB header (ShmHeader: the ring's counters, each rank's pid,
-// the abort word), then kSlots slots of slot_bytes.
+// the abort word), then kSlots slots of slot_bytes (host memory), or nothing
+// more when the slots are CUDA memory (slots.h).
 //
 // Thread-safety: host() and attach() from one thread; the mapping is shared.
 #pragma once
@@ -20,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +48,8 @@ struct ShmHeader {
   std::atomic<uint32_t> abort_word;  // 0, or (kind << 24) | (blamed rank + 1)
   std::atomic<uint64_t> published;   // chunks the root has written
   uint64_t slot_len[kSlots];         // bytes of the chunk a slot holds (written before `published`)
+  uint32_t cuda;                     // 1: the slots are CUDA memory, shared by the IPC handles below
+  uint8_t ipc[kSlots][64];           // cudaIpcMemHandle_t of each slot (cuda)
   std::atomic<int32_t> pid[kMaxRanks];        // each rank's pid once attached (0 before)
   std::atomic<uint64_t> consumed[kMaxRanks];  // chunks each reader has copied out
 };
@@ -63,12 +67,15 @@ struct Bootstrap {
 class Segment {
  public:
   ~Segment();
-  // Root: creates the segment for `world` ranks, serves it to every reader,
-  // and returns once all attached or `timeout` passed (the error names the
-  // ranks that did not attach, by `members`).
+  // Root: creates the segment for `world` ranks (with its slots in it when
+  // `host_slots`), lets `prepare` fill the header before any reader can
+  // see it, serves it to every reader, and returns once all attached or
+  // `timeout` passed (the error names the ranks that did not attach, by
+  // `members`).
   static StatusOr<std::unique_ptr<Segment>> host(const Bootstrap& b, int world, uint64_t slot_bytes,
-                                                 std::chrono::milliseconds timeout,
-                                                 const std::vector<std::string>& members);
+                                                 bool host_slots, std::chrono::milliseconds timeout,
+                                                 const std::vector<std::string>& members,
+                                                 const std::function<Status(ShmHeader&)>& prepare);
   // Reader `rank`: connects (the root may not listen yet: retried until
   // `timeout`), receives the descriptor and maps the segment.
   static StatusOr<std::unique_ptr<Segment>> attach(const Bootstrap& b, int rank, std::chrono::milliseconds timeout);

@@ -37,9 +37,11 @@
 #include <thread>
 
 #include "common/data/shm/segment.h"
+#include "common/data/shm/slots.h"
 #include "common/data/shm/shm_factory.h"
 #include "common/data/work_state.h"
 #include "common/log.h"
+#include "paramcast/build_config.h"
 
 namespace paramcast::shm_backend {
 namespace {
@@ -77,10 +79,26 @@ bool alive(int32_t pid) {
   return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
 }
 
+class HostSlots : public Slots {
+ public:
+  explicit HostSlots(const Segment& seg) : seg_(seg) {}
+  Status put(uint64_t chunk, const uint8_t* src, size_t len) override {
+    std::memcpy(seg_.slot(chunk), src, len);
+    return Status();
+  }
+  Status get(uint64_t chunk, uint8_t* dst, size_t len) override {
+    std::memcpy(dst, seg_.slot(chunk), len);
+    return Status();
+  }
+
+ private:
+  const Segment& seg_;
+};
+
 class ShmCommunicator : public Communicator {
  public:
-  ShmCommunicator(const GroupOptions& options, std::unique_ptr<Segment> segment)
-      : options_(options), seg_(std::move(segment)), h_(seg_->header()) {
+  ShmCommunicator(const GroupOptions& options, std::unique_ptr<Segment> segment, std::unique_ptr<Slots> slots)
+      : options_(options), seg_(std::move(segment)), slots_(std::move(slots)), h_(seg_->header()) {
     runner_ = std::thread([this] { run(); });
   }
   ~ShmCommunicator() override {
@@ -133,9 +151,10 @@ class ShmCommunicator : public Communicator {
     if (error_.ok()) check_peers_locked();
     return error_;
   }
+  Status order_after(void* stream) override { return slots_->order_after(stream); }
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return options_.device; }
 
  private:
   struct Op {
@@ -338,7 +357,10 @@ class ShmCommunicator : public Communicator {
           !wait_for([&] { deliver_done(); return min_consumed() >= need; }, op.deadline, true))
         return false;
       const size_t len = std::min<uint64_t>(slot, op.bytes - off);
-      std::memcpy(seg_->slot(c), op.data + off, len);
+      if (Status s = slots_->put(c, op.data + off, len); !s.ok()) {
+        fail(s.with_context("shm data plane: writing chunk " + std::to_string(c)), kFailed, 0);
+        return false;
+      }
       h_.slot_len[c % kSlots] = len;
       h_.published.store(c + 1, std::memory_order_release);
       next_chunk_ = c + 1;
@@ -368,7 +390,10 @@ class ShmCommunicator : public Communicator {
              kFailed, me);
         return false;
       }
-      std::memcpy(op.data + off, seg_->slot(c), len);
+      if (Status s = slots_->get(c, op.data + off, len); !s.ok()) {
+        fail(s.with_context("shm data plane: reading chunk " + std::to_string(c)), kFailed, me);
+        return false;
+      }
       h_.consumed[me].store(c + 1, std::memory_order_release);
       next_chunk_ = c + 1;
       bump();
@@ -378,6 +403,7 @@ class ShmCommunicator : public Communicator {
 
   const GroupOptions options_;
   std::unique_ptr<Segment> seg_;
+  std::unique_ptr<Slots> slots_;
   ShmHeader& h_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -396,20 +422,51 @@ class ShmCommunicator : public Communicator {
 
 StatusOr<std::string> mint_bootstrap() { return Bootstrap::mint(); }
 
+#if !PARAMCAST_HAVE_NCCL
+StatusOr<std::unique_ptr<Slots>> cuda_root_slots(ShmHeader&, Device device) {
+  return unavailable("the shm plane on " + device.to_string() + " needs a build with CUDA");
+}
+StatusOr<std::unique_ptr<Slots>> cuda_reader_slots(const ShmHeader&, Device device) {
+  return unavailable("the shm plane on " + device.to_string() + " needs a build with CUDA");
+}
+#endif
+
+std::unique_ptr<Slots> host_slots(const Segment& segment) { return std::make_unique<HostSlots>(segment); }
+
 StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store) {
   (void)store;  // the segment travels over its own socket, named by the bootstrap
-  if (options.device.is_cuda())
-    return invalid_argument("the shm data plane moves host memory; " + options.device.to_string() + " needs nccl");
   auto b = Bootstrap::parse(options.bootstrap);
   if (!b.ok()) return b.status();
+  const bool cuda = options.device.is_cuda();
   // Slots of one bucket each at most, in whole 4 KiB pages.
   const uint64_t slot_bytes = std::max<uint64_t>(4096, (options.shm_slot_bytes + 4095) / 4096 * 4096);
+  const std::string where = "rank " + std::to_string(options.rank) + " of epoch " + std::to_string(options.epoch);
+  std::unique_ptr<Slots> slots;
   auto seg = options.rank == 0
-                 ? Segment::host(*b, options.world_size, slot_bytes, options.init_timeout, options.members)
+                 ? Segment::host(*b, options.world_size, slot_bytes, !cuda, options.init_timeout, options.members,
+                                 [&](ShmHeader& h) -> Status {
+                                   if (!cuda) return Status();
+                                   auto s = cuda_root_slots(h, options.device);  // before any reader sees it
+                                   if (!s.ok()) return s.status();
+                                   slots = std::move(*s);
+                                   return Status();
+                                 })
                  : Segment::attach(*b, options.rank, options.init_timeout);
-  if (!seg.ok()) return seg.status().with_context("rank " + std::to_string(options.rank) + " of epoch " +
-                                                  std::to_string(options.epoch));
-  return std::unique_ptr<Communicator>(new ShmCommunicator(options, std::move(*seg)));
+  if (!seg.ok()) return seg.status().with_context(where);
+  if (!slots) {
+    if ((*seg)->header().cuda != static_cast<uint32_t>(cuda))
+      return invalid_argument(where + ": the publisher's shm slots are " +
+                              ((*seg)->header().cuda ? "CUDA" : "host") + " memory, this rank receives into " +
+                              options.device.to_string());
+    if (cuda) {
+      auto s = cuda_reader_slots((*seg)->header(), options.device);
+      if (!s.ok()) return s.status().with_context(where);
+      slots = std::move(*s);
+    } else {
+      slots = host_slots(**seg);
+    }
+  }
+  return std::unique_ptr<Communicator>(new ShmCommunicator(options, std::move(*seg), std::move(slots)));
 }
 
 }  // namespace paramcast::shm_backend

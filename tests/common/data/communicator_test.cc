@@ -209,6 +209,28 @@ TEST_P(CommunicatorTest, AbortOnOneRankFailsEveryBlockedRankWithinASecond) {
   }
 }
 
+// The shm plane on CUDA memory (engines on the trainer's GPU): the slots are
+// the root's device memory, opened by each reader through CUDA IPC.
+TEST(ShmOnCudaTest, FourRanksOnOneGpuBroadcastBitExact) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device on this machine (GPU tests run in tests/gpu/run.sh)";
+  const std::string dir = test::make_temp_dir("paramcast-dp");
+  auto bootstrap = mint_bootstrap(Backend::kShm, 1);
+  ASSERT_TRUE(bootstrap.ok());
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.push_back(Process::start(test::binary("dataplane_rank"),
+                                   {"--backend", "shm", "--rank", std::to_string(r), "--world", "4", "--store", dir,
+                                    "--bootstrap", hex(*bootstrap), "--device", "cuda:0", "--sizes",
+                                    "0,1,4097,67108864", "--repeat", "3", "--timeout-ms", "60000"}));
+  for (auto& p : ranks) {
+    auto code = p->wait_for(std::chrono::seconds(240));
+    ASSERT_TRUE(code.has_value()) << "rank hung; output:\n" << p->output();
+    EXPECT_EQ(*code, 0) << p->output();
+    EXPECT_NE(p->output().find("all broadcasts verified"), std::string::npos) << p->output();
+  }
+  test::remove_tree(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CommunicatorTest, ::testing::Values(Backend::kGloo, Backend::kNccl, Backend::kShm),
                          [](const auto& info) { return std::string(backend_name(info.param)); });
 
