@@ -61,6 +61,17 @@ TEST_F(BucketPipelineTest, EveryLandingModeIsBitExact) {
   EXPECT_GT(staging_peak(ranks[0].second), 0u) << ranks[0].second;
 }
 
+// The same over the shm plane (engines beside the trainer): every landing
+// mode reads the publisher's memory, bit-exact.
+TEST_F(BucketPipelineTest, EveryLandingModeIsBitExactOverShm) {
+  auto ranks = run(4, {"--backend", "shm", "--checksum"});
+  for (size_t r = 0; r < ranks.size(); ++r) EXPECT_EQ(ranks[r].first, 0) << "rank " << r << ":\n" << ranks[r].second;
+  EXPECT_NE(ranks[1].second.find("verified 62 tensors"), std::string::npos) << ranks[1].second;
+  EXPECT_NE(ranks[2].second.find("(callback)"), std::string::npos) << ranks[2].second;
+  EXPECT_NE(ranks[3].second.find("(in place)"), std::string::npos) << ranks[3].second;
+  for (const auto& [code, out] : ranks) EXPECT_NE(out.find("backend shm"), std::string::npos) << out;
+}
+
 TEST_F(BucketPipelineTest, SenderInPlaceWhenItsTensorsLieInBucketLayout) {
   auto ranks = run(4, {"--root-layout", "arena", "--checksum"});
   for (size_t r = 0; r < ranks.size(); ++r) EXPECT_EQ(ranks[r].first, 0) << "rank " << r << ":\n" << ranks[r].second;

@@ -77,8 +77,22 @@ int main(int argc, char** argv) {
   g.init_timeout = std::chrono::seconds(60);
   if (g.world_size < 2 || f.get("store").empty()) return fail(g.rank, "usage: --rank R --world W --store DIR --prefix P", 2);
   FileStore store(f.get("store"));
+  if (f.get("backend") == "shm") {  // rank 0 mints the shm plane's bootstrap, the others read it
+    g.backend = Backend::kShm;
+    g.shm_slot_bytes = 64 << 10;  // many chunks per bucket: the ring wraps within every broadcast
+    const std::string key = f.get("prefix") + "/shm-bootstrap";
+    if (g.rank == 0) {
+      g.bootstrap = mint_bootstrap(Backend::kShm, 1).value();
+      if (!store.set(key, g.bootstrap).ok()) return fail(g.rank, "cannot write the shm bootstrap", 3);
+    } else {
+      auto b = store.get(key, std::chrono::seconds(60));
+      if (!b.ok()) return fail(g.rank, b.status().to_string(), 3);
+      g.bootstrap = *b;
+    }
+  }
   auto comm = create_communicator(g, store);
   if (!comm.ok()) return fail(g.rank, comm.status().to_string(), 3);
+  std::printf("rank %d: backend %s\n", g.rank, backend_name(g.backend));
   auto mem = create_device_memory(Device::cpu()).value();
   DataPlaneOptions opts = layout();
   opts.checksum = f.has("checksum") ? Checksum::kXxh64 : Checksum::kNone;
