@@ -1,5 +1,6 @@
 #include "common/data/split_communicator.h"
 
+#include <functional>
 #include <future>
 
 #include "common/data/gloo/gloo_factory.h"
@@ -30,18 +31,24 @@ struct Plane {
   }
 };
 
+// The root's broadcast on both planes: the first failure aborts the other
+// plane (its broadcast must not go on alone), then both are waited out.
 class BothWork : public Work {
  public:
-  BothWork(std::shared_ptr<Work> a, std::shared_ptr<Work> b) : a_(std::move(a)), b_(std::move(b)) {}
+  BothWork(std::shared_ptr<Work> a, std::shared_ptr<Work> b, std::function<void(const std::string&)> abort)
+      : a_(std::move(a)), b_(std::move(b)), abort_(std::move(abort)) {}
   Status wait(Deadline deadline) override {
     Status sa = a_->wait(deadline);
+    if (!sa.ok()) abort_(sa.message());
     Status sb = b_->wait(deadline);
+    if (!sb.ok() && sa.ok()) abort_(sb.message());
     return !sa.ok() ? sa : sb;
   }
   bool settled() override { return a_->settled() && b_->settled(); }
 
  private:
   std::shared_ptr<Work> a_, b_;
+  std::function<void(const std::string&)> abort_;
 };
 
 class SplitCommunicator : public Communicator {
@@ -51,8 +58,9 @@ class SplitCommunicator : public Communicator {
       : options_(options), remote_(std::move(remote)), shm_(std::move(shm)), backend_(std::move(backend)) {}
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
-    if (shm_ && backend_) return std::make_shared<BothWork>(shm_->broadcast(data, bytes, root),
-                                                            backend_->broadcast(data, bytes, root));
+    if (shm_ && backend_)
+      return std::make_shared<BothWork>(shm_->broadcast(data, bytes, root), backend_->broadcast(data, bytes, root),
+                                        [this](const std::string& why) { abort(why); });
     return (shm_ ? shm_ : backend_)->broadcast(data, bytes, root);
   }
   Status order_after(void* stream) override { return backend_ ? backend_->order_after(stream) : Status(); }

@@ -194,16 +194,16 @@ void GroupHost::choose_local(const std::vector<std::string>& members) {
     any = any || local[i + 1];
   }
   if (!any) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    int next = 1;
-    for (size_t i = 0; i < members.size(); ++i) plane_rank_[members[i]] = local[i + 1] ? -1 : next++;
-  }
   auto b = mint_bootstrap(Backend::kShm, epoch_);
   if (!b.ok()) {
     PC_WARN("publisher: no shm plane this epoch (every member over " << backend_name(cfg_.data_plane.backend)
                                                                      << "): " << b.status().message());
     return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int next = 1;
+    for (size_t i = 0; i < members.size(); ++i) plane_rank_[members[i]] = local[i + 1] ? -1 : next++;
   }
   local_ = std::move(local);
   local_bootstrap_ = std::move(*b);
@@ -223,9 +223,10 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   go.op_timeout = cfg_.publisher.update_timeout;
   go.stall_timeout = cfg_.data_plane.stall_timeout;
   go.local = local_;
-  go.local_bootstrap = local_bootstrap_;
   for (size_t i = 0; i < members.size(); ++i) {
     go.rank = static_cast<int>(i + 1);
+    // The shm plane's secret goes to the members that read it, nobody else.
+    go.local_bootstrap = !local_.empty() && local_[i + 1] ? local_bootstrap_ : std::string();
     server_.send(members[i], control::make_message(epoch, server_.incarnation(), [&](auto b) {
                    fill_join_group(b.initJoinGroup(), go, names);
                  }));

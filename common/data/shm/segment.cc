@@ -101,12 +101,18 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
                                                  const std::function<Status(ShmHeader&)>& prepare) {
   if (world < 1 || world > kMaxRanks) return invalid_argument("shm group of " + std::to_string(world) + " ranks");
   const size_t bytes = kHeaderBytes + (host_slots ? kSlots * slot_bytes : 0);
-  Fd mem(memfd_create("paramcast-shm", MFD_CLOEXEC));
+  if (slot_bytes < 4096 || slot_bytes > kMaxSlotBytes || slot_bytes % 4096)
+    return invalid_argument("shm slots of " + std::to_string(slot_bytes) + " bytes");
+  Fd mem(memfd_create("paramcast-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (mem.get() < 0) return internal_error(errno_text("memfd_create"));
   if (ftruncate(mem.get(), static_cast<off_t>(bytes)) != 0) return unavailable(errno_text("ftruncate of the shm segment"));
+  // Its size is fixed for good: a reader cannot shrink it under the root (SIGBUS).
+  if (fcntl(mem.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return internal_error(errno_text("sealing the shm segment"));
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0);
   if (p == MAP_FAILED) return unavailable(errno_text("mmap of the shm segment"));
-  std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), bytes));
+  std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), bytes, slot_bytes));
+  seg->peer_pids_.assign(static_cast<size_t>(world), 0);
   auto* h = new (p) ShmHeader{};
   h->magic = kMagic;
   h->layout_version = kLayoutVersion;
@@ -141,7 +147,7 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
     Request req{};
     if (recv(peer.get(), &req, sizeof req, 0) != static_cast<ssize_t>(sizeof req)) continue;
     if (!constant_time_equal(req.secret, reinterpret_cast<const uint8_t*>(b.secret.data()), kSecretBytes)) continue;
-    if (req.rank < 1 || req.rank >= world || attached.count(req.rank)) continue;
+    if (req.rank < 1 || req.rank >= world) continue;  // a rank already attached may retry: it gets the segment again
     char payload = 'S';
     iovec iov{&payload, 1};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -156,7 +162,10 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
     c->cmsg_len = CMSG_LEN(sizeof(int));
     const int fd = mem.get();
     std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(peer.get(), &msg, MSG_NOSIGNAL) == 1) attached.insert(req.rank);
+    if (sendmsg(peer.get(), &msg, MSG_NOSIGNAL) == 1) {
+      attached.insert(req.rank);
+      seg->peer_pids_[static_cast<size_t>(req.rank)] = cred.pid;  // in this pid namespace (0: not visible)
+    }
   }
   if (static_cast<int>(attached.size()) < world - 1) {
     std::string missing;
@@ -171,19 +180,33 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
   return seg;
 }
 
-StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank, std::chrono::milliseconds timeout) {
+StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank, int world,
+                                                   std::chrono::milliseconds timeout) {
+  if (rank < 1 || rank >= world || world > kMaxRanks)
+    return invalid_argument("shm reader rank " + std::to_string(rank) + " of " + std::to_string(world));
   const auto deadline = Clock::now() + timeout;
   socklen_t len;
   sockaddr_un addr = address_of(b.name, len);
   std::string last = "no attempt";
   while (Clock::now() < deadline) {
-    Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    // Non-blocking: a full backlog must not hold this reader past its deadline.
+    Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (s.get() < 0) return internal_error(errno_text("socket"));
     if (connect(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-      last = errno_text("connect");  // the root is not listening yet
+      last = errno_text("connect");  // the root is not listening yet, or its backlog is full
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
+    // The peer must be the same user as this reader: the secret goes to nobody else.
+    ucred server{};
+    socklen_t slen = sizeof server;
+    if (getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &server, &slen) != 0 || server.uid != getuid()) {
+      last = "the socket's owner is another user";
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    const int flags = fcntl(s.get(), F_GETFL);
+    fcntl(s.get(), F_SETFL, flags & ~O_NONBLOCK);
     Request req{};
     std::memcpy(req.secret, b.secret.data(), kSecretBytes);
     req.rank = rank;
@@ -191,7 +214,10 @@ StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank,
       last = errno_text("send");
       continue;
     }
-    timeval tv{1, 0};
+    // Up to the deadline: the root serves readers one at a time.
+    const auto left = std::max<long long>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    timeval tv{static_cast<time_t>(left / 1000), static_cast<suseconds_t>((left % 1000) * 1000)};
     setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char payload = 0;
     iovec iov{&payload, 1};
@@ -217,13 +243,18 @@ StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank,
       return protocol_error("shm segment of " + std::to_string(st.st_size) + " bytes");
     void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0);
     if (p == MAP_FAILED) return unavailable(errno_text("mmap of the shm segment"));
-    std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), static_cast<size_t>(st.st_size)));
-    const ShmHeader& h = seg->header();
-    if (h.magic != kMagic || h.layout_version != kLayoutVersion || h.slots != kSlots ||
-        kHeaderBytes + (h.cuda ? 0 : kSlots * h.slot_bytes) != static_cast<uint64_t>(st.st_size) ||
-        rank >= static_cast<int>(h.world))
+    const ShmHeader& h = *static_cast<const ShmHeader*>(p);
+    const uint64_t slot_bytes = h.slot_bytes;
+    const bool ok = h.magic == kMagic && h.layout_version == kLayoutVersion && h.slots == kSlots &&
+                    h.world == static_cast<uint32_t>(world) && h.cuda <= 1 && slot_bytes >= 4096 &&
+                    slot_bytes <= kMaxSlotBytes && slot_bytes % 4096 == 0 &&
+                    kHeaderBytes + (h.cuda ? 0 : kSlots * slot_bytes) == static_cast<uint64_t>(st.st_size);
+    std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), static_cast<size_t>(st.st_size), slot_bytes));
+    if (!ok)
       return protocol_error("shm segment: unexpected layout (version " + std::to_string(h.layout_version) + ", " +
-                            std::to_string(h.world) + " ranks)");
+                            std::to_string(h.world) + " ranks, this group has " + std::to_string(world) +
+                            ", slots of " + std::to_string(slot_bytes) + " bytes)");
+    seg->peer_pids_.assign(1, server.pid);  // the root, in this pid namespace
     seg->header().pid[rank].store(getpid());
     return seg;
   }

@@ -35,6 +35,7 @@ inline constexpr uint32_t kLayoutVersion = 1;
 inline constexpr int kSlots = 2;
 inline constexpr int kMaxRanks = 1024;
 inline constexpr uint64_t kHeaderBytes = 64 << 10;
+inline constexpr uint64_t kMaxSlotBytes = 1ull << 30;
 
 // The shared header. Atomics in shared memory: lock-free 32/64-bit words
 // (std::atomic of those sizes is address-free on the platforms we build for).
@@ -46,11 +47,14 @@ struct ShmHeader {
   uint64_t slot_bytes;
   std::atomic<uint32_t> futex;       // bumped after every change a waiter may wait for
   std::atomic<uint32_t> abort_word;  // 0, or (kind << 24) | (blamed rank + 1)
+  std::atomic<uint32_t> closed;      // 1: the root's communicator is gone (its readers stop waiting)
   std::atomic<uint64_t> published;   // chunks the root has written
   uint64_t slot_len[kSlots];         // bytes of the chunk a slot holds (written before `published`)
+  uint64_t slot_op[kSlots];          // which broadcast (counted from 1) the chunk belongs to
+  uint64_t slot_offset[kSlots];      // and where in it: readers check both against their own
   uint32_t cuda;                     // 1: the slots are CUDA memory, shared by the IPC handles below
   uint8_t ipc[kSlots][64];           // cudaIpcMemHandle_t of each slot (cuda)
-  std::atomic<int32_t> pid[kMaxRanks];        // each rank's pid once attached (0 before)
+  std::atomic<int32_t> pid[kMaxRanks];        // each rank's pid as it says (diagnostics only: never trusted)
   std::atomic<uint64_t> consumed[kMaxRanks];  // chunks each reader has copied out
 };
 static_assert(sizeof(ShmHeader) <= kHeaderBytes, "ShmHeader must fit its 64 KiB");
@@ -78,15 +82,27 @@ class Segment {
                                                  const std::function<Status(ShmHeader&)>& prepare);
   // Reader `rank`: connects (the root may not listen yet: retried until
   // `timeout`), receives the descriptor and maps the segment.
-  static StatusOr<std::unique_ptr<Segment>> attach(const Bootstrap& b, int rank, std::chrono::milliseconds timeout);
+  static StatusOr<std::unique_ptr<Segment>> attach(const Bootstrap& b, int rank, int world,
+                                                   std::chrono::milliseconds timeout);
 
   ShmHeader& header() const { return *reinterpret_cast<ShmHeader*>(base_); }
-  uint8_t* slot(uint64_t chunk) const { return base_ + kHeaderBytes + (chunk % kSlots) * header().slot_bytes; }
+  // The slot size as this process validated it (never re-read from the
+  // shared header, which any reader could overwrite).
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint8_t* slot(uint64_t chunk) const { return base_ + kHeaderBytes + (chunk % kSlots) * slot_bytes_; }
+  // A peer's pid as the kernel gave it (SO_PEERCRED, in this process's pid
+  // namespace; 0 when it is not visible there): the root knows each
+  // reader's, a reader the root's (rank 0).
+  int32_t peer_pid(int rank) const {
+    return rank >= 0 && rank < static_cast<int>(peer_pids_.size()) ? peer_pids_[rank] : 0;
+  }
 
  private:
-  Segment(uint8_t* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  Segment(uint8_t* base, size_t bytes, uint64_t slot_bytes) : base_(base), bytes_(bytes), slot_bytes_(slot_bytes) {}
   uint8_t* base_;
   size_t bytes_;
+  uint64_t slot_bytes_;
+  std::vector<int32_t> peer_pids_;
 };
 
 }  // namespace paramcast::shm_backend

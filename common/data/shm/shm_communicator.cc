@@ -104,10 +104,13 @@ class ShmCommunicator : public Communicator {
   ~ShmCommunicator() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // An operation queued or running: the peers must not wait for it.
-      if ((busy_ || !queue_.empty()) && error_.ok()) fail_locked(aborted("communicator destroyed"), kFailed, options_.rank);
+      // An operation queued, running or being delivered: the peers must not wait for it.
+      if ((busy_ || !queue_.empty() || !deliveries_.empty()) && error_.ok())
+        fail_locked(aborted("communicator destroyed"), kFailed, options_.rank);
       stop_ = true;
     }
+    // Readers waiting for a chunk that will never come stop at once.
+    if (options_.rank == 0) h_.closed.store(1, std::memory_order_release);
     cv_.notify_all();
     bump();
     runner_.join();
@@ -206,7 +209,8 @@ class ShmCommunicator : public Communicator {
     queue_.clear();
     for (auto& d : deliveries_) d.state->complete(error_);
     deliveries_.clear();
-    if (current_) current_->complete(error_);
+    // The running operation is completed by the runner once it let go of
+    // its buffer (a copy in flight must not outlive its Work).
   }
   void fail(Status s, AbortKind kind, int blamed) {
     {
@@ -244,6 +248,10 @@ class ShmCommunicator : public Communicator {
         std::lock_guard<std::mutex> lock(mu_);
         if (error_.ok()) check_peers_locked();
         if (!error_.ok() || stop_) return false;
+        if (!readers && h_.closed.load(std::memory_order_acquire)) {
+          fail_locked(aborted("shm data plane: the publisher closed the group"), kFailed, 0, false);
+          return false;
+        }
       }
       const auto now = Clock::now();
       if (now >= deadline) {
@@ -255,7 +263,7 @@ class ShmCommunicator : public Communicator {
       if (now >= next_liveness) {
         next_liveness = now + kLivenessEvery;
         for (int r = readers ? 1 : 0; r < (readers ? options_.world_size : 1); ++r)
-          if (!alive(h_.pid[r].load())) {
+          if (!alive(seg_->peer_pid(r))) {
             fail(peer_lost("shm data plane: " + who(r) + " is gone (its process exited)"), kGone, r);
             return false;
           }
@@ -326,11 +334,16 @@ class ShmCommunicator : public Communicator {
           cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         }
         if (stop_) return;
-        if (queue_.empty()) {  // root: only deliveries to wait for
-          const uint64_t end = deliveries_.back().end;
+        if (queue_.empty()) {  // root: only deliveries to wait for, until the next operation
           const Deadline deadline = deliveries_deadline_;
           lock.unlock();
-          if (wait_for([&] { return min_consumed() >= end; }, deadline, true)) deliver_done();
+          wait_for(
+              [&] {
+                deliver_done();
+                std::lock_guard<std::mutex> l(mu_);
+                return deliveries_.empty() || !queue_.empty() || stop_;
+              },
+              deadline, true);
           continue;
         }
         op = queue_.front();
@@ -342,14 +355,18 @@ class ShmCommunicator : public Communicator {
       std::lock_guard<std::mutex> lock(mu_);
       current_.reset();
       busy_ = false;
-      if (!ok) continue;
+      if (!ok) {
+        op.state->complete(error_.ok() ? aborted("communicator stopped") : error_);
+        continue;
+      }
       if (!root) op.state->complete(Status());
     }
   }
 
   // Root: copies op's chunks into the ring as slots free up.
   bool send(const Op& op) {
-    const uint64_t slot = h_.slot_bytes;
+    const uint64_t slot = seg_->slot_bytes();
+    ++op_seq_;
     for (size_t off = 0; off < op.bytes; off += slot) {
       const uint64_t c = next_chunk_;
       const uint64_t need = c >= kSlots ? c - kSlots + 1 : 0;  // chunk c - kSlots consumed by every reader
@@ -362,6 +379,8 @@ class ShmCommunicator : public Communicator {
         return false;
       }
       h_.slot_len[c % kSlots] = len;
+      h_.slot_op[c % kSlots] = op_seq_;
+      h_.slot_offset[c % kSlots] = off;
       h_.published.store(c + 1, std::memory_order_release);
       next_chunk_ = c + 1;
       bump();
@@ -376,17 +395,21 @@ class ShmCommunicator : public Communicator {
 
   // Reader: copies op's chunks out of the ring as they are published.
   bool receive(const Op& op) {
-    const uint64_t slot = h_.slot_bytes;
+    const uint64_t slot = seg_->slot_bytes();
+    ++op_seq_;
     const int me = options_.rank;
     for (size_t off = 0; off < op.bytes; off += slot) {
       const uint64_t c = next_chunk_;
       if (!wait_for([&] { return h_.published.load(std::memory_order_acquire) >= c + 1; }, op.deadline, false))
         return false;
       const size_t len = std::min<uint64_t>(slot, op.bytes - off);
-      if (h_.slot_len[c % kSlots] != len) {
-        fail(protocol_error("shm data plane: chunk " + std::to_string(c) + " holds " +
-                            std::to_string(h_.slot_len[c % kSlots]) + " bytes, this rank expected " +
-                            std::to_string(len) + " (the ranks' broadcasts differ)"),
+      const uint64_t got_len = h_.slot_len[c % kSlots], got_op = h_.slot_op[c % kSlots],
+                     got_off = h_.slot_offset[c % kSlots];
+      if (got_len != len || got_op != op_seq_ || got_off != off) {
+        fail(protocol_error("shm data plane: chunk " + std::to_string(c) + " is " + std::to_string(got_len) +
+                            " bytes at " + std::to_string(got_off) + " of broadcast #" + std::to_string(got_op) +
+                            ", this rank expected " + std::to_string(len) + " bytes at " + std::to_string(off) +
+                            " of broadcast #" + std::to_string(op_seq_) + " (the ranks' broadcasts differ)"),
              kFailed, me);
         return false;
       }
@@ -415,6 +438,7 @@ class ShmCommunicator : public Communicator {
   bool busy_ = false;
   bool stop_ = false;
   uint64_t next_chunk_ = 0;  // runner only
+  uint64_t op_seq_ = 0;      // runner only: broadcasts with bytes, counted from 1
   std::thread runner_;
 };
 
@@ -451,7 +475,7 @@ StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Stor
                                    slots = std::move(*s);
                                    return Status();
                                  })
-                 : Segment::attach(*b, options.rank, options.init_timeout);
+                 : Segment::attach(*b, options.rank, options.world_size, options.init_timeout);
   if (!seg.ok()) return seg.status().with_context(where);
   if (!slots) {
     if ((*seg)->header().cuda != static_cast<uint32_t>(cuda))
