@@ -76,7 +76,7 @@ echo "== pack $pack; NCCL from ${nccl_dir:-nowhere (NCCL stages will fail)}; log
 
 summary=()
 failed=0
-known="gpu_info data_pieces cuda_memory gloo_suite nccl_suite gpu_bench bench_nccl_separate bench_nccl_arena python"
+known="gpu_info data_pieces cuda_memory gloo_suite nccl_suite shm_cuda gpu_bench bench_nccl_separate bench_nccl_arena python"
 for name in ${STAGES:-}; do
   if [[ " $known " != *" $name "* ]]; then echo "run.sh: STAGES names '$name'; the stages are: $known" >&2; exit 2; fi
 done
@@ -116,6 +116,8 @@ stage data_pieces 60 "$bin/data_pieces_test"
 stage cuda_memory 90 "$bin/cuda_memory_test"
 stage gloo_suite 60 "$bin/communicator_test" --gtest_filter='*/gloo'
 stage nccl_suite 120 "$bin/communicator_test" --gtest_filter='*/nccl' --gtest_repeat="${NCCL_REPEAT:-1}"
+# The shm plane on CUDA memory: engines on the trainer's GPU through CUDA IPC.
+stage shm_cuda 90 "$bin/communicator_test" --gtest_filter='ShmOnCudaTest.*:*/shm'
 stage gpu_bench 60 "$bin/paramcast-gpu-bench" --size 256MiB --repeats 10 --json "$out/gpu_bench.json"
 for layout in separate arena; do
   stage "bench_nccl_$layout" 90 "$bin/paramcast-bench" --backend nccl --world 8 --gpus "$(( gpus > 0 ? gpus : 1 ))" \
