@@ -31,6 +31,7 @@ class Publisher:
         self.config = load_config(config)
         self._core = _core.Publisher(self.config)
         self._lock = threading.Lock()
+        self._stream_thread = None  # the thread whose open stream holds _lock
         self._inflight = None  # the handle of an update interrupted by Ctrl-C
         self.interrupted_result = None
         self._members = {}
@@ -62,6 +63,7 @@ class Publisher:
         the next call waits for it first (its result is then in
         ``interrupted_result``).
         """
+        self._not_inside_a_stream("weight_update")
         with self._lock:
             self._finish_interrupted()
             handle = self._submit(named_tensors, version, partial)
@@ -89,6 +91,7 @@ class Publisher:
         engines dirty at its version until the next one.
         """
         entries = make_manifest(manifest)
+        self._not_inside_a_stream("stream")
         self._lock.acquire()
         try:
             self._finish_interrupted()
@@ -96,6 +99,7 @@ class Publisher:
         except BaseException:
             self._lock.release()
             raise
+        self._stream_thread = threading.get_ident()
         return Stream(self, core)
 
     def weight_update_async(self, named_tensors, version=None):
@@ -103,6 +107,7 @@ class Publisher:
 
         The tensors must not change until the future is done.
         """
+        self._not_inside_a_stream("weight_update_async")
         with self._lock:
             self._finish_interrupted()
             handle = self._submit(named_tensors, version)
@@ -167,6 +172,12 @@ class Publisher:
             items.append((name, obj, dtype, s))
         return self._core.submit(items, version, stream or 0, partial)
 
+    def _not_inside_a_stream(self, what):
+        # Waiting for the update lock that this thread's own open stream holds would never end.
+        if self._stream_thread == threading.get_ident():
+            raise RuntimeError(f"{what}: a streamed update is open on this thread (leave its block, or "
+                               "finish or abort it, first)")
+
     def _finish_interrupted(self):
         if self._inflight is not None:
             self.interrupted_result = _wait(self._inflight)
@@ -219,6 +230,7 @@ class Stream:
 
     def _release(self):
         if self._publisher is not None:
+            self._publisher._stream_thread = None
             self._publisher._lock.release()
             self._publisher = None
 

@@ -84,6 +84,20 @@ def held_everywhere(engines, tensors, version):
             assert got.get(name) == h, f"{e.worker_id}: '{name}' differs from the trainer's"
 
 
+def test_an_update_inside_an_open_stream_fails_at_once_instead_of_waiting_for_itself(small):
+    pub, model, engines = small
+    with pub.stream(paramcast.manifest(model.items())) as u:
+        for call in (lambda: pub.weight_update(model.items()), lambda: pub.stream(model.items()),
+                     lambda: pub.weight_update_async(model.items())):
+            with pytest.raises(RuntimeError, match="a streamed update is open on this thread"):
+                call()
+        for name, t in model.items():
+            u.send(name, t)
+    assert u.result.ok
+    held_everywhere(engines, model, u.result.version)
+    assert pub.weight_update(model.items()).ok  # the lock was released with the stream
+
+
 def test_out_of_order_stream_is_bit_exact_and_frees_each_tensor(small):
     pub, model, engines = small
     for step in range(2):
