@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -344,6 +345,31 @@ void parse_logging(const Loader& L, const YAML::Node& n, const std::string& p, C
                                                 {"warn", LogLevel::kWarn}, {"error", LogLevel::kError},
                                                 {"off", LogLevel::kOff}});
       }},
+      {"format", [&](N v, P q) {
+        c.log_format = L.choice<LogFormat>(v, q, {{"text", LogFormat::kText}, {"json", LogFormat::kJson}});
+      }},
+    });
+}
+
+void parse_metrics(const Loader& L, const YAML::Node& n, const std::string& p, Config& c) {
+  using N = const YAML::Node&;
+  using P = const std::string&;
+    L.map(n, p, {
+      {"listen", [&](N v, P q) {
+        const std::string s = L.scalar(v, q, "HOST:PORT");
+        const size_t colon = s.rfind(':');
+        std::string host = colon == std::string::npos ? "" : s.substr(0, colon);
+        const std::string port = colon == std::string::npos ? s : s.substr(colon + 1);
+        if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+        char* end = nullptr;
+        const long value = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
+        if (port.empty() || *end != '\0' || value < 0 || value > 65535)
+          L.fail(v, q, "bad value '" + s + "': expected HOST:PORT, :PORT or PORT with a port in [0, 65535]");
+        if (host.find_first_of(" /\t") != std::string::npos || host.size() > 253)
+          L.fail(v, q, "bad value '" + s + "': '" + host + "' is not a host name or address");
+        c.metrics.listen_host = host.empty() ? "127.0.0.1" : host;
+        c.metrics.listen_port = static_cast<int>(value);
+      }},
     });
 }
 
@@ -390,6 +416,7 @@ Config parse(const YAML::Node& root, const std::string& file) {
     {"trainer", [&](N n, P p) { parse_trainer(L, n, p, c); }},
     {"auth", [&](N n, P p) { parse_auth(L, n, p, file, c.auth); }},
     {"logging", [&](N n, P p) { parse_logging(L, n, p, c); }},
+    {"metrics", [&](N n, P p) { parse_metrics(L, n, p, c); }},
   });
   check_cross_fields(L, root, c);
   return c;

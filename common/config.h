@@ -185,6 +185,19 @@ struct AuthOptions {
   std::string status_key;
 };
 
+// Prometheus metrics over HTTP (common/metrics/): the publisher and every
+// subscriber serve their figures in the text format at /metrics.
+struct MetricsOptions {
+  // HOST:PORT to serve on. A bare PORT or ":PORT" means 127.0.0.1 (loopback);
+  // any other address only when written out. Port 0 picks a free port
+  // (Publisher/Subscriber::metrics_endpoint() and the log say which).
+  // Processes that share a config and a host need port 0 or their own
+  // configs. Default: off
+  std::string listen_host;
+  int listen_port = -1;  // -1: off
+  bool enabled() const { return listen_port >= 0; }
+};
+
 // A worker id: 1-64 of [A-Za-z0-9._-], not a reserved name ("publisher").
 bool valid_worker_id(const std::string& id);
 
@@ -196,7 +209,9 @@ struct Config {
   SubscriberOptions subscriber;
   TrainerJobOptions trainer;
   AuthOptions auth;
+  MetricsOptions metrics;
   LogLevel log_level = LogLevel::kInfo;
+  LogFormat log_format = LogFormat::kText;
 
   // Ids of the workers a deployment runs: the listed ids, or worker-1..N.
   std::vector<std::string> worker_ids() const;

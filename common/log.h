@@ -11,6 +11,8 @@
 namespace paramcast {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kOff = 4 };
+// text: "<time> <LEVEL> <line>"; json: one object per line (logging.format).
+enum class LogFormat { kText, kJson };
 
 void set_log_level(LogLevel level);
 LogLevel log_level();

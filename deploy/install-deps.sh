@@ -18,9 +18,12 @@ packages=(
   libyaml-cpp-dev
   libgtest-dev libgmock-dev
   libgloo-dev
+  libcpp-httplib-dev         # metrics.listen: the Prometheus page over HTTP
   clang libclang-rt-14-dev   # libFuzzer and sanitizers for the fuzz target
   python3-dev pybind11-dev   # the paramcast Python package (python/)
   python3-torch python3-numpy python3-pytest   # its tests and examples
+  python3-prometheus-client  # the metrics tests parse the page with it
+  python3-venv python3-pip   # pip install . (tests/python/test_install.py)
 )
 
 missing=()
@@ -54,12 +57,12 @@ install_nccl() {
 # the distribution's: the Python tests run under both (tests/python), and
 # the FSDP2 trainer test needs PyTorch >= 2.6. Pinned to the release the
 # project is tested with.
-current_python_pkgs=("torch==2.13.0" transformers numpy pytest)
+current_python_pkgs=("torch==2.13.0" transformers numpy pytest prometheus-client scikit-build-core pybind11 build)
 install_current_python() {
   local py
   py="$(command -v python3 || true)"
   [ -n "$py" ] && [ "$(readlink -f "$py")" != "$(readlink -f /usr/bin/python3)" ] || return 0
-  "$py" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', 'transformers', 'numpy', 'pytest')))" 2>/dev/null && return 0
+  "$py" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', 'transformers', 'numpy', 'pytest', 'prometheus_client', 'scikit_build_core', 'pybind11', 'build')))" 2>/dev/null && return 0
   echo "install-deps: ${current_python_pkgs[*]} for $py"
   "$py" -m pip install --quiet --disable-pip-version-check "${current_python_pkgs[@]}"
 }

@@ -117,11 +117,12 @@ Status SubscriberImpl::start() {
   group_ = std::make_unique<group::GroupMember>(id_, *client_);
   data_thread_ = std::thread([this] { data_loop(); });
   client_->start();
-  return Status();
+  return start_metrics();
 }
 
 void SubscriberImpl::stop() {
   if (stopping_.exchange(true)) return;
+  metrics_.reset();
   if (receiver_) receiver_->stop();
   group_->on_unavailable("subscriber stopping");
   abort_comm("subscriber stopping");
@@ -577,6 +578,7 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
   auto publish_report = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     reports_.push_back(UpdateReport{plan.version, s, s.ok() ? plan.total_bytes : 0, seconds});
+    counters_.record(s, seconds, s.ok() ? plan.total_bytes : 0, 0);
     cv_.notify_all();
   };
   if (lost_.loses("mute-applied", plan.version)) return publish_report();  // test hook: stuck, silently
@@ -626,6 +628,7 @@ void Subscriber::stop() { impl_->stop(); }
 WeightState Subscriber::state() const { return impl_->state(); }
 uint64_t Subscriber::staging_peak_bytes() const { return impl_->staging_peak(); }
 bool Subscriber::joined() const { return impl_->joined(); }
+std::string Subscriber::metrics_endpoint() const { return impl_->metrics_endpoint(); }
 std::optional<UpdateReport> Subscriber::next_report(std::chrono::milliseconds t) { return impl_->next_report(t); }
 void Subscriber::inject_control_frame(const void* data, size_t size) { impl_->inject(data, size); }
 

@@ -96,6 +96,9 @@ class Subscriber {
   // Peak bytes of staging memory the receive pipeline has held.
   uint64_t staging_peak_bytes() const;
   bool joined() const;  // welcomed by a publisher right now
+  // Where metrics.listen serves this engine's Prometheus page
+  // (http://HOST:PORT/metrics, with the bound port), or empty when off.
+  std::string metrics_endpoint() const;
   // The next finished update (applied or failed), waiting up to `timeout`.
   std::optional<UpdateReport> next_report(std::chrono::milliseconds timeout);
 

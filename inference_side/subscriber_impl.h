@@ -21,6 +21,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/metrics/exposition.h"
+#include "common/metrics/http_server.h"
 #include "common/control/control_client.h"
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
@@ -44,6 +46,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
   WeightState state() const;
   bool joined() const { return client_->joined(); }
   uint64_t staging_peak() const;
+  // metrics.listen (inference_side/subscriber_metrics.cc).
+  std::string metrics_endpoint() const { return metrics_ ? metrics_->url() : std::string(); }
   std::optional<UpdateReport> next_report(std::chrono::milliseconds timeout);
   void inject(const void* data, size_t size);
 
@@ -59,6 +63,10 @@ class SubscriberImpl : public control::ControlClient::Listener {
   control::WeightReport weight_report() override;
 
  private:
+  Status start_metrics();
+  std::string render_metrics() const;
+  metrics::UpdateCounters counters_;  // every update's outcome, for /metrics
+  std::unique_ptr<metrics::MetricsServer> metrics_;
   struct Job {
     enum class Kind { kJoin, kReceive } kind;
     uint64_t epoch = 0;

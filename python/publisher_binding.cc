@@ -100,6 +100,7 @@ class PyPublisher {
   ~PyPublisher() { close(); }
 
   std::string endpoint() const { return pub_ ? pub_->endpoint() : ""; }
+  std::string metrics_endpoint() const { return pub_ ? pub_->metrics_endpoint() : ""; }
 
   void start() {
     Status s;
@@ -273,6 +274,7 @@ void bind_publisher(py::module_& m) {
   py::class_<PyPublisher>(m, "Publisher")
       .def(py::init<const Config&>(), py::arg("config"))
       .def_property_readonly("endpoint", &PyPublisher::endpoint)
+      .def_property_readonly("metrics_endpoint", &PyPublisher::metrics_endpoint)
       .def("start", &PyPublisher::start)
       .def("submit", &PyPublisher::submit, py::arg("items"), py::arg("version"), py::arg("after_stream"),
            py::arg("partial") = false)

@@ -88,6 +88,7 @@ class PySubscriber {
   }
 
   bool joined() const { return live().joined(); }
+  std::string metrics_endpoint() const { return sub_ ? sub_->metrics_endpoint() : ""; }
 
   // The next finished update as (version, error or ""), waiting up to `seconds` without the GIL.
   py::object next_report(double seconds) {
@@ -152,6 +153,7 @@ void bind_subscriber(py::module_& m) {
       .def("stop", &PySubscriber::stop)
       .def("state", &PySubscriber::state)
       .def("joined", &PySubscriber::joined)
+      .def_property_readonly("metrics_endpoint", &PySubscriber::metrics_endpoint)
       .def("next_report", &PySubscriber::next_report, py::arg("seconds"));
 }
 

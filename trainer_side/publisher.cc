@@ -55,6 +55,7 @@ Status PublisherImpl::init() {
       PC_WARN("publisher: delta updates off: " << codec.status().message());
     }
   }
+  PC_RETURN_IF_ERROR(start_metrics());
   PC_RETURN_IF_ERROR(server_.start(this));
   PC_INFO("publisher: listening on " << server_.endpoint() << " (" << backend_name(cfg_.data_plane.backend)
                                      << ", expects " << cfg_.expected_count() << " subscribers)");
@@ -63,6 +64,7 @@ Status PublisherImpl::init() {
 
 void PublisherImpl::shutdown() {
   if (stopped_.exchange(true)) return;
+  metrics_.reset();
   if (sender_) sender_->stop();
   groups_.stop();
   { std::lock_guard<std::mutex> lock(mu_); }
@@ -201,6 +203,7 @@ void PublisherImpl::log_result(const UpdateResult& r) {
   static const char* kModes[] = {"off", "auto", "always"};
   server_.set_delta_figures({kModes[static_cast<int>(cfg_.publisher.delta)], baseline_.bytes(), baseline_.version(),
                              r.bytes, r.wire_bytes});
+  counters_.record(r.status, r.seconds, r.bytes, r.wire_bytes);
   if (!r.ok()) {
     PC_WARN("publisher: update v" << r.version << " failed: " << r.status.to_string());
   } else if (!r.missing.empty()) {
@@ -651,6 +654,7 @@ StatusOr<std::unique_ptr<Publisher>> Publisher::create(const Config& config) {
 }
 
 std::string Publisher::endpoint() const { return impl_->endpoint(); }
+std::string Publisher::metrics_endpoint() const { return impl_->metrics_endpoint(); }
 Status Publisher::start() { return impl_->start(); }
 
 UpdateResult Publisher::weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version) {

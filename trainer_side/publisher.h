@@ -161,6 +161,9 @@ class Publisher {
 
   // The bound control endpoint, with the real port when the config said "*".
   std::string endpoint() const;
+  // Where metrics.listen serves the Prometheus page (http://HOST:PORT/metrics,
+  // with the bound port), or empty when metrics are off.
+  std::string metrics_endpoint() const;
 
   // Waits until the expected subscribers said Hello (join_timeout) and forms
   // the data-plane group.

@@ -31,6 +31,8 @@
 #include "common/delta/baseline.h"
 #include "common/delta/codec.h"
 #include "common/group/group_host.h"
+#include "common/metrics/exposition.h"
+#include "common/metrics/http_server.h"
 #include "common/stream/stream_sender.h"
 #include "common/transfer/bucket_sender.h"
 #include "trainer_side/publisher.h"
@@ -56,6 +58,7 @@ class PublisherImpl : public control::ControlServer::Listener {
 
   Status init();
   std::string endpoint() const { return server_.endpoint(); }
+  std::string metrics_endpoint() const { return metrics_ ? metrics_->url() : std::string(); }
   Status start();
   UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
   // Streamed updates (publisher_stream.cc): the update lock is held from
@@ -81,6 +84,9 @@ class PublisherImpl : public control::ControlServer::Listener {
                                  UpdateResult& r);
   Status check_tensors(const std::vector<TensorView>& tensors) const;
   void log_result(const UpdateResult& r);
+  // metrics.listen: the page /metrics serves (trainer_side/publisher_metrics.cc).
+  Status start_metrics();
+  std::string render_metrics() const;
   MoveState start_move();
   std::function<void(size_t, uint64_t)> checksum_hook(const UpdatePlan& plan, const MoveState& m);
   std::function<void(uint64_t, uint64_t)> progress_hook(const UpdatePlan& plan, MoveState& m);
@@ -151,6 +157,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   // The delta codec for the publisher's memory (made when delta is on);
   // declared before baseline_, whose storage it frees.
   std::unique_ptr<delta::DeltaCodec> codec_;
+  metrics::UpdateCounters counters_;  // every update's outcome, for /metrics
+  std::unique_ptr<metrics::MetricsServer> metrics_;  // stopped first in shutdown()
   delta::Baseline baseline_;  // the last version every member applied (publisher.delta)
   bool baseline_fresh_ = false;  // the update in flight writes the baseline
 };

@@ -174,6 +174,8 @@ void PublisherImpl::stream_abort(StreamState& st, const std::string& why) {
     comm_.reset();
   }
   if (st.status.ok()) st.status = st.r.status = aborted(why);
+  st.r.seconds = std::chrono::duration<double>(Clock::now() - st.t0).count();
+  counters_.record(st.r.status, st.r.seconds, 0, 0);
   release(st);
 }
 

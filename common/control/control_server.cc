@@ -193,6 +193,14 @@ std::optional<Member> ControlServer::member(const std::string& id) const {
   return it->second;
 }
 
+std::vector<Member> ControlServer::members() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Member> rows;
+  rows.reserve(members_.size());
+  for (const auto& [id, m] : members_) rows.push_back(m);
+  return rows;
+}
+
 std::vector<std::string> ControlServer::missing() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> missing;

@@ -168,6 +168,8 @@ class ControlServer {
   // or placeholders for the count not yet present.
   std::vector<std::string> missing() const;
   std::optional<Member> member(const std::string& id) const;
+  // Every row of the membership table (live, lost and departed), as a snapshot.
+  std::vector<Member> members() const;
   uint64_t dropped_frames() const { return dropped_frames_; }
   // Counts a refused frame from `peer` and logs why, a few lines per peer
   // and window (with the number held back); `why` must be printable already.

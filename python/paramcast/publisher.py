@@ -45,6 +45,11 @@ class Publisher:
         """The bound control endpoint, e.g. ``tcp://127.0.0.1:41234``."""
         return self._core.endpoint
 
+    @property
+    def metrics_endpoint(self):
+        """Where ``metrics.listen`` serves the Prometheus page (``http://127.0.0.1:9464/metrics``), or ``""``."""
+        return self._core.metrics_endpoint
+
     def start(self):
         """Waits until the expected subscribers joined (control.join_timeout) and forms the group."""
         self._core.start()

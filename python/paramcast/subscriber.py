@@ -92,6 +92,11 @@ class Subscriber:
         return self._core.state()[3]
 
     @property
+    def metrics_endpoint(self):
+        """Where ``metrics.listen`` serves this engine's Prometheus page, or ``""`` (set once started)."""
+        return self._core.metrics_endpoint
+
+    @property
     def joined(self):
         return self._core.joined()
 
