@@ -16,7 +16,15 @@ enum class LogFormat { kText, kJson };
 
 void set_log_level(LogLevel level);
 LogLevel log_level();
+void set_log_format(LogFormat format);
+// Lines a subscriber writes start with its worker id ("worker-3: ..."):
+// the json format puts that id in the "worker" field. Subscribers register
+// their ids here when they are created.
+void note_log_worker(const std::string& worker_id);
 void log_line(LogLevel level, const std::string& line);
+// One line as the json format writes it (without the newline), for tests:
+// {"time":"2026-11-25T16:01:37.123Z","level":"warn","component":"subscriber","worker":"worker-3","message":"..."}
+std::string json_log_line(LogLevel level, long long unix_ms, const std::string& line);
 
 }  // namespace paramcast
 

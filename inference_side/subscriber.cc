@@ -616,6 +616,7 @@ Subscriber::~Subscriber() { impl_->stop(); }
 
 StatusOr<std::unique_ptr<Subscriber>> Subscriber::create(const Config& config, const std::string& worker_id) {
   if (worker_id.empty()) return invalid_argument("worker id is empty");
+  note_log_worker(worker_id);
   return std::unique_ptr<Subscriber>(new Subscriber(std::make_unique<SubscriberImpl>(config, worker_id)));
 }
 

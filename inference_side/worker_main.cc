@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
   const std::string mode = flags.get("mode", "registered");
   const int updates = flags.has("updates") ? std::atoi(flags.get("updates").c_str()) : config.trainer.updates;
   set_log_level(config.log_level);
+  set_log_format(config.log_format);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
 

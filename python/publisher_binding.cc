@@ -92,7 +92,8 @@ class PyUpdate {
 class PyPublisher {
  public:
   explicit PyPublisher(const Config& config) : device_(config.publisher.device) {
-    set_log_level(config.log_level);  // logging.level: the process's, as in the tools
+    set_log_level(config.log_level);
+    set_log_format(config.log_format);  // logging.level: the process's, as in the tools
     auto p = Publisher::create(config);
     if (!p.ok()) throw_status(p.status());
     pub_ = std::move(p.value());

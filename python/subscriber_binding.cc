@@ -31,7 +31,8 @@ class PySubscriber {
  public:
   PySubscriber(const Config& config, const std::string& worker_id)
       : device_(config.device_for_worker(worker_id)), cb_(std::make_shared<Callbacks>()) {
-    set_log_level(config.log_level);  // logging.level: the process's, as in the tools
+    set_log_level(config.log_level);
+    set_log_format(config.log_format);  // logging.level: the process's, as in the tools
     auto s = Subscriber::create(config, worker_id);
     if (!s.ok()) throw_status(s.status());
     sub_ = std::move(s.value());

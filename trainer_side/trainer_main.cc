@@ -226,6 +226,7 @@ int main(int argc, char** argv) {
   Config config = *loaded;
   if (flags.has("updates")) config.trainer.updates = std::max(1, std::atoi(flags.get("updates").c_str()));
   set_log_level(config.log_level);
+  set_log_format(config.log_format);
 
   auto pub = Publisher::create(config);
   if (!pub.ok()) return fail(pub.status());

@@ -197,3 +197,40 @@ def test_metrics_are_off_unless_configured():
         assert pub.metrics_endpoint == ""
     finally:
         pub.close()
+
+
+JSON_LOG_SCRIPT = r"""
+import sys, torch, paramcast
+sys.path[:0] = [sys.argv[1]]
+from cluster import config_dict
+cfg = config_dict(subscribers=1)
+cfg["logging"] = {"level": "info", "format": "json"}
+pub = paramcast.Publisher(cfg)
+sub = paramcast.Subscriber(dict(cfg, control={**cfg["control"], "endpoint": pub.endpoint}), "engine-1")
+sub.register({"w": torch.zeros(8)})
+sub.start()
+pub.start()
+pub.weight_update({"w": torch.ones(8)}, version=1)
+sub.stop()
+pub.close()
+"""
+
+
+def test_json_logs_are_one_object_per_line():
+    import json
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", JSON_LOG_SCRIPT, here], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, "no log lines"
+    records = []
+    for line in lines:
+        record = json.loads(line)  # every line, not just most
+        assert {"time", "level", "component", "message"} <= record.keys(), record
+        assert record["time"].endswith("Z") and record["level"] in ("debug", "info", "warn", "error")
+        records.append(record)
+    assert any(r["component"] == "publisher" for r in records), records
+    assert any(r.get("worker") == "engine-1" and r["component"] == "subscriber" for r in records), records
