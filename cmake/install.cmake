@@ -13,6 +13,9 @@
 # needs none of their headers or CMake packages. In the source tree the
 # headers include each other as "common/x.h"; the installed copies say
 # "paramcast/common/x.h", so that P/include is the only include directory.
+if(SKBUILD)
+  return()   # pip installs the Python package only (python/CMakeLists.txt)
+endif()
 if(PARAMCAST_SANITIZE)
   # What is installed is the regular build; a sanitized shared library would
   # need the sanitizer runtime in every program that loads it.

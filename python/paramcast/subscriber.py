@@ -6,7 +6,7 @@ from . import _core
 from . import _lifetime
 from ._config import load_config
 from ._tensors import _torch_module, for_dlpack, named_items, to_framework
-from .errors import DeadlineExceeded
+from .errors import DeadlineExceeded, Error
 
 _SLICE_SECONDS = 0.05
 
@@ -100,12 +100,13 @@ class Subscriber:
     def joined(self):
         return self._core.joined()
 
-    def wait_for_version(self, version, timeout=None):
+    def wait_for_version(self, version, timeout=None, raise_on_failure=False):
         """Waits until version ``version`` (or a later one) is applied; returns the version held.
 
         Raises paramcast.DeadlineExceeded (a TimeoutError) after ``timeout`` seconds, naming the state and the
-        last failed update. The GIL is released while waiting; Ctrl-C raises
-        KeyboardInterrupt within a fraction of a second.
+        last failed update. With ``raise_on_failure``, an update of ``version`` or later that fails on
+        this engine raises :class:`paramcast.Error` at once, with its error. The GIL is released while
+        waiting; Ctrl-C raises KeyboardInterrupt within a fraction of a second.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -121,6 +122,8 @@ class Subscriber:
             report = self._core.next_report(left)
             if report is not None and report[1]:
                 self._last_failure = f"v{report[0]}: {report[1]}"
+                if raise_on_failure and report[0] >= version:
+                    raise Error(f"{self.worker_id}: update v{report[0]} failed here: {report[1]}")
 
     def __enter__(self):
         return self
