@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import threading
 
+import example_env  # noqa: F401 - names a missing PyTorch or paramcast first
 import torch
 
 import paramcast

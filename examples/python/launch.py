@@ -4,7 +4,8 @@
 
 Engine 1 fuses q/k/v on load (load_weights); the others register their
 parameters in place. At the end every engine's logits must equal the
-trainer's, bit for bit. Finds the paramcast package in build/python.
+trainer's, bit for bit. Uses the paramcast package installed for this Python
+(pip install .), or else the one built in build/python (example_env.py).
 """
 
 import argparse
@@ -14,7 +15,6 @@ import threading
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def main():
@@ -24,16 +24,14 @@ def main():
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.join(ROOT, "build", "python"), HERE,
-                                                    env.get("PYTHONPATH", "")] if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [HERE, env.get("PYTHONPATH", "")] if p)
     common = ["--dtype", args.dtype]
     trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "trainer.py"), "--engines", str(args.engines),
                                 "--steps", str(args.steps)] + common, env=env, stdout=subprocess.PIPE, text=True)
     first = trainer.stdout.readline().split()
     if len(first) != 2 or first[0] != "endpoint":
         trainer.wait()
-        sys.exit(f"launch: the trainer did not start (exit code {trainer.returncode}); "
-                 "is ParamCast built (bash deploy/build.sh)?")
+        sys.exit(f"launch: the trainer did not start (exit code {trainer.returncode}); its error is above")
     engines = []
     for i in range(1, args.engines + 1):
         cmd = [sys.executable, os.path.join(HERE, "engine.py"), "--endpoint", first[1], "--id", f"engine-{i}",

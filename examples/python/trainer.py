@@ -9,6 +9,7 @@ step, and finally "logits <sha256>" of its logits on a fixed prompt.
 import argparse
 import hashlib
 
+import example_env  # noqa: F401 - names a missing PyTorch or paramcast first
 import torch
 
 import paramcast

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A Python user's path, on both interpreters the project supports:
+#   1. the python3 on PATH (pyenv's, with a current PyTorch): `python3 -m build --wheel`, then the wheel
+#      installed into a venv that sees that PyTorch;
+#   2. Debian's /usr/bin/python3 (PyTorch 1.13): `pip install <repo>` into a venv that sees it;
+#   3. a venv with no PyTorch at all: the example says PyTorch is missing, in so many words.
+# In each venv, from a directory outside the checkout: `import paramcast` comes from the venv, a
+# publisher and an engine move a verified update, the tools are on the venv's PATH, and the example
+# trainer finds the installed package (never build/python: it is not on the path here).
+#   install_test.sh SOURCE_DIR WORK_DIR
+set -euo pipefail
+src="$1"; work="$2"
+rm -rf "$work"; mkdir -p "$work/run"
+cd "$work/run"   # nothing of the checkout on sys.path
+
+check_venv() {  # $1: venv; $2: the torch version it must see (a prefix)
+  local py="$1/bin/python"
+  "$py" - "$1" "$2" <<'PY'
+import os, sys
+venv, want_torch = sys.argv[1], sys.argv[2]
+import paramcast, torch
+assert os.path.realpath(paramcast.__file__).startswith(os.path.realpath(venv)), paramcast.__file__
+assert torch.__version__.startswith(want_torch), torch.__version__
+from paramcast.integrations import vllm
+cfg = {"control": {"endpoint": "tcp://127.0.0.1:*", "heartbeat_interval": "100ms", "heartbeat_timeout": "2s"},
+       "data_plane": {"backend": "gloo", "checksum": "xxh64"}, "publisher": {"subscribers": 1},
+       "logging": {"level": "warn"}}
+pub = paramcast.Publisher(cfg)
+sub = paramcast.Subscriber(dict(cfg, control={**cfg["control"], "endpoint": pub.endpoint}), "engine-1")
+dst = torch.zeros(1000, dtype=torch.bfloat16)
+sub.register({"w": dst})
+sub.start(); pub.start()
+src = torch.randn(1000).to(torch.bfloat16)
+r = pub.weight_update({"w": src})
+assert r.ok and torch.equal(dst, src), r
+sub.stop(); pub.close()
+print(f"{venv}: paramcast {paramcast.__file__}, torch {torch.__version__}: update v{r.version} bit-exact")
+PY
+  "$1/bin/paramcast" --help | grep -q "launch FILE.yaml"
+  [ -x "$1/bin/paramcast-trainer" ] && [ -x "$1/bin/paramcast-worker" ]
+  # The example's trainer alone (no engines) gets as far as binding: it found paramcast and torch.
+  timeout 60 "$py" "$src/examples/python/trainer.py" --engines 1 --steps 1 > "$work/example.out" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 300); do grep -q "^endpoint " "$work/example.out" && break; sleep 0.1; done
+  kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
+  grep -q "^endpoint tcp://" "$work/example.out" || { echo "example trainer did not start:"; cat "$work/example.out"; exit 1; }
+}
+
+current="$(command -v python3)"
+if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
+  echo "== $current: python3 -m build --wheel, installed into a venv"
+  "$current" -m build --wheel --outdir "$work/dist" -C build-dir="$work/build-current" "$src" > "$work/build-current.log" 2>&1 \
+    || { tail -40 "$work/build-current.log"; exit 1; }
+  wheel=$(ls "$work"/dist/paramcast-*.whl)
+  unzip -l "$wheel" | grep -q "paramcast/_core.cpython" || { echo "the wheel has no extension"; exit 1; }
+  unzip -l "$wheel" | grep -q "paramcast/integrations/vllm.py" || { echo "the wheel has no vLLM backend"; exit 1; }
+  "$current" -m venv --system-site-packages "$work/venv-current"
+  "$work/venv-current/bin/pip" install --quiet --disable-pip-version-check "$wheel"
+  check_venv "$work/venv-current" "$("$current" -c 'import torch; print(torch.__version__)')"
+
+  echo "== a venv without PyTorch: the example names what is missing"
+  "$current" -m venv "$work/venv-bare"
+  "$work/venv-bare/bin/pip" install --quiet --disable-pip-version-check "$wheel"
+  if "$work/venv-bare/bin/python" "$src/examples/python/trainer.py" > "$work/bare.out" 2>&1; then
+    echo "the example ran without PyTorch"; exit 1
+  fi
+  grep -q "this example needs PyTorch" "$work/bare.out" || { cat "$work/bare.out"; exit 1; }
+  "$work/venv-bare/bin/python" -c "import paramcast" # the package itself imports without PyTorch
+fi
+
+echo "== /usr/bin/python3: pip install $src"
+/usr/bin/python3 -m venv --system-site-packages "$work/venv-debian"
+"$work/venv-debian/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$work/build-debian" "$src" \
+  > "$work/build-debian.log" 2>&1 || { tail -40 "$work/build-debian.log"; exit 1; }
+check_venv "$work/venv-debian" "1.13"
+echo "install_test: the wheel and pip install . work for both interpreters"
