@@ -112,5 +112,8 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/paramcastConfigVersion.cm
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/paramcastConfig.cmake ${PROJECT_BINARY_DIR}/paramcastConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/paramcast)
+# The .pc file finds its prefix from where it lies (relocatable), however
+# many parts CMAKE_INSTALL_LIBDIR has (lib/x86_64-linux-gnu under /usr).
+file(RELATIVE_PATH PARAMCAST_PC_TO_PREFIX /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/paramcast.pc.in ${PROJECT_BINARY_DIR}/paramcast.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/paramcast.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

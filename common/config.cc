@@ -282,6 +282,7 @@ void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p,
       }},
       {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
       {"plan_timeout", [&](N v, P q) { c.publisher.plan_timeout = L.duration(v, q); }},
+      {"quarantine_backoff", [&](N v, P q) { c.publisher.quarantine_backoff = L.duration(v, q); }},
       {"apply_timeout", [&](N v, P q) { c.publisher.apply_timeout = L.duration(v, q); }},
       {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
       {"delta", [&](N v, P q) {
@@ -361,6 +362,8 @@ void parse_metrics(const Loader& L, const YAML::Node& n, const std::string& p, C
         std::string host = colon == std::string::npos ? "" : s.substr(0, colon);
         const std::string port = colon == std::string::npos ? s : s.substr(colon + 1);
         if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+        else if (host.find(':') != std::string::npos)
+          L.fail(v, q, "bad value '" + s + "': an IPv6 address goes in brackets, as [::1]:9464");
         char* end = nullptr;
         const long value = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
         if (port.empty() || *end != '\0' || value < 0 || value > 65535)

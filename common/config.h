@@ -109,6 +109,12 @@ struct PublisherOptions {
   // member that heartbeats but does not answer fails the update with
   // TIMEOUT naming it, whatever its heartbeats say. Default: 10s
   Millis plan_timeout{10000};
+  // A member that failed two group formations in a row is quarantined (left
+  // out of formations) for this long, twice as long for each further failure
+  // (at most 16x), then tried again. Strikes follow the worker id (the key, in
+  // curve mode) across restarts and rejoins; a formation it is ready in clears
+  // them, and so does 32x this long without a failure. Default: 30s
+  Millis quarantine_backoff{30000};
   // How long every member has to report Applied once the publisher's data
   // plane finished (its on_update_end hook included). Default: 60s
   Millis apply_timeout{60000};

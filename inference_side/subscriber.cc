@@ -115,9 +115,10 @@ Status SubscriberImpl::start() {
   // The capabilities are known now that the callbacks are set.
   client_ = std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, bool(callback_), *auth), this);
   group_ = std::make_unique<group::GroupMember>(id_, *client_);
+  PC_RETURN_IF_ERROR(start_metrics());  // before joining: a port in use fails start() with nothing begun
   data_thread_ = std::thread([this] { data_loop(); });
   client_->start();
-  return start_metrics();
+  return Status();
 }
 
 void SubscriberImpl::stop() {
@@ -578,9 +579,10 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
   auto publish_report = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     reports_.push_back(UpdateReport{plan.version, s, s.ok() ? plan.total_bytes : 0, seconds});
-    counters_.record(s, seconds, s.ok() ? plan.total_bytes : 0, 0);
     cv_.notify_all();
   };
+  // Counted before Applied leaves: a scrape after the publisher's result sees it.
+  counters_.record(s, seconds, s.ok() ? plan.total_bytes : 0, 0);
   if (lost_.loses("mute-applied", plan.version)) return publish_report();  // test hook: stuck, silently
   if (lost_.loses("applied", plan.version)) {  // test hook: as if the connection broke with it queued
     applied_sent_ = plan.version;

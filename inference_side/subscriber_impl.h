@@ -47,7 +47,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   bool joined() const { return client_->joined(); }
   uint64_t staging_peak() const;
   // metrics.listen (inference_side/subscriber_metrics.cc).
-  std::string metrics_endpoint() const { return metrics_ ? metrics_->url() : std::string(); }
+  std::string metrics_endpoint() const { return metrics_url_; }
   std::optional<UpdateReport> next_report(std::chrono::milliseconds timeout);
   void inject(const void* data, size_t size);
 
@@ -67,6 +67,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::string render_metrics() const;
   metrics::UpdateCounters counters_;  // every update's outcome, for /metrics
   std::unique_ptr<metrics::MetricsServer> metrics_;
+  std::string metrics_url_;  // set once by start()
   struct Job {
     enum class Kind { kJoin, kReceive } kind;
     uint64_t epoch = 0;

@@ -9,6 +9,7 @@ Status SubscriberImpl::start_metrics() {
   auto server = metrics::MetricsServer::start(cfg_.metrics, [this] { return render_metrics(); }, id_);
   if (!server.ok()) return server.status();
   metrics_ = std::move(server.value());
+  metrics_url_ = metrics_->url();
   return Status();
 }
 

@@ -112,29 +112,56 @@ Status PublisherImpl::start() {
       return timeout_error(what);
     PC_WARN("publisher: " << what << "; starting with those present (they are admitted when they join)");
   }
-  return form_group();
+  Status formed = form_group(Deadline::max());
+  // on_missing_at_start: start_with_present also covers members that are
+  // present but break formation: each one the failure names is quarantined
+  // (and named), and the others start. Never on the evidence against all.
+  for (int attempt = 0; !formed.ok() && attempt < 3 && !stopped_ &&
+                        cfg_.publisher.on_missing_at_start == MissingAtStartPolicy::kStartWithPresent;
+       ++attempt) {
+    const auto blamed = groups_.last_blamed();
+    const auto live = server_.live_ids();
+    if (blamed.empty() || blamed.size() >= live.size()) break;
+    for (const auto& id : blamed) groups_.quarantine(id, "broke the start-up group formation: " + formed.message());
+    PC_WARN("publisher: starting without " << join_ids(blamed) << " (they broke the start-up group formation: "
+                                           << formed.message() << ")");
+    formed = form_group(Deadline::max());
+  }
+  return formed;
 }
 
-Status PublisherImpl::form_group() {
+// The live members not in quarantine; every live member when all of them
+// are (quarantine never leaves the group empty on its own).
+std::vector<std::string> PublisherImpl::wanted_members(std::map<std::string, std::string>* excluded) const {
+  *excluded = groups_.excluded();
+  std::vector<std::string> members;
+  const auto live = server_.live_ids();
+  for (const auto& id : live)
+    if (!excluded->count(id)) members.push_back(id);
+  if (members.empty() && !live.empty()) {
+    excluded->clear();
+    return live;
+  }
+  return members;
+}
+
+Status PublisherImpl::form_group(Deadline cap) {
   comm_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     needs_reform_ = false;
   }
-  std::vector<std::string> members;
-  const auto excluded = groups_.excluded();
   auto live = server_.live();
-  for (auto& id : live.ids)
-    if (!excluded.count(id)) members.push_back(std::move(id));
+  std::map<std::string, std::string> excluded;
+  std::vector<std::string> members = wanted_members(&excluded);
   {
     std::lock_guard<std::mutex> lock(mu_);
     group_ = members;
     formed_generation_ = live.generation;  // what on_member_event need not act on again
   }
   for (const auto& [id, why] : excluded)
-    PC_WARN("publisher: forming the group without '" << id << "': it failed two formations in a row (" << why
-                                                     << "); it is admitted again when it rejoins");
-  auto comm = groups_.form(members);
+    PC_WARN("publisher: forming the group without '" << id << "' (" << why << ")");
+  auto comm = groups_.form(members, cap);
   if (!comm.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     needs_reform_ = true;
@@ -149,7 +176,15 @@ Status PublisherImpl::form_group() {
 Status PublisherImpl::ensure_group() {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!needs_reform_ && comm_) return Status();
+    if (!needs_reform_ && comm_) {
+      // A quarantine that ended brings its member back with a new group.
+      std::map<std::string, std::string> excluded;
+      lock.unlock();
+      const auto wanted = wanted_members(&excluded);
+      lock.lock();
+      if (wanted == group_) return Status();
+      needs_reform_ = true;
+    }
     cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout,
                    [&] { return server_.missing().empty() || stopped_; });
   }
@@ -160,10 +195,9 @@ Status PublisherImpl::ensure_group() {
   if (!excluded.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail) {
     std::string what;
     for (const auto& [id, why] : excluded) what += (what.empty() ? "" : "; ") + id + ": " + why;
-    return unavailable("subscribers left out after failing two group formations in a row (on_member_loss: fail): " +
-                       what);
+    return unavailable("subscribers in quarantine after failing group formations (on_member_loss: fail): " + what);
   }
-  return form_group();
+  return form_group(cap_);
 }
 
 // Expected subscribers that are not in this update: absent, or left out of
@@ -541,7 +575,8 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
     if (!round_.record(id, env)) {
       if (env.getBody().which() != B::APPLIED && env.getBody().which() != B::PLAN_ACCEPT &&
           env.getBody().which() != B::PLAN_REJECT)
-        PC_WARN("publisher: unexpected " << control::body_name(env) << " from '" << id << "' ignored");
+        server_.log_peer("unexpected message",
+                         std::string("unexpected ") + control::body_name(env) + " from '" + id + "' ignored");
       return;
     }
     if (env.getBody().which() == B::APPLIED) {
@@ -576,10 +611,8 @@ void PublisherImpl::on_heartbeat(const std::string& id) {
 
 void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
   std::shared_ptr<Communicator> to_abort;
-  // Forgiven before anyone is woken: a formation that sees this member must
-  // not still see it excluded.
-  if (event.kind == MemberEvent::Kind::kJoined || event.kind == MemberEvent::Kind::kRejoined)
-    groups_.forgive(event.worker_id);
+  // A member's strikes stay with its id when it rejoins (GroupHost): a
+  // member that restarts after each failure is not forgiven for it.
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(event);

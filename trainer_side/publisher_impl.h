@@ -19,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -58,7 +59,7 @@ class PublisherImpl : public control::ControlServer::Listener {
 
   Status init();
   std::string endpoint() const { return server_.endpoint(); }
-  std::string metrics_endpoint() const { return metrics_ ? metrics_->url() : std::string(); }
+  std::string metrics_endpoint() const { return metrics_url_; }
   Status start();
   UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
   // Streamed updates (publisher_stream.cc): the update lock is held from
@@ -95,7 +96,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   void run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
-  Status form_group();
+  Status form_group(Deadline cap);
+  std::vector<std::string> wanted_members(std::map<std::string, std::string>* excluded) const;
   bool send_plan(const UpdatePlan& plan, UpdateResult& r);
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);
   Status move(const UpdatePlan& plan, const std::vector<TensorView>& tensors, void* after_stream, UpdateResult& r);
@@ -159,6 +161,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::unique_ptr<delta::DeltaCodec> codec_;
   metrics::UpdateCounters counters_;  // every update's outcome, for /metrics
   std::unique_ptr<metrics::MetricsServer> metrics_;  // stopped first in shutdown()
+  std::string metrics_url_;  // set once by init()
   delta::Baseline baseline_;  // the last version every member applied (publisher.delta)
   bool baseline_fresh_ = false;  // the update in flight writes the baseline
 };

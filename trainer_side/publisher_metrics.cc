@@ -4,6 +4,7 @@
 // up by a scrape.
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "trainer_side/publisher_impl.h"
 
@@ -14,6 +15,7 @@ Status PublisherImpl::start_metrics() {
   auto server = metrics::MetricsServer::start(cfg_.metrics, [this] { return render_metrics(); }, "publisher");
   if (!server.ok()) return server.status();
   metrics_ = std::move(server.value());
+  metrics_url_ = metrics_->url();
   return Status();
 }
 
@@ -36,13 +38,16 @@ std::string PublisherImpl::render_metrics() const {
   const auto rows = server_.members();
   const auto now = control::Clock::now();
   std::map<std::string, int> states{{"consistent", 0}, {"dirty", 0}, {"empty", 0}, {"lost", 0}, {"missing", 0}};
+  std::set<std::string> in_table;
   for (const auto& m : rows) {
+    in_table.insert(m.id);
     if (m.lost) ++states["lost"];
     else if (m.state == proto::WeightState::CONSISTENT) ++states["consistent"];
     else if (m.state == proto::WeightState::DIRTY) ++states["dirty"];
     else ++states["empty"];
   }
-  states["missing"] = static_cast<int>(server_.missing().size());
+  for (const auto& id : server_.missing())  // expected and absent; lost members counted above
+    if (!in_table.count(id)) ++states["missing"];
   out.family("paramcast_members", "gauge", "Members by state (lost: heartbeats stopped; missing: expected, absent).");
   for (const auto& [state, n] : states) out.sample("paramcast_members", {{"state", state}}, n);
 

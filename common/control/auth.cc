@@ -226,10 +226,10 @@ bool ZapHandler::answer() {
   }
   uint64_t held_back = 0;
   if (code != "200") ++refused_;
-  if (code != "200" && limiter_.allow(req.size() > 3 ? req[3].to_string() : "?", &held_back)) {
+  if (code != "200" && limiter_.allow("refused key", &held_back)) {
     PC_WARN("publisher: refused a connection from " << (req.size() > 3 ? printable(req[3].to_string_view(), 64) : "?")
                                                     << ": key " << fingerprint << " is not authorized"
-                                                    << (held_back ? " (" + std::to_string(held_back) + " more refusals from there not logged)" : ""));
+                                                    << (held_back ? " (" + std::to_string(held_back) + " more refusals not logged)" : ""));
   }
   // Metadata: one property, the key's fingerprint, for log lines.
   std::string meta;

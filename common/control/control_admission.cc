@@ -20,8 +20,9 @@ void ControlServer::hello_locked(const Sender& from, uint64_t inc, proto::Hello:
   const std::string& peer = from.peer;
   const std::string id = h.getWorkerId().cStr();
   if (h.getProtocolVersion() != proto::PROTOCOL_VERSION) {
-    PC_WARN("publisher: rejected '" << printable(id) << "': protocol version " << h.getProtocolVersion()
-                                    << ", publisher speaks " << proto::PROTOCOL_VERSION);
+    log_peer("wrong protocol version", "rejected '" + printable(id) + "': protocol version " +
+                                           std::to_string(h.getProtocolVersion()) + ", publisher speaks " +
+                                           std::to_string(proto::PROTOCOL_VERSION));
     reject_locked(peer, inc, proto::RejectCode::VERSION_MISMATCH,
                   "protocol version mismatch: subscriber speaks " + std::to_string(h.getProtocolVersion()) +
                       ", publisher speaks " + std::to_string(proto::PROTOCOL_VERSION),
@@ -155,8 +156,8 @@ void ControlServer::settle_probes() {
     }
     if (alive) {
       const Member& m = it->second;
-      PC_WARN("publisher: rejected duplicate worker id '" << p->id << "' from " << p->who << " (held by "
-                                                          << printable(m.host) << " pid " << m.pid << ")");
+      log_peer("duplicate worker id", "rejected duplicate worker id '" + p->id + "' from " + p->who +
+                                          " (held by " + printable(m.host) + " pid " + std::to_string(m.pid) + ")");
       reject_locked(p->peer, p->incarnation, proto::RejectCode::DUPLICATE_ID,
                     "worker id '" + p->id + "' is already used by a live subscriber");
     } else {

@@ -305,19 +305,21 @@ void ControlServer::inject(const std::string& peer, const void* data, size_t siz
   if (outbox_.size() > 1024) outbox_.clear();
 }
 
-// Counted always; logged at most a few times per peer and window, with the
-// number of lines held back since.
+// Counted always; logged as a line of kind "dropped frame" (log_peer).
 void ControlServer::note_dropped(const std::string& peer, const std::string& why) {
   ++dropped_frames_;
+  log_peer("dropped frame", "dropped frame from peer '" + printable(peer) + "': " + why);
+}
+
+void ControlServer::log_peer(const char* kind, const std::string& line) {
   uint64_t held_back = 0;
   {
     std::lock_guard<std::mutex> lock(log_mu_);
-    if (!log_limit_.allow(peer, &held_back)) return;
+    if (!log_limit_.allow(kind, &held_back)) return;
   }
-  PC_WARN("publisher: dropped frame from peer '" << printable(peer) << "': " << why
-                                                 << (held_back ? " (" + std::to_string(held_back) +
-                                                                     " more from this peer not logged)"
-                                                               : ""));
+  PC_WARN("publisher: " << line
+                        << (held_back ? " (" + std::to_string(held_back) + " more '" + kind + "' lines not logged)"
+                                      : ""));
 }
 
 void ControlServer::handle(const Sender& from, const zmq::message_t& payload) {

@@ -174,6 +174,10 @@ class ControlServer {
   // Counts a refused frame from `peer` and logs why, a few lines per peer
   // and window (with the number held back); `why` must be printable already.
   void note_dropped(const std::string& peer, const std::string& why);
+  // Logs a line a peer caused (`line` printable already): at most a few per
+  // `kind` and window, and a few more of all kinds together, whichever peer
+  // or identity sent them; the next line of a kind says how many were held back.
+  void log_peer(const char* kind, const std::string& line);
   // Rows of the membership table (live and departed), for tests of its bound.
   size_t table_size() const;
   // Most departed members remembered (the oldest are pruned first).
@@ -241,7 +245,7 @@ class ControlServer {
   std::atomic<uint64_t> dropped_frames_{0};
 
   std::mutex log_mu_;  // guards log_limit_; a leaf lock
-  LogLimiter log_limit_{5, std::chrono::seconds(10)};
+  LogLimiter log_limit_{5, std::chrono::seconds(10), 20};
 
   mutable std::mutex mu_;  // guards everything below; a leaf lock
   std::map<std::string, Member> members_;

@@ -22,27 +22,31 @@ std::string printable(std::string_view s, size_t max) {
   return out;
 }
 
-bool LogLimiter::allow(const std::string& peer, uint64_t* suppressed, Clock::time_point now) {
+bool LogLimiter::allow(const std::string& kind, uint64_t* suppressed, Clock::time_point now) {
   *suppressed = 0;
-  const std::string key = peer.size() > 256 ? peer.substr(0, 256) : peer;
-  auto it = peers_.find(key);
-  if (it == peers_.end()) {
-    // A flood of fresh identities: start over rather than grow. Held-back
-    // counts of the forgotten peers stay in total_suppressed().
-    if (peers_.size() >= max_peers_) peers_.clear();
-    it = peers_.emplace(key, Window{now, 0, 0}).first;
+  const std::string key = kind.size() > 64 ? kind.substr(0, 64) : kind;
+  auto it = kinds_.find(key);
+  if (it == kinds_.end()) {
+    // Kinds are the program's own words, a handful; start over rather than grow.
+    if (kinds_.size() >= max_kinds_) kinds_.clear();
+    it = kinds_.emplace(key, Window{now, 0, 0}).first;
   }
   Window& w = it->second;
   if (now - w.start >= window_) {
     w.start = now;
     w.used = 0;
   }
-  if (w.used >= lines_) {
+  if (now - total_.start >= window_) {
+    total_.start = now;
+    total_.used = 0;
+  }
+  if (w.used >= lines_ || total_.used >= total_lines_) {
     ++w.suppressed;
     ++total_suppressed_;
     return false;
   }
   ++w.used;
+  ++total_.used;
   *suppressed = w.suppressed;
   w.suppressed = 0;
   return true;

@@ -4,10 +4,17 @@
 #include "common/data/shm/host_identity.h"
 #include "common/group/join_group.h"
 #include "common/log.h"
+#include "common/units.h"
 
 #include <algorithm>
 
 namespace paramcast::group {
+
+namespace {
+// A member whose connection was lost meanwhile: the loss is handled (and
+// named) as a loss; it is no evidence of a member breaking formation.
+constexpr const char* kLostDuringFormation = "lost during group formation";
+}  // namespace
 
 GroupHost::GroupHost(const Config& config, control::ControlServer& server)
     : cfg_(config),
@@ -50,10 +57,14 @@ class GroupHost::WatchedStore : public Store {
   const std::function<std::string()> doomed_;
 };
 
-StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::string>& members) {
+StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::string>& members,
+                                                         Clock::time_point cap) {
   if (members.empty()) return unavailable("no live subscriber to form a group with");
   const uint64_t epoch = ++epoch_;
-  const auto deadline = Clock::now() + cfg_.data_plane.init_timeout;
+  const auto now = Clock::now();
+  const auto deadline = std::min(now + cfg_.data_plane.init_timeout, cap);
+  if (deadline <= now) return timeout_error("no time left before update_timeout to form a group");
+  const auto init_timeout = std::chrono::duration_cast<Millis>(deadline - now);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_.clear();
@@ -77,7 +88,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.backend = cfg_.data_plane.backend;
   go.bootstrap = *bootstrap;
   go.device = cfg_.publisher.device;
-  go.init_timeout = cfg_.data_plane.init_timeout;
+  go.init_timeout = std::max(init_timeout, Millis(1));
   go.op_timeout = cfg_.publisher.update_timeout;  // a backstop: no broadcast outlives its update
   go.stall_timeout = cfg_.data_plane.stall_timeout;
   go.members = {"publisher"};
@@ -115,7 +126,7 @@ std::string GroupHost::doomed(const std::vector<std::string>& members) {
   if (stopped_) return "publisher shutting down";
   if (!failed_.empty()) return failed_.begin()->first + ": " + failed_.begin()->second;
   for (const auto& id : members)
-    if (!server_.is_live(id)) return id + ": lost during group formation";
+    if (!server_.is_live(id)) return id + ": " + kLostDuringFormation;
   return "";
 }
 
@@ -136,33 +147,62 @@ void GroupHost::tell_failed(uint64_t epoch, const std::vector<std::string>& memb
 // in a formation that another member ended keep what they had.
 void GroupHost::count_strikes(const std::vector<std::string>& members, const std::vector<std::string>& problems) {
   std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  std::map<std::string, std::string> named;
   for (const auto& id : members) {
     if (ready_.count(id)) {
       strikes_.erase(id);
       continue;
     }
-    for (const auto& p : problems) {
-      if (p.compare(0, id.size() + 2, id + ": ") != 0) continue;
-      Strikes& s = strikes_[id];
-      s.reason = p.substr(id.size() + 2);
-      if (++s.count == 2)
-        PC_WARN("publisher: subscriber '" << id << "' failed two group formations in a row (last: " << s.reason
-                                          << "); left out of the group until it joins again");
-    }
+    for (const auto& p : problems)
+      if (p.compare(0, id.size() + 2, id + ": ") == 0) named.emplace(id, p.substr(id.size() + 2));
   }
+  last_blamed_.clear();
+  for (const auto& [id, why] : named) last_blamed_.push_back(id);
+  if (members.size() > 1 && named.size() == members.size()) {
+    PC_WARN("publisher: every member of the failed formation was named; no strikes (this evidence cannot tell "
+            "which one is at fault)");
+    return;
+  }
+  for (const auto& [id, why] : named)
+    if (why != kLostDuringFormation) strike_locked(id, why, 0, now);
 }
 
-std::map<std::string, std::string> GroupHost::excluded() const {
+void GroupHost::strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now) {
+  const auto backoff = cfg_.publisher.quarantine_backoff;
+  Strikes& s = strikes_[id];
+  if (s.count > 0 && now - s.last > 32 * backoff) s.count = 0;  // an old failure is forgiven
+  s.count = std::max(s.count + 1, at_least);
+  s.reason = reason;
+  s.last = now;
+  if (s.count < 2) return;
+  const int doublings = std::min(s.count - 2, 4);
+  const auto length = backoff * (1 << doublings);
+  s.until = now + length;
+  PC_WARN("publisher: subscriber '" << id << "' quarantined for " << format_duration(length) << " after "
+                                    << s.count << " failed group formations in a row (last: " << reason
+                                    << "); it is tried again after that");
+}
+
+std::map<std::string, std::string> GroupHost::excluded(Clock::time_point now) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, std::string> out;
-  for (const auto& [id, s] : strikes_)
-    if (s.count >= 2) out[id] = s.reason;
+  for (const auto& [id, s] : strikes_) {
+    if (s.count < 2 || s.until <= now) continue;
+    const auto left = std::chrono::duration_cast<Millis>(s.until - now);
+    out[id] = s.reason + "; quarantined " + format_duration(left) + " more";
+  }
   return out;
 }
 
-void GroupHost::forgive(const std::string& id) {
+std::vector<std::string> GroupHost::last_blamed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  strikes_.erase(id);
+  return last_blamed_;
+}
+
+void GroupHost::quarantine(const std::string& id, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  strike_locked(id, reason, 2, Clock::now());
 }
 
 // The rank a member's rendezvous keys carry: its group rank, or in a mixed
@@ -253,7 +293,7 @@ std::vector<std::string> GroupHost::wait_for_members(const std::vector<std::stri
   std::vector<std::string> problems;
   for (const auto& id : members)
     if (failed_.count(id)) problems.push_back(id + ": " + failed_[id]);
-    else if (!server_.is_live(id)) problems.push_back(id + ": lost during group formation");
+    else if (!server_.is_live(id)) problems.push_back(id + ": " + kLostDuringFormation);
   const bool ended_early = !problems.empty() || stopped_;
   const std::string bound = "init_timeout (" + std::to_string(cfg_.data_plane.init_timeout.count()) + "ms)";
   for (const auto& id : members) {

@@ -11,8 +11,13 @@
 // Formation fails fast: the first GroupFailed (or a member lost meanwhile)
 // ends it at once, this rank's own rendezvous included, and every member is
 // told with a GroupFailed of the epoch so that none waits out init_timeout.
-// A member that failed two formations in a row is left out of the next ones
-// (excluded()) until it joins again (forgive()).
+// Quarantine follows the identity, not the connection: a member named by two
+// failed formations in a row is left out of formations (excluded()) for
+// publisher.quarantine_backoff, doubled for each further failure (at most
+// 16x), then tried again; restarting or rejoining does not reset it. A
+// formation it is ready in clears its strikes, as do 32 backoffs without a
+// failure. A formation that names every member strikes nobody: its evidence
+// cannot tell which one is at fault.
 //
 // The rendezvous store is served here too: the owner routes StoreSet,
 // StoreGet, GroupReady and GroupFailed from the control thread to
@@ -42,13 +47,18 @@ class GroupHost {
  public:
   GroupHost(const Config& config, control::ControlServer& server);
 
-  StatusOr<std::shared_ptr<Communicator>> form(const std::vector<std::string>& members);
+  // `cap`: formation ends by then at the latest (the update's deadline),
+  // and by data_plane.init_timeout from now.
+  StatusOr<std::shared_ptr<Communicator>> form(const std::vector<std::string>& members,
+                                               Clock::time_point cap = Clock::time_point::max());
   uint64_t epoch() const { return epoch_; }
 
-  // Members left out after failing two formations in a row, with the last reason.
-  std::map<std::string, std::string> excluded() const;
-  // A member joined again: it gets another chance.
-  void forgive(const std::string& id);
+  // Members in quarantine now, each with why and for how much longer.
+  std::map<std::string, std::string> excluded(Clock::time_point now = Clock::now()) const;
+  // The members the last failed formation named (empty after a success).
+  std::vector<std::string> last_blamed() const;
+  // Quarantines `id` at once (a member that broke the start-up formation).
+  void quarantine(const std::string& id, const std::string& reason);
 
   // Control thread. Returns false for a message that is not about formation.
   bool on_message(const std::string& id, proto::Envelope::Reader envelope);
@@ -92,8 +102,12 @@ class GroupHost {
   struct Strikes {
     int count = 0;
     std::string reason;
+    Clock::time_point last;   // the last failure
+    Clock::time_point until;  // quarantined until (count >= 2)
   };
-  std::map<std::string, Strikes> strikes_;  // consecutive failed formations per member
+  void strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now);
+  std::map<std::string, Strikes> strikes_;  // consecutive failed formations per worker id
+  std::vector<std::string> last_blamed_;
 };
 
 }  // namespace paramcast::group

@@ -1,5 +1,6 @@
 #include "common/metrics/exposition.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -15,9 +16,9 @@ std::string number(double v) {
     std::snprintf(buf, sizeof buf, "%.0f", v);
     return buf;
   }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // the shortest form that reads back: 0.05, not 0.05000000000000000277
+  return std::string(buf, r.ptr);
 }
 
 void labels_text(std::string& out, const Labels& labels) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <thread>
+
 #include "tests/support/worker_cluster.h"
 
 namespace paramcast {
@@ -32,6 +34,16 @@ class FailFastTest : public WorkerClusterTest {
     }
     Status s = pub_->start();
     ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+
+  // worker-2 with a data path that cannot work (a network interface that
+  // does not exist) and a control path that is fine.
+  void spawn_broken() {
+    const std::string bad_yaml =
+        test::write_file(dir_, "bad.yaml", test::test_config_yaml(3, "", "  gloo_interface: pcnosuch0\n"));
+    workers_["worker-2"] = Process::start(test::binary("paramcast-worker"),
+                                          {"--config", bad_yaml, "--id", "worker-2", "--endpoint", pub_->endpoint(),
+                                           "--updates", "0"});
   }
 
   static std::chrono::duration<double> secs(const UpdateResult& r) { return std::chrono::duration<double>(r.seconds); }
@@ -169,16 +181,14 @@ TEST_F(FailFastTest, VersionsNeverGoBackwardsBelowWhatSubscribersHold) {
 
 // A worker whose data plane cannot start (no such network interface) says
 // GroupFailed at once: formation ends then, naming it, not at init_timeout.
-// Twice in a row and it is left out until it joins again.
-TEST_F(FailFastTest, GroupFailedEndsFormationAtOnceAndARepeatOffenderIsLeftOutUntilItRejoins) {
-  make_publisher(test::test_config_yaml(3, "  on_member_loss: continue\n"));
-  const std::string bad_yaml =
-      test::write_file(dir_, "bad.yaml", test::test_config_yaml(3, "", "  gloo_interface: pcnosuch0\n"));
+// Twice in a row and it is quarantined for quarantine_backoff, restarts or not;
+// then it is tried again.
+TEST_F(FailFastTest, GroupFailedEndsFormationAtOnceAndARepeatOffenderIsQuarantinedAcrossRestarts) {
+  // The quarantine outlasts a restart on a loaded machine (a few seconds) by far.
+  make_publisher(test::test_config_yaml(3, "  on_member_loss: continue\n  quarantine_backoff: 20s\n"));
   spawn_worker("worker-1");
   spawn_worker("worker-3");
-  workers_["worker-2"] = Process::start(test::binary("paramcast-worker"),
-                                        {"--config", bad_yaml, "--id", "worker-2", "--endpoint", pub_->endpoint(),
-                                         "--updates", "0"});
+  spawn_broken();
   auto t0 = std::chrono::steady_clock::now();
   Status s = pub_->start();
   auto took = std::chrono::steady_clock::now() - t0;
@@ -190,25 +200,73 @@ TEST_F(FailFastTest, GroupFailedEndsFormationAtOnceAndARepeatOffenderIsLeftOutUn
   EXPECT_LT(took, kFast) << std::chrono::duration_cast<Ms>(took).count() << " ms";
 
   t0 = std::chrono::steady_clock::now();
-  UpdateResult second = publish(1);  // second strike
+  UpdateResult second = publish(1);  // second strike: quarantined
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status.message().find("worker-2: "), std::string::npos) << second.status.message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, kFast);
+  const auto quarantined_at = std::chrono::steady_clock::now();
 
   UpdateResult without = publish(2);  // formed without worker-2
   ASSERT_TRUE(without.ok()) << without.status.to_string() << outputs();
   EXPECT_EQ(without.subscribers.size(), 2u);
   EXPECT_EQ(without.missing, std::vector<std::string>{"worker-2"});
 
-  // worker-2 comes back fixed: it joins again and is admitted.
+  // It restarts, still broken: rejoining does not reset its strikes.
+  workers_["worker-2"]->kill(SIGKILL);
+  ASSERT_TRUE(wait_event(MemberEvent::Kind::kLost, "worker-2", std::chrono::seconds(10)));
+  spawn_broken();
+  ASSERT_TRUE(wait_event(MemberEvent::Kind::kRejoined, "worker-2", std::chrono::seconds(20))) << outputs();
+  ASSERT_LT(std::chrono::steady_clock::now() - quarantined_at, std::chrono::seconds(18)) << "too slow to tell";
+  UpdateResult restarted = publish(3);
+  ASSERT_TRUE(restarted.ok()) << restarted.status.to_string() << outputs();
+  EXPECT_EQ(restarted.missing, std::vector<std::string>{"worker-2"});
+
+  // Fixed, it is tried again once its quarantine ends, and admitted; the
+  // updates meanwhile reach the two others.
   workers_["worker-2"]->kill(SIGKILL);
   ASSERT_TRUE(wait_event(MemberEvent::Kind::kLost, "worker-2", std::chrono::seconds(10)));
   spawn_worker("worker-2");
   ASSERT_TRUE(wait_event(MemberEvent::Kind::kRejoined, "worker-2", std::chrono::seconds(20))) << outputs();
-  UpdateResult back = publish(3);
-  ASSERT_TRUE(back.ok()) << back.status.to_string() << outputs();
-  EXPECT_EQ(back.subscribers.size(), 3u);
-  EXPECT_TRUE(back.missing.empty());
+  uint64_t version = 4;
+  const auto until = quarantined_at + std::chrono::seconds(20 + 30);
+  size_t reached = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    UpdateResult r = publish(version++);
+    ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+    reached = r.subscribers.size();
+    if (reached == 3) break;
+    EXPECT_GE(std::chrono::steady_clock::now() - quarantined_at, std::chrono::seconds(0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  EXPECT_EQ(reached, 3u) << "worker-2 was not admitted after its quarantine";
+  EXPECT_GE(std::chrono::steady_clock::now() - quarantined_at, std::chrono::seconds(20))
+      << "admitted before its quarantine ended";
+}
+
+TEST_F(FailFastTest, AMemberThatBreaksTheStartUpFormationIsLeftOutAndTheOthersStart) {
+  make_publisher(test::test_config_yaml(
+      3, "  on_member_loss: continue\n  on_missing_at_start: start_with_present\n  quarantine_backoff: 60s\n"));
+  spawn_worker("worker-1");
+  spawn_worker("worker-3");
+  spawn_broken();
+  Status s = pub_->start();
+  ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
+  UpdateResult r = publish(1);
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_EQ(r.subscribers.size(), 2u);
+  EXPECT_EQ(r.missing, std::vector<std::string>{"worker-2"});
+}
+
+TEST_F(FailFastTest, StartUpFormationBrokenByItsOnlyMemberStillFailsNamingIt) {
+  make_publisher(test::test_config_yaml(1, "  on_missing_at_start: start_with_present\n"));
+  const std::string bad_yaml =
+      test::write_file(dir_, "bad1.yaml", test::test_config_yaml(1, "", "  gloo_interface: pcnosuch0\n"));
+  workers_["worker-1"] = Process::start(test::binary("paramcast-worker"),
+                                        {"--config", bad_yaml, "--id", "worker-1", "--endpoint", pub_->endpoint(),
+                                         "--updates", "0"});
+  Status s = pub_->start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("worker-1: "), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -367,7 +367,8 @@ TEST_F(SecurityTest, GroupIsWholeAgainSecondsAfterAStoppedTrainerResumes) {
   for (auto& [id, p] : w) {
     const auto until = Clock::now() + 20s;
     while (count(p->output(), "verified") <= before && Clock::now() < until) std::this_thread::sleep_for(20ms);
-    EXPECT_GT(count(p->output(), "verified"), before) << id << " got no update after rejoining:\n" << p->output();
+    EXPECT_GT(count(p->output(), "verified"), before) << id << " got no update after rejoining:\n" << p->output()
+                                                      << "--- trainer:\n" << trainer->output();
   }
   trainer->kill(SIGTERM);
   for (auto& [id, p] : w) p->kill(SIGTERM);

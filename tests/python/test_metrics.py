@@ -234,3 +234,33 @@ def test_json_logs_are_one_object_per_line():
         records.append(record)
     assert any(r["component"] == "publisher" for r in records), records
     assert any(r.get("worker") == "engine-1" and r["component"] == "subscriber" for r in records), records
+
+
+def test_ranges_and_other_methods_are_refused(group):
+    pub, _, _ = group
+    req = urllib.request.Request(pub.metrics_endpoint, headers={"Range": "bytes=0-,0-,0-,0-"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 416
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(pub.metrics_endpoint, data=b"x", method="POST"), timeout=10)
+    assert e.value.code == 405
+
+
+def test_a_client_that_holds_a_connection_does_not_hold_up_close():
+    import socket
+    import time
+    pub = paramcast.Publisher(metrics_config())
+    host, port = pub.metrics_endpoint.split("//")[1].split("/")[0].rsplit(":", 1)
+    clients = []
+    for _ in range(3):  # more than the server's workers: each sends half a request, then nothing
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        clients.append(s)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    pub.close()
+    took = time.monotonic() - t0
+    for s in clients:
+        s.close()
+    assert took < 15, f"close took {took:.1f} s with clients holding connections"

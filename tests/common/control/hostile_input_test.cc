@@ -67,17 +67,22 @@ TEST(Printable, EscapesControlBytesAndCutsLongStrings) {
   EXPECT_EQ(cut, std::string(16, 'x') + "...(1048576 bytes)");
 }
 
-TEST(LogLimiter, AllowsAFewLinesPerPeerAndCountsTheRest) {
-  control::LogLimiter limit(3, std::chrono::seconds(10), 4);
+TEST(LogLimiter, AllowsAFewLinesPerKindAndInAllAndCountsTheRest) {
+  control::LogLimiter limit(3, std::chrono::seconds(10), 5, 4);
   const auto t0 = control::LogLimiter::Clock::now();
   uint64_t held = 0;
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(limit.allow("p", &held, t0));
-  for (int i = 0; i < 97; ++i) EXPECT_FALSE(limit.allow("p", &held, t0));
-  EXPECT_TRUE(limit.allow("q", &held, t0)) << "one peer's flood must not silence another";
-  EXPECT_TRUE(limit.allow("p", &held, t0 + std::chrono::seconds(11)));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(limit.allow("dropped frame", &held, t0));
+  for (int i = 0; i < 97; ++i) EXPECT_FALSE(limit.allow("dropped frame", &held, t0));
+  EXPECT_TRUE(limit.allow("unexpected message", &held, t0)) << "one kind's flood must not silence another";
+  EXPECT_TRUE(limit.allow("wrong protocol version", &held, t0));
+  EXPECT_FALSE(limit.allow("duplicate worker id", &held, t0)) << "5 lines in all per window";
+  EXPECT_TRUE(limit.allow("dropped frame", &held, t0 + std::chrono::seconds(11)));
   EXPECT_EQ(held, 97u) << "the next line says how many were held back";
-  for (int i = 0; i < 10000; ++i) limit.allow("fresh-" + std::to_string(i), &held, t0);
-  EXPECT_LE(limit.peers(), 4u);
+  EXPECT_TRUE(limit.allow("duplicate worker id", &held, t0 + std::chrono::seconds(11)));
+  EXPECT_EQ(held, 1u);
+  EXPECT_EQ(limit.total_suppressed(), 98u);
+  for (int i = 0; i < 10000; ++i) limit.allow("kind-" + std::to_string(i), &held, t0);
+  EXPECT_LE(limit.kinds(), 4u);
 }
 
 TEST(Routes, ProbeAndMemberIdentitiesCarryTheWorkerId) {
