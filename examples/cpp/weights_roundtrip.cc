@@ -77,18 +77,24 @@ int engine(const std::string& endpoint, uint64_t updates) {
     if (auto s = sub.value()->register_tensor({specs()[t], data[t].data(), paramcast::Device::cpu()}); !s.ok())
       return fail(s.to_string());
   }
+  // Checked where the engine would use its weights: after each update's bytes
+  // are in place and before it reports Applied (the next update cannot begin
+  // writing into the buffers meanwhile). A mismatch fails the update.
+  sub.value()->on_update_end([&data](uint64_t version, const paramcast::Status& status) -> paramcast::Status {
+    if (!status.ok()) return paramcast::Status();
+    for (int t = 0; t < 2; ++t)
+      for (uint64_t i = 0; i < kElements; ++i)
+        if (data[t][i] != expected(t, i, version))
+          return paramcast::Status(paramcast::Code::kInternal, specs()[t].name + "[" + std::to_string(i) +
+                                                                    "] differs at version " + std::to_string(version));
+    return paramcast::Status();
+  });
   if (auto s = sub.value()->start(); !s.ok()) return fail("start: " + s.to_string());
   for (uint64_t v = 1; v <= updates; ++v) {
     auto report = sub.value()->next_report(std::chrono::seconds(120));
     if (!report) return fail("no update " + std::to_string(v) + " within 120 s");
     if (!report->status.ok()) return fail("update " + std::to_string(v) + ": " + report->status.to_string());
     if (report->version != v) return fail("got version " + std::to_string(report->version) + ", expected " + std::to_string(v));
-    for (int t = 0; t < 2; ++t) {
-      for (uint64_t i = 0; i < kElements; ++i) {
-        if (data[t][i] != expected(t, i, v))
-          return fail(specs()[t].name + "[" + std::to_string(i) + "] differs at version " + std::to_string(v));
-      }
-    }
     std::printf("engine has version %llu, %s\n", static_cast<unsigned long long>(v),
                 sub.value()->state().to_string().c_str());
   }

@@ -12,6 +12,12 @@ set -euo pipefail
 src="$1"; work="$2"
 rm -rf "$work"; mkdir -p "$work/run"
 cd "$work/run"   # nothing of the checkout on sys.path
+# pip builds in an isolated environment with the build backend from PyPI.
+if ! python3 -m pip download --quiet --no-deps --dest "$work/probe" scikit-build-core >/dev/null 2>&1; then
+  echo "tests/python/install_test.sh: Skipped"
+  echo "PyPI is unreachable: pip cannot fetch the build backend (scikit-build-core) for pip install ."
+  exit 77
+fi
 
 check_venv() {  # $1: venv; $2: the torch version it must see (a prefix)
   local py="$1/bin/python"

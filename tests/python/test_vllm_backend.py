@@ -69,6 +69,7 @@ def assert_workers_hold(client, model):
         assert report["bad"] == [], f"worker {rank}: parameters differ from the trainer's shards: {report['bad']}"
         assert report["untouched"] == [], f"worker {rank}: never loaded: {report['untouched']}"
         assert report["clobbered"] == 0, f"worker {rank}: {report['clobbered']} tensors given to load_weights changed"
+        assert report["other_threads"] == 0, f"worker {rank}: load_weights ran off the worker's RPC thread"
 
 
 def test_rounds_load_the_trainers_weights_into_fused_tp_shards(cluster, trained):
@@ -115,6 +116,22 @@ def test_a_round_the_workers_cannot_load_fails_there_with_the_reason(cluster, tr
     assert_workers_hold(client, trained)
 
 
+def test_a_round_that_fails_before_the_workers_are_told_still_ends_theirs(cluster, trained):
+    client, trainer = cluster
+
+    class Duplicated(ModuleSource):
+        def __init__(self, module):
+            super().__init__(module)
+            self.metadata = self.metadata + self.metadata[:1]  # the publisher refuses a name twice
+
+    trainer.source = Duplicated(trained)
+    with pytest.raises((paramcast.Error, ValueError)):
+        trainer.send_weights()
+    trainer.source = ModuleSource(trained)
+    trainer.send_weights()  # not "weight update already active": the failed round was closed
+    assert_workers_hold(client, trained)
+
+
 def test_update_info_names_that_did_not_arrive_are_named(cluster, trained):
     client, trainer = cluster
     source = ModuleSource(trained)
@@ -154,6 +171,8 @@ def test_parse_errors_are_value_errors():
         eng.parse_update_info({"version": 1, "dtype_names": []})
     with pytest.raises(ValueError, match="tcp:// endpoint"):
         eng.parse_init_info({"endpoint": "localhost:5555"})
+    with pytest.raises(ValueError, match="wildcard bind"):
+        eng.parse_init_info({"endpoint": "tcp://0.0.0.0:5555"})
     with pytest.raises(ValueError, match="Invalid init_info"):
         eng.parse_init_info({"master_address": "10.0.0.1"})
     info = eng.parse_update_info({"version": 3, "names": ["a"]})

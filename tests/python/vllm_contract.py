@@ -12,6 +12,7 @@
 """
 
 import multiprocessing
+import threading
 import types
 
 import torch
@@ -59,6 +60,7 @@ class VllmStyleLlama(torch.nn.Module):
             self._names[name] = key
             self.params[key] = torch.nn.Parameter(torch.full(shape, float("nan")), requires_grad=False)
         self.kept = []  # (tensor given to load_weights, its bytes when given): vLLM's loaders keep them
+        self.threads = set()  # where load_weights ran: vLLM runs it on the worker's own thread
 
     def param(self, name):
         return self.params[self._names[name]]
@@ -67,6 +69,7 @@ class VllmStyleLlama(torch.nn.Module):
         stacked = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
                    (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
         loaded = set()
+        self.threads.add(threading.get_ident())
         for name, full in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
@@ -169,7 +172,9 @@ def worker_main(conn, rank, tp, llama_config_dict, engine_cls_path):
         untouched = [n for n in model._names if n not in want]
         clobbered = sum(1 for given, then in model.kept if not torch.equal(given, then))
         model.kept.clear()
-        return {"bad": bad, "untouched": untouched, "clobbered": clobbered}
+        other_threads = len(model.threads - {threading.get_ident()})
+        model.threads.clear()
+        return {"bad": bad, "untouched": untouched, "clobbered": clobbered, "other_threads": other_threads}
 
     def parse(kind, info):
         getattr(engine, f"parse_{kind}_info")(info)

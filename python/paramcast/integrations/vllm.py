@@ -33,9 +33,11 @@ GPU; the classes then derive from ``object`` and follow the same contract.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -82,11 +84,19 @@ class ParamCastInitInfo(_InitInfoBase):
     endpoint: str
     config: Any = None  # dict with the YAML's keys: the subscribers' ParamCast config
     worker_id_prefix: str = "vllm"
+    # Copies of received tensors waiting for vLLM's thread to load them, at most (one is always let in).
+    queue_bytes: int = 1 << 30
+    # How long ParamCast's data thread waits for vLLM's thread (update_weights) to take a tensor, and
+    # for the round's loads to finish, before it fails the update naming this worker.
+    receive_timeout_s: float = 600.0
 
     def __post_init__(self):
         if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("tcp://", "ipc://")):
             raise ValueError(f"paramcast init_info.endpoint: expected the publisher's tcp:// endpoint, "
                              f"got {self.endpoint!r}")
+        if "://0.0.0.0:" in self.endpoint or "://*:" in self.endpoint:
+            raise ValueError(f"paramcast init_info.endpoint {self.endpoint!r} is the publisher's wildcard bind, "
+                             "which no worker can connect to: give the trainer host's address")
 
 
 @dataclass
@@ -127,8 +137,25 @@ def _no_mtp_check():
     return disable_mtp_completeness_check()
 
 
+class _End:
+    """Queued by on_update_end after the last tensor of a version: vLLM's thread answers through ``done``."""
+
+    def __init__(self, version, error):
+        self.version, self.error = version, error
+        self.done = threading.Event()
+        self.load_error = None
+
+
 class ParamCastWeightTransferEngine(_EngineBase):
-    """The vLLM worker's side: a ParamCast subscriber that feeds ``model.load_weights``."""
+    """The vLLM worker's side: a ParamCast subscriber whose tensors vLLM's own thread loads.
+
+    ParamCast's data thread copies each tensor as it lands (its buffer is reused at once, and vLLM's
+    loaders may keep what they are given until finish_weight_update) into a queue bounded by
+    ``queue_bytes``; ``update_weights``, on vLLM's worker thread (its config context, its CUDA
+    stream), drains the queue into ``model.load_weights``. The update is Applied on the publisher
+    only once vLLM's thread has loaded its last tensor: a ``load_weights`` error fails the
+    trainer's update, naming this worker.
+    """
 
     init_info_cls = ParamCastInitInfo
     update_info_cls = ParamCastUpdateInfo
@@ -148,10 +175,12 @@ class ParamCastWeightTransferEngine(_EngineBase):
             self._default_model = model
             self._default_model_config = self.model_config
         self._sub = None
-        self._lock = threading.Lock()
+        self._init = None
+        self._cv = threading.Condition()
+        self._queue = collections.deque()  # (name, tensor) or _End, oldest first
+        self._queued_bytes = 0
         self._active = False
-        self._received = set()
-        self._errors = []
+        self._closed = False
 
     # ---- vLLM's base-class behaviour, for when vLLM is not installed -------------------------
     if not HAVE_VLLM:
@@ -196,69 +225,95 @@ class ParamCastWeightTransferEngine(_EngineBase):
                              f"got {type(cfg).__name__}")
         cfg = dict(cfg)
         cfg["control"] = {**cfg.get("control", {}), "endpoint": init_info.endpoint}
-        device = self.device
-        if getattr(device, "type", "cpu") == "cuda":
-            sub_cfg = dict(cfg.get("subscriber", {}))
-            sub_cfg["device"] = f"cuda:{device.index if device.index is not None else 0}"
-            cfg["subscriber"] = sub_cfg
+        backend = cfg.get("data_plane", {}).get("backend", "gloo")
+        if getattr(self.device, "type", "cpu") == "cuda" and backend in ("nccl", "shm"):
+            # Received straight into the worker's GPU; over gloo the bytes land in host memory and
+            # load_weights copies them to the GPU.
+            cfg["subscriber"] = {**cfg.get("subscriber", {}),
+                                 "device": f"cuda:{self.device.index if self.device.index is not None else 0}"}
         self.worker_id = worker_id_for(init_info.worker_id_prefix, self.parallel_config)
+        self._init = init_info
         sub = paramcast.Subscriber(cfg, self.worker_id)
         sub.on_weights(self._on_weights)
+        sub.on_update_end(self._on_update_end)
         sub.start()
         self._sub = sub
 
     def start_weight_update(self):
-        """Opens a round: tensors that arrive from now until finish_weight_update go to load_weights."""
+        """Opens a round: tensors that arrive from now until finish_weight_update are loaded."""
         self._require_init("start_weight_update")
         init = _layerwise("initialize_layerwise_reload")
         if init is not None:
             init(self.model)
-        with self._lock:
+        with self._cv:
             self._active = True
-            self._received = set()
-            self._errors = []
 
     def receive_weights(self, update_info):
-        """Returns once version ``update_info.version`` is applied here, each tensor through load_weights.
+        """On vLLM's thread: loads every tensor of version ``update_info.version`` as it arrives.
 
-        Raises RuntimeError when the update failed on this worker (with ParamCast's error) or did not
-        complete within ``update_info.timeout_s``, and ValueError naming any of ``update_info.names``
-        that did not arrive.
+        Returns once that version is applied here. Raises RuntimeError with ParamCast's error, the
+        ``load_weights`` exception, or after ``update_info.timeout_s``; ValueError naming any of
+        ``update_info.names`` that did not arrive.
         """
         self._require_init("receive_weights")
         if not self._active:
             raise RuntimeError(f"{self.worker_id}: receive_weights outside start/finish_weight_update")
+        deadline = time.monotonic() + update_info.timeout_s
+        received, load_error = set(), None
         try:
-            self._sub.wait_for_version(update_info.version, timeout=update_info.timeout_s, raise_on_failure=True)
-        except paramcast.Error as e:
-            with self._lock:
+            while True:
+                item = self._take(deadline, update_info.version)
+                if isinstance(item, _End):
+                    item.load_error = load_error
+                    item.done.set()  # the data thread reports Applied (or the failure) now
+                    if item.version < update_info.version:
+                        received, load_error = set(), None  # an older update's end: not this round's
+                        continue
+                    if item.error:
+                        raise RuntimeError(f"paramcast: {self.worker_id}: update v{item.version} failed here: "
+                                           f"{item.error}")
+                    break
+                name, tensor = item
+                if load_error is None:
+                    try:
+                        with _no_mtp_check():
+                            self.model.load_weights([(name, tensor)])
+                    except Exception as e:  # noqa: BLE001 - reported to the publisher and raised below
+                        load_error = f"{type(e).__name__}: {e}"
+                received.add(name)
+            if load_error is not None:
+                raise RuntimeError(f"{self.worker_id}: load_weights failed: {load_error}")
+            try:
+                self._sub.wait_for_version(update_info.version, timeout=max(1.0, deadline - time.monotonic()),
+                                           raise_on_failure=True)
+            except paramcast.Error as e:
+                raise RuntimeError(f"paramcast: {e}") from e
+            missing = [n for n in update_info.names if n not in received]
+            if missing:
+                shown = ", ".join(repr(n) for n in missing[:4]) + \
+                    (f", +{len(missing) - 4} more" if len(missing) > 4 else "")
+                raise ValueError(f"{self.worker_id}: update v{update_info.version} did not carry {shown}")
+        except BaseException:
+            with self._cv:
                 self._active = False  # vLLM's worker ends the round when this raises
-                errors = list(self._errors)
-            if errors:
-                raise RuntimeError(f"{self.worker_id}: load_weights failed: {errors[0]}") from e
-            raise RuntimeError(f"paramcast: {e}") from e
-        with self._lock:
-            errors = list(self._errors)
-            missing = [n for n in update_info.names if n not in self._received]
-            if errors or missing:
-                self._active = False
-        if errors:
-            raise RuntimeError(f"{self.worker_id}: load_weights failed: {errors[0]}")
-        if missing:
-            shown = ", ".join(repr(n) for n in missing[:4]) + (f", +{len(missing) - 4} more" if len(missing) > 4 else "")
-            raise ValueError(f"{self.worker_id}: update v{update_info.version} did not carry {shown}")
+                self._cv.notify_all()
+            raise
 
     def finish_weight_update(self):
         """Closes the round (vLLM's layerwise reload finalizes here, where installed)."""
         self._require_init("finish_weight_update")
-        with self._lock:
+        with self._cv:
             self._active = False
+            self._cv.notify_all()
         finalize = _layerwise("finalize_layerwise_reload")
         if finalize is not None:
             finalize(self.model, self.model_config)
 
     def shutdown(self):
         """Leaves the ParamCast group; the worker and its model stay. Safe to call more than once."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
         sub, self._sub = self._sub, None
         if sub is not None:
             sub.stop()
@@ -268,27 +323,68 @@ class ParamCastWeightTransferEngine(_EngineBase):
         if self._sub is None:
             raise RuntimeError(f"paramcast: {what} before init_transfer_engine")
 
+    def _take(self, deadline, version):
+        with self._cv:
+            while not self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"paramcast: {self.worker_id}: update v{version} not complete within "
+                                       f"timeout_s (state: {self._sub.state_detail})")
+                if self._closed:
+                    raise RuntimeError(f"paramcast: {self.worker_id}: shut down while receiving v{version}")
+                self._cv.wait(min(left, 0.05))
+            item = self._queue.popleft()
+            if not isinstance(item, _End):
+                self._queued_bytes -= item[1].element_size() * item[1].nelement()
+            self._cv.notify_all()
+            return item
+
+    def _put(self, item, nbytes):
+        deadline = time.monotonic() + self._init.receive_timeout_s
+        with self._cv:
+            while self._queue and self._queued_bytes + nbytes > self._init.queue_bytes:
+                left = deadline - time.monotonic()
+                if not self._active or self._closed or left <= 0:
+                    raise RuntimeError(f"{self.worker_id}: vLLM's thread took no tensor within receive_timeout_s "
+                                       f"({self._init.receive_timeout_s} s): was update_weights called?")
+                self._cv.wait(min(left, 0.05))
+            self._queue.append(item)
+            self._queued_bytes += nbytes
+            self._cv.notify_all()
+
     def _on_weights(self, weights):
-        # ParamCast's data thread; the views are valid only during this call, and vLLM's loaders may keep
-        # what they are given until finish_weight_update: each tensor is copied first.
-        with self._lock:
+        # ParamCast's data thread. The views are valid only during this call: each is copied.
+        with self._cv:
             active = self._active
         if not active:
             raise RuntimeError(f"{self.worker_id}: weights arrived outside start/finish_weight_update "
                                "(the trainer must call start_weight_update on every worker first)")
-        owned = [(name, tensor.clone()) for name, tensor in weights]
-        try:
-            torch = paramcast._tensors._torch_module()
-            device_ctx = torch.cuda.device(self.device) if getattr(self.device, "type", "cpu") == "cuda" \
-                else contextlib.nullcontext()
-            with device_ctx, _no_mtp_check():
-                self.model.load_weights(owned)
-        except Exception as e:
-            with self._lock:
-                self._errors.append(f"{type(e).__name__}: {e}")
-            raise
-        with self._lock:
-            self._received.update(name for name, _ in owned)
+        for name, tensor in weights:
+            self._put((name, tensor.clone()), tensor.element_size() * tensor.nelement())
+
+    def _on_update_end(self, version, error):
+        # ParamCast's data thread, after the last tensor: Applied leaves once vLLM's thread loaded them all.
+        with self._cv:
+            if not self._active:
+                if error is None:
+                    raise RuntimeError(f"{self.worker_id}: update v{version} ended outside a weight update round")
+                return None
+            end = _End(version, error)
+            if error is not None:
+                end.done.set()  # a failed update: vLLM's thread raises it; nothing to wait for here
+            self._queue.append(end)
+            self._cv.notify_all()
+        if error is not None:
+            return None
+        if not end.done.wait(self._init.receive_timeout_s):
+            with self._cv:
+                if end in self._queue:
+                    self._queue.remove(end)
+            raise RuntimeError(f"{self.worker_id}: update v{version} was not loaded within receive_timeout_s "
+                               f"({self._init.receive_timeout_s} s): was update_weights called?")
+        if end.load_error is not None:
+            raise RuntimeError(f"{self.worker_id}: load_weights failed: {end.load_error}")
+        return None
 
     # ---- trainer side, static form (vLLM 0.20-0.27) ------------------------------------------
     @staticmethod
@@ -325,6 +421,9 @@ class ParamCastTrainerInitInfo(_TrainerInitInfoBase):
     config: Any = None  # dict or YAML path: the publisher's config (publisher.subscribers = the vLLM workers)
     engine_config: Any = None  # dict: the subscribers' config sent to every vLLM worker
     worker_id_prefix: str = "vllm"
+    # The endpoint the workers connect to, when the publisher binds a wildcard (tcp://0.0.0.0:PORT or
+    # tcp://*:PORT): tcp://<this host's address>:PORT. Default: the publisher's bound endpoint.
+    advertise_endpoint: Any = None
 
 
 class ParamCastTrainerWeightTransferEngine(_TrainerBase):
@@ -346,7 +445,11 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             return cls(client=client, source=source, is_sender=False, rank=init_info.rank)
         publisher = paramcast.Publisher(init_info.config)
         try:
-            client.init_weight_transfer_engine({"endpoint": publisher.endpoint,
+            endpoint = init_info.advertise_endpoint or publisher.endpoint
+            if init_info.advertise_endpoint:
+                port = publisher.endpoint.rsplit(":", 1)[1]
+                endpoint = endpoint.replace(":PORT", ":" + port)
+            client.init_weight_transfer_engine({"endpoint": endpoint,
                                                 "config": init_info.engine_config,
                                                 "worker_id_prefix": init_info.worker_id_prefix})
             publisher.start()
@@ -370,10 +473,19 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
                     receiving = pool.submit(self.client.update_weights,
                                             {"version": update.version, "names": [n for n, _, _ in manifest]})
                     for name, tensor in self.source.iter_full():
+                        if receiving.done() and receiving.exception() is not None:
+                            break  # the workers gave up: their error says why (raised below)
                         update.send(name, tensor)
-            finally:
-                if receiving is not None:
-                    receiving.result()  # the workers' errors first: they say what went wrong where
+            except BaseException:
+                if receiving is None:
+                    # The workers are inside a round that nothing will end: close it (vLLM restores the
+                    # previous weights when a layerwise reload received nothing), then report.
+                    with contextlib.suppress(Exception):
+                        self.client.finish_weight_update()
+                    raise
+                receiving.result()  # the workers' error first: it says what went wrong where
+                raise
+            receiving.result()
         self.client.finish_weight_update()
         return update.result
 
