@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <regex>
 #include <thread>
 
 #include "common/synthetic_model.h"
@@ -24,9 +23,11 @@ using MetricsTest = WeightUpdateTest;
 
 // host, port of http://HOST:PORT/metrics
 std::pair<std::string, int> host_port(const std::string& url) {
-  std::smatch m;
-  EXPECT_TRUE(std::regex_match(url, m, std::regex(R"(http://([0-9.]+):([0-9]+)/metrics)"))) << url;
-  return {m[1], std::stoi(m[2])};
+  const std::string scheme = "http://", path = "/metrics";
+  EXPECT_EQ(url.rfind(scheme, 0), 0u) << url;
+  const size_t colon = url.rfind(':'), slash = url.rfind(path);
+  EXPECT_TRUE(colon != std::string::npos && slash != std::string::npos && slash > colon) << url;
+  return {url.substr(scheme.size(), colon - scheme.size()), std::stoi(url.substr(colon + 1, slash - colon - 1))};
 }
 
 std::string scrape(const std::string& url) {

@@ -460,6 +460,10 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
 
     def send_weights(self):
         """One round: start, stream every tensor of the source while the workers receive, finish."""
+        missing = [a for a in ("metadata", "iter_full") if not hasattr(self.source, a)]
+        if missing:
+            raise TypeError(f"paramcast send_weights: the source ({type(self.source).__name__}) has no "
+                            f"{' or '.join(missing)}: pass a vLLM WeightSource (e.g. ModuleSource(model))")
         if not self.is_sender:
             for _ in self.source.iter_full():  # collective gathers need every rank
                 pass
