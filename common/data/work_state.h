@@ -3,7 +3,9 @@
 #pragma once
 
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <string>
 
 #include "common/data/communicator.h"
 
@@ -36,6 +38,29 @@ class WorkState {
   std::condition_variable cv_;
   bool done_ = false;
   Status status_;
+};
+
+// The Work the host backends (gloo, shm) hand out: it waits for its
+// WorkState; past the caller's deadline it aborts the communicator (the
+// collective is half done on every rank) and says so.
+class DeadlineWork : public Work {
+ public:
+  DeadlineWork(Communicator* comm, uint64_t epoch, int rank) : comm_(comm), epoch_(epoch), rank_(rank) {}
+  Status wait(Deadline deadline) override {
+    Status s = state->wait_until(deadline);
+    if (s.code() == Code::kTimeout && !state->done()) {  // the deadline, not a stalled link
+      comm_->abort("broadcast deadline passed");
+      return timeout_error("broadcast did not finish before its deadline (epoch " + std::to_string(epoch_) +
+                           ", rank " + std::to_string(rank_) + "); communicator aborted");
+    }
+    return s;
+  }
+  const std::shared_ptr<WorkState> state = std::make_shared<WorkState>();
+
+ private:
+  Communicator* const comm_;
+  const uint64_t epoch_;
+  const int rank_;
 };
 
 }  // namespace paramcast::data_internal

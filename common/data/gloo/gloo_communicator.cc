@@ -77,6 +77,7 @@
 namespace paramcast::gloo_backend {
 namespace {
 
+using data_internal::DeadlineWork;
 using data_internal::WorkState;
 
 // How often the watcher looks for failed pairs and kicks an aborted operation.
@@ -130,7 +131,7 @@ class GlooCommunicator : public Communicator {
   }
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
-    auto work = std::make_shared<Handle>(this);
+    auto work = std::make_shared<DeadlineWork>(this, options_.epoch, options_.rank);
     if (bytes == 0) {
       work->state->complete(Status());
       return work;
@@ -195,22 +196,6 @@ class GlooCommunicator : public Communicator {
   };
 
   // A Work whose wait() aborts the communicator when its deadline passes.
-  struct Handle : Work {
-    explicit Handle(GlooCommunicator* c) : comm(c), state(std::make_shared<WorkState>()) {}
-    Status wait(Deadline deadline) override {
-      Status s = state->wait_until(deadline);
-      if (s.code() == Code::kTimeout && !state->done()) {  // the deadline, not a stalled link
-        comm->abort("broadcast deadline passed");
-        return timeout_error("broadcast did not finish before its deadline (epoch " +
-                             std::to_string(comm->options_.epoch) + ", rank " +
-                             std::to_string(comm->options_.rank) + "); communicator aborted");
-      }
-      return s;
-    }
-    GlooCommunicator* comm;
-    std::shared_ptr<WorkState> state;
-  };
-
   // What a rank tells its peers before it closes. kIfBusy: an abort if an
   // operation is queued or running, else a goodbye (a member that leaves
   // after its last broadcast must not break the peers still finishing

@@ -46,6 +46,7 @@
 namespace paramcast::shm_backend {
 namespace {
 
+using data_internal::DeadlineWork;
 using data_internal::WorkState;
 
 constexpr auto kPoll = std::chrono::milliseconds(10);
@@ -117,7 +118,7 @@ class ShmCommunicator : public Communicator {
   }
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
-    auto work = std::make_shared<Handle>(this);
+    auto work = std::make_shared<DeadlineWork>(this, options_.epoch, options_.rank);
     if (bytes == 0) {
       work->state->complete(Status());
       return work;
@@ -165,21 +166,6 @@ class ShmCommunicator : public Communicator {
     size_t bytes;
     std::shared_ptr<WorkState> state;
     Deadline deadline;
-  };
-  struct Handle : Work {
-    explicit Handle(ShmCommunicator* c) : comm(c), state(std::make_shared<WorkState>()) {}
-    Status wait(Deadline deadline) override {
-      Status s = state->wait_until(deadline);
-      if (s.code() == Code::kTimeout && !state->done()) {
-        comm->abort("broadcast deadline passed");
-        return timeout_error("broadcast did not finish before its deadline (epoch " +
-                             std::to_string(comm->options_.epoch) + ", rank " + std::to_string(comm->options_.rank) +
-                             "); communicator aborted");
-      }
-      return s;
-    }
-    ShmCommunicator* comm;
-    std::shared_ptr<WorkState> state;
   };
   // The root's operations whose chunks are all written, waiting for the
   // readers to consume through `end` (a chunk count).
