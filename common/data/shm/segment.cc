@@ -59,6 +59,24 @@ struct Request {
   int32_t rank;
 };
 
+// One byte with room for one passed descriptor (SCM_RIGHTS): the message the
+// root sends to hand a reader the segment, and the one the reader receives.
+// Its header points into itself, so it is never copied.
+struct FdMessage {
+  char payload = 0;
+  iovec iov{&payload, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 }  // namespace
 
 StatusOr<std::string> Bootstrap::mint() {
@@ -148,21 +166,15 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
     if (recv(peer.get(), &req, sizeof req, 0) != static_cast<ssize_t>(sizeof req)) continue;
     if (!constant_time_equal(req.secret, reinterpret_cast<const uint8_t*>(b.secret.data()), kSecretBytes)) continue;
     if (req.rank < 1 || req.rank >= world) continue;  // a rank already attached may retry: it gets the segment again
-    char payload = 'S';
-    iovec iov{&payload, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    FdMessage m;
+    m.payload = 'S';
+    cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     const int fd = mem.get();
     std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(peer.get(), &msg, MSG_NOSIGNAL) == 1) {
+    if (sendmsg(peer.get(), &m.msg, MSG_NOSIGNAL) == 1) {
       attached.insert(req.rank);
       seg->peer_pids_[static_cast<size_t>(req.rank)] = cred.pid;  // in this pid namespace (0: not visible)
     }
@@ -219,20 +231,13 @@ StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank,
         1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
     timeval tv{static_cast<time_t>(left / 1000), static_cast<suseconds_t>((left % 1000) * 1000)};
     setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    char payload = 0;
-    iovec iov{&payload, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    if (recvmsg(s.get(), &msg, MSG_CMSG_CLOEXEC) != 1 || payload != 'S') {
+    FdMessage m;
+    if (recvmsg(s.get(), &m.msg, MSG_CMSG_CLOEXEC) != 1 || m.payload != 'S') {
       last = "the root closed without handing over the segment (a wrong secret or rank)";
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
     if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
       return protocol_error("shm segment: the root's reply carries no descriptor");
     int raw;
