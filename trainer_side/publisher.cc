@@ -9,13 +9,13 @@
 #include "trainer_side/publisher_impl.h"
 
 namespace paramcast {
-namespace {
 std::string join_ids(const std::vector<std::string>& ids) {
   std::string s;
   for (const auto& id : ids) s += (s.empty() ? "" : ", ") + id;
   return s;
 }
 
+namespace {
 control::ServerOptions server_options(const Config& cfg) {
   control::ServerOptions o;
   o.control = cfg.control;
@@ -93,119 +93,6 @@ std::string PublisherImpl::waited(const char* name, Millis phase, Deadline until
 
 std::string PublisherImpl::silence() const {
   return "silent for " + std::to_string(cfg_.control.heartbeat_timeout.count()) + "ms";
-}
-
-// ------------------------------------------------------------------ start()
-Status PublisherImpl::start() {
-  std::lock_guard<UpdateGate> ulock(update_mu_);
-  const auto deadline = Clock::now() + cfg_.control.join_timeout;
-  std::vector<std::string> missing;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return server_.missing().empty() || stopped_; });
-    missing = server_.missing();
-  }
-  if (!missing.empty()) {
-    const std::string what = "join_timeout (" + std::to_string(cfg_.control.join_timeout.count()) +
-                             "ms) passed with subscribers missing: " + join_ids(missing);
-    if (cfg_.publisher.on_missing_at_start == MissingAtStartPolicy::kFail || server_.live_ids().empty())
-      return timeout_error(what);
-    PC_WARN("publisher: " << what << "; starting with those present (they are admitted when they join)");
-  }
-  Status formed = form_group(Deadline::max());
-  // on_missing_at_start: start_with_present also covers members that are
-  // present but break formation: each one the failure names is quarantined
-  // (and named), and the others start. Never on the evidence against all.
-  for (int attempt = 0; !formed.ok() && attempt < 3 && !stopped_ &&
-                        cfg_.publisher.on_missing_at_start == MissingAtStartPolicy::kStartWithPresent;
-       ++attempt) {
-    const auto blamed = groups_.last_blamed();
-    const auto live = server_.live_ids();
-    if (blamed.empty() || blamed.size() >= live.size()) break;
-    for (const auto& id : blamed) groups_.quarantine(id, "broke the start-up group formation: " + formed.message());
-    PC_WARN("publisher: starting without " << join_ids(blamed) << " (they broke the start-up group formation: "
-                                           << formed.message() << ")");
-    formed = form_group(Deadline::max());
-  }
-  return formed;
-}
-
-// The live members not in quarantine; every live member when all of them
-// are (quarantine never leaves the group empty on its own).
-std::vector<std::string> PublisherImpl::wanted_members(std::map<std::string, std::string>* excluded) const {
-  *excluded = groups_.excluded();
-  std::vector<std::string> members;
-  const auto live = server_.live_ids();
-  for (const auto& id : live)
-    if (!excluded->count(id)) members.push_back(id);
-  if (members.empty() && !live.empty()) {
-    excluded->clear();
-    return live;
-  }
-  return members;
-}
-
-Status PublisherImpl::form_group(Deadline cap) {
-  comm_.reset();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    needs_reform_ = false;
-  }
-  auto live = server_.live();
-  std::map<std::string, std::string> excluded;
-  std::vector<std::string> members = wanted_members(&excluded);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    group_ = members;
-    formed_generation_ = live.generation;  // what on_member_event need not act on again
-  }
-  for (const auto& [id, why] : excluded)
-    PC_WARN("publisher: forming the group without '" << id << "' (" << why << ")");
-  auto comm = groups_.form(members, cap);
-  if (!comm.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    needs_reform_ = true;
-    return comm.status();
-  }
-  comm_ = reaper_.adopt(std::move(comm.value()));
-  return Status();
-}
-
-// Re-forms the group when membership changed since the last one, after
-// giving lost members up to one heartbeat timeout to come back.
-Status PublisherImpl::ensure_group() {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!needs_reform_ && comm_) {
-      // A quarantine that ended brings its member back with a new group.
-      std::map<std::string, std::string> excluded;
-      lock.unlock();
-      const auto wanted = wanted_members(&excluded);
-      lock.lock();
-      if (wanted == group_) return Status();
-      needs_reform_ = true;
-    }
-    cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout,
-                   [&] { return server_.missing().empty() || stopped_; });
-  }
-  auto missing = server_.missing();
-  if (!missing.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail)
-    return peer_lost("subscribers missing (on_member_loss: fail): " + join_ids(missing));
-  const auto excluded = groups_.excluded();
-  if (!excluded.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail) {
-    std::string what;
-    for (const auto& [id, why] : excluded) what += (what.empty() ? "" : "; ") + id + ": " + why;
-    return unavailable("subscribers in quarantine after failing group formations (on_member_loss: fail): " + what);
-  }
-  return form_group(cap_);
-}
-
-// Expected subscribers that are not in this update: absent, or left out of
-// the group after failing formation.
-std::vector<std::string> PublisherImpl::absent() const {
-  auto ids = server_.missing();
-  for (const auto& [id, why] : groups_.excluded()) ids.push_back(id);
-  return ids;
 }
 
 // ------------------------------------------------------------ weight_update

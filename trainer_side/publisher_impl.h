@@ -42,6 +42,9 @@
 
 namespace paramcast {
 
+// "a, b, c", for messages that list worker ids.
+std::string join_ids(const std::vector<std::string>& ids);
+
 class PublisherImpl : public control::ControlServer::Listener {
  public:
   // What one move needs beside the plan: the group it goes to, its start,
