@@ -2,6 +2,7 @@
 // starts 1 trainer and 7 workers; every worker verifies every byte.
 #include <gtest/gtest.h>
 
+#include "tests/support/deployments.h"
 #include "tests/support/process.h"
 
 namespace paramcast {
@@ -10,20 +11,7 @@ namespace {
 using test::Process;
 
 TEST(DemoTest, LocalCpuDeploymentSucceedsAndEveryWorkerVerifies) {
-  auto launch = Process::start(test::binary("paramcast"),
-                               {"launch", std::string(PARAMCAST_SOURCE_DIR) + "/deploy/local-cpu.yaml"});
-  auto code = launch->wait_for(std::chrono::seconds(300));
-  ASSERT_TRUE(code.has_value()) << "launch hung:\n" << launch->output();
-  const std::string out = launch->output();
-  EXPECT_EQ(*code, 0) << out;
-  EXPECT_NE(out.find("8 roles, all succeeded"), std::string::npos) << out;
-  EXPECT_NE(out.find("paramcast-trainer: 5 updates, 0 failed"), std::string::npos) << out;
-  for (int i = 1; i <= 7; ++i) {
-    const std::string w = "worker-" + std::to_string(i);
-    EXPECT_NE(out.find("[" + w + " ] " + w + ": 5 updates verified, 0 failed; state version 5, consistent"),
-              std::string::npos)
-        << w << ":\n" << out;
-  }
+  test::launch_and_expect_every_worker_verified("deploy/local-cpu.yaml");
 }
 
 TEST(DemoTest, LaunchStopsEveryRoleWhenOneFails) {

@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "tests/support/deployments.h"
 #include "tests/support/worker_cluster.h"
 
 namespace paramcast {
@@ -98,41 +99,10 @@ TEST_F(FaultToleranceTest, PublisherKilledMidUpdateSubscribersStayAndRejoinANewO
   const std::string yaml_path = test::write_file(dir_, "deploy.yaml", test::test_config_yaml(3));
   yaml_path_ = yaml_path;
   config_ = load_config_file(yaml_path).value();
-  const std::string endpoint_file = dir_ + "/endpoint";
-  auto trainer = Process::start(test::binary("paramcast-trainer"),
-                                {"--config", yaml_path, "--endpoint-file", endpoint_file, "--updates", "5"},
-                                {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=2:1"});
-  ASSERT_TRUE(trainer->wait_for_output("control endpoint", std::chrono::seconds(10))) << trainer->output();
-  std::string endpoint;
-  std::ifstream(endpoint_file) >> endpoint;
-  ASSERT_FALSE(endpoint.empty());
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int i = 1; i <= 3; ++i)
-    workers.push_back(Process::start(test::binary("paramcast-worker"),
-                                     {"--config", yaml_path, "--id", "worker-" + std::to_string(i), "--endpoint",
-                                      endpoint, "--updates", "0"}));
-  for (auto& w : workers) ASSERT_TRUE(w->wait_for_output("v1 verified", std::chrono::seconds(20))) << w->output();
-  ASSERT_TRUE(trainer->wait_for_output("stalling after bucket 1 of v2", std::chrono::seconds(20)))
-      << trainer->output();
-  // The trainer stalls once it has issued bucket 1; the engines take v2's
-  // first bytes when they get to it (on a loaded machine, later). Killed
-  // before that, they would rightly still hold v1 consistent. Their
-  // heartbeats say when all three hold part of v2.
-  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-       std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(Ms(100))) {
-    auto status = Process::start(test::binary("paramcast"), {"status", endpoint, "--json"});
-    ASSERT_EQ(status->wait_for(std::chrono::seconds(10)), 0) << status->output();
-    if (test::count(status->output(), "\"state\":\"dirty\"") == 3) break;
-  }
-  trainer->kill(SIGKILL);
-  const auto killed = std::chrono::steady_clock::now();
-  const auto bound = config_.control.heartbeat_timeout + std::chrono::seconds(2);
-  for (auto& w : workers) {
-    ASSERT_TRUE(w->wait_for_output("publisher lost", bound + std::chrono::seconds(1))) << w->output();
-    EXPECT_LE(std::chrono::steady_clock::now() - killed, bound);
-    EXPECT_NE(w->output().find("dirty (v2 incomplete, last consistent v1)"), std::string::npos) << w->output();
-    EXPECT_TRUE(w->running());  // the engine and its weights stay
-  }
+  auto killed = test::kill_publisher_mid_update(dir_, yaml_path, config_);
+  ASSERT_FALSE(HasFailure());
+  const std::string& endpoint = killed.endpoint;
+  auto& workers = killed.workers;
   // A new publisher on the same endpoint: its first update makes everyone
   // consistent, and it goes on above the version the workers report (dirty
   // v2): versions never go backwards.

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <set>
 
+#include "tests/support/deployments.h"
 #include "tests/support/netns.h"
 #include "tests/support/worker_cluster.h"
 
@@ -45,21 +46,8 @@ std::string shm_yaml(int subscribers, const std::string& extra_publisher = "", c
 
 TEST(LocalPlaneTest, LocalShmDeploymentSucceedsAndEveryWorkerVerifies) {
   const auto before = dev_shm();
-  auto launch = Process::start(test::binary("paramcast"),
-                               {"launch", std::string(PARAMCAST_SOURCE_DIR) + "/deploy/local-shm.yaml"});
-  auto code = launch->wait_for(std::chrono::seconds(300));
-  ASSERT_TRUE(code.has_value()) << "launch hung:\n" << launch->output();
-  const std::string out = launch->output();
-  EXPECT_EQ(*code, 0) << out;
-  EXPECT_NE(out.find("8 roles, all succeeded"), std::string::npos) << out;
-  EXPECT_NE(out.find("paramcast-trainer: 5 updates, 0 failed"), std::string::npos) << out;
+  const std::string out = test::launch_and_expect_every_worker_verified("deploy/local-shm.yaml");
   EXPECT_NE(out.find("(shm"), std::string::npos) << "the group formed over shm:\n" << out;
-  for (int i = 1; i <= 7; ++i) {
-    const std::string w = "worker-" + std::to_string(i);
-    EXPECT_NE(out.find("[" + w + " ] " + w + ": 5 updates verified, 0 failed; state version 5, consistent"),
-              std::string::npos)
-        << w << ":\n" << out;
-  }
   EXPECT_EQ(dev_shm(), before) << "nothing is left in /dev/shm";
 }
 
@@ -114,39 +102,10 @@ TEST_F(LocalPlaneClusterTest, KilledPublisherLeavesReadersDirtyNotHungAndNothing
   const auto before = dev_shm();
   const std::string yaml_path = test::write_file(dir_, "deploy.yaml", shm_yaml(3));
   config_ = load_config_file(yaml_path).value();
-  const std::string endpoint_file = dir_ + "/endpoint";
-  auto trainer = Process::start(test::binary("paramcast-trainer"),
-                                {"--config", yaml_path, "--endpoint-file", endpoint_file, "--updates", "5"},
-                                {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=2:1"});
-  ASSERT_TRUE(trainer->wait_for_output("control endpoint", std::chrono::seconds(10))) << trainer->output();
-  std::string endpoint;
-  std::ifstream(endpoint_file) >> endpoint;
-  ASSERT_FALSE(endpoint.empty());
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int i = 1; i <= 3; ++i)
-    workers.push_back(Process::start(test::binary("paramcast-worker"),
-                                     {"--config", yaml_path, "--id", "worker-" + std::to_string(i), "--endpoint",
-                                      endpoint, "--updates", "0"}));
-  for (auto& w : workers) ASSERT_TRUE(w->wait_for_output("v1 verified", std::chrono::seconds(20))) << w->output();
-  ASSERT_TRUE(trainer->wait_for_output("stalling after bucket 1 of v2", std::chrono::seconds(20)))
-      << trainer->output();
-  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-       std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(Ms(100))) {
-    auto status = Process::start(test::binary("paramcast"), {"status", endpoint, "--json"});
-    ASSERT_EQ(status->wait_for(std::chrono::seconds(10)), 0) << status->output();
-    if (test::count(status->output(), "\"state\":\"dirty\"") == 3) break;
-  }
-  trainer->kill(SIGKILL);
-  const auto killed = std::chrono::steady_clock::now();
-  const auto bound = config_.control.heartbeat_timeout + std::chrono::seconds(2);
-  for (auto& w : workers) {
-    ASSERT_TRUE(w->wait_for_output("publisher lost", bound + std::chrono::seconds(1))) << w->output();
-    EXPECT_LE(std::chrono::steady_clock::now() - killed, bound);
-    EXPECT_NE(w->output().find("dirty (v2 incomplete, last consistent v1)"), std::string::npos) << w->output();
-    EXPECT_TRUE(w->running());
-  }
-  for (auto& w : workers) w->kill(SIGKILL);
-  for (auto& w : workers) w->wait_for(std::chrono::seconds(10));
+  auto killed = test::kill_publisher_mid_update(dir_, yaml_path, config_);
+  ASSERT_FALSE(HasFailure());
+  for (auto& w : killed.workers) w->kill(SIGKILL);
+  for (auto& w : killed.workers) w->wait_for(std::chrono::seconds(10));
   EXPECT_EQ(dev_shm(), before) << "nothing is left in /dev/shm after a SIGKILLed publisher";
 }
 
