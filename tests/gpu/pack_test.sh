@@ -13,7 +13,8 @@ PACK_NO_BUILD=1 bash "$here/pack.sh" "$tmp/made" "$build"
 mv "$tmp/made" "$tmp/moved"  # nothing may point back into the build tree's pack path
 test -f "$tmp/moved/MANIFEST" && test -x "$tmp/moved/run.sh"
 for b in "$tmp"/moved/bin/*; do
-  if env -i LD_LIBRARY_PATH="$tmp/moved/lib" ldd "$b" | grep -v 'libcuda\.\|libnccl\.' | grep -q 'not found'; then
+  deps="$(env -i LD_LIBRARY_PATH="$tmp/moved/lib" ldd "$b" || true)"  # captured: no SIGPIPE under pipefail
+  if grep -v 'libcuda\.\|libnccl\.' <<< "$deps" | grep 'not found' >&2; then
     echo "pack_test: $b misses a library" >&2
     exit 1
   fi

@@ -42,7 +42,9 @@ assert r.ok and torch.equal(dst, src), r
 sub.stop(); pub.close()
 print(f"{venv}: paramcast {paramcast.__file__}, torch {torch.__version__}: update v{r.version} bit-exact")
 PY
-  "$1/bin/paramcast" --help | grep -q "launch FILE.yaml"
+  # A captured output, not `cmd | grep -q`: under pipefail grep's early exit would fail the writer (SIGPIPE).
+  local help; help="$("$1/bin/paramcast" --help)"
+  grep -q "launch FILE.yaml" <<< "$help"
   [ -x "$1/bin/paramcast-trainer" ] && [ -x "$1/bin/paramcast-worker" ]
   # The example's trainer alone (no engines) gets as far as binding: it found paramcast and torch.
   timeout 60 "$py" "$src/examples/python/trainer.py" --engines 1 --steps 1 > "$work/example.out" 2>&1 &
@@ -58,8 +60,11 @@ if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
   "$current" -m build --wheel --outdir "$work/dist" -C build-dir="$work/build-current" "$src" > "$work/build-current.log" 2>&1 \
     || { tail -40 "$work/build-current.log"; exit 1; }
   wheel=$(ls "$work"/dist/paramcast-*.whl)
-  unzip -l "$wheel" | grep -q "paramcast/_core.cpython" || { echo "the wheel has no extension"; exit 1; }
-  unzip -l "$wheel" | grep -q "paramcast/integrations/vllm.py" || { echo "the wheel has no vLLM backend"; exit 1; }
+  # The listing is captured first: `unzip -l | grep -q` under pipefail fails whenever grep exits
+  # before unzip has written everything (SIGPIPE), which depends on timing.
+  listing="$(unzip -l "$wheel")"
+  grep -q "paramcast/_core.cpython" <<< "$listing" || { echo "the wheel has no extension"; exit 1; }
+  grep -q "paramcast/integrations/vllm.py" <<< "$listing" || { echo "the wheel has no vLLM backend"; exit 1; }
   "$current" -m venv --system-site-packages "$work/venv-current"
   "$work/venv-current/bin/pip" install --quiet --disable-pip-version-check "$wheel"
   check_venv "$work/venv-current" "$("$current" -c 'import torch; print(torch.__version__)')"
