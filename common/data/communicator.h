@@ -151,7 +151,20 @@ class Communicator {
 
 // Creates this rank's communicator; blocks until every rank has joined or
 // options.init_timeout passes.
-StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& options, Store& store);
+// What a rank saw of its peers when its communicator could not form, in group
+// ranks: the peers it could not connect to (refused, reset, a malformed
+// address, or not connected within init_timeout) and those whose rendezvous
+// address never arrived. The Gloo backend fills it (its pairs connect one by
+// one); NCCL and shm cannot tell and leave it empty. Group formation weighs
+// every rank's evidence to name the member at fault (group/attribution.h).
+struct FormationEvidence {
+  std::vector<int> unreachable;
+  std::vector<int> no_address;
+  bool empty() const { return unreachable.empty() && no_address.empty(); }
+};
+
+StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& options, Store& store,
+                                                            FormationEvidence* evidence = nullptr);
 
 // Mints the bootstrap bytes the root hands to every rank in JoinGroup.
 StatusOr<std::string> mint_bootstrap(Backend backend, uint64_t epoch);

@@ -33,12 +33,13 @@ void ignore_sigpipe_once() {
 }
 }  // namespace
 
-StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& options, Store& store) {
+StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& options, Store& store,
+                                                            FormationEvidence* evidence) {
   ignore_sigpipe_once();
-  if (!options.local.empty()) return create_split_communicator(options, store);  // a mixed group
+  if (!options.local.empty()) return create_split_communicator(options, store, evidence);  // a mixed group
   switch (options.backend) {
     case Backend::kGloo:
-      return gloo_backend::create(options, store);
+      return gloo_backend::create(options, store, evidence);
     case Backend::kShm:
       return shm_backend::create(options, store);
     case Backend::kNccl:

@@ -97,7 +97,8 @@ class SplitCommunicator : public Communicator {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOptions& options, Store& store) {
+StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOptions& options, Store& store,
+                                                                  FormationEvidence* evidence) {
   if (options.local.size() != static_cast<size_t>(options.world_size) || options.rank < 0 ||
       options.rank >= options.world_size)
     return invalid_argument("a mixed group needs one local flag per rank");
@@ -116,7 +117,12 @@ StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOpt
   std::future<StatusOr<std::unique_ptr<Communicator>>> shm;
   if (in_shm) shm = std::async(std::launch::async, [&] { return shm_backend::create(shm_options, store); });
   StatusOr<std::unique_ptr<Communicator>> backend = std::unique_ptr<Communicator>();
-  if (in_backend) backend = gloo_backend::create(backend_options, store);
+  FormationEvidence plane_evidence;  // in the Gloo plane's ranks
+  if (in_backend) backend = gloo_backend::create(backend_options, store, &plane_evidence);
+  if (evidence) {
+    for (int r : plane_evidence.unreachable) evidence->unreachable.push_back(remote.ranks.at(static_cast<size_t>(r)));
+    for (int r : plane_evidence.no_address) evidence->no_address.push_back(remote.ranks.at(static_cast<size_t>(r)));
+  }
   StatusOr<std::unique_ptr<Communicator>> shared = std::unique_ptr<Communicator>();
   if (in_shm) shared = shm.get();
   if (!shared.ok()) return shared.status().with_context("shm plane");

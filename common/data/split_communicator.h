@@ -20,6 +20,7 @@
 namespace paramcast {
 
 // Creates this rank's side of a mixed group (options.local not empty).
-StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOptions& options, Store& store);
+StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOptions& options, Store& store,
+                                                                  FormationEvidence* evidence = nullptr);
 
 }  // namespace paramcast

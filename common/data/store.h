@@ -21,6 +21,10 @@ class Store {
   virtual Status set(const std::string& key, const std::string& value) = 0;
   // Waits until `key` exists or `timeout` passes (kTimeout naming the key).
   virtual StatusOr<std::string> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Why the formation this store serves is over ("" while it goes on): a
+  // backend that waits on its peers for other reasons (Gloo's connects) polls
+  // it, so a formation another rank ended does not hold this one.
+  virtual std::string cancelled() { return ""; }
 };
 
 }  // namespace paramcast

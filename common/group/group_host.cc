@@ -40,6 +40,7 @@ class GroupHost::WatchedStore : public Store {
  public:
   WatchedStore(Store& inner, std::function<std::string()> doomed) : inner_(inner), doomed_(std::move(doomed)) {}
   Status set(const std::string& key, const std::string& value) override { return inner_.set(key, value); }
+  std::string cancelled() override { return doomed_(); }
   StatusOr<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
     for (;;) {

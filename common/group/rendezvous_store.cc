@@ -159,6 +159,11 @@ void RemoteStore::deliver(uint64_t request_id, std::string value) {
   cv_.notify_all();
 }
 
+std::string RemoteStore::cancelled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+
 void RemoteStore::fail(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -95,6 +95,8 @@ class RemoteStore : public Store {
   Status set(const std::string& key, const std::string& value) override;
   StatusOr<std::string> get(const std::string& key, std::chrono::milliseconds timeout) override;
 
+  std::string cancelled() override;
+
   void deliver(uint64_t request_id, std::string value);
   void fail(const std::string& why);
   void reset();

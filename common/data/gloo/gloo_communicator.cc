@@ -51,7 +51,6 @@
 // to Gloo or calling a buffer's abortWait*; Gloo never calls back into this class.
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
@@ -67,7 +66,7 @@
 
 #include "common/data/gloo/flight.h"
 #include "common/data/gloo/gloo_factory.h"
-#include "common/data/gloo/gloo_store_adapter.h"
+#include "common/data/gloo/mesh.h"
 #include "common/data/gloo/sigpipe_blocked.h"
 #include "common/data/gloo/tree.h"
 #include "common/data/work_state.h"
@@ -606,27 +605,32 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store) {
+StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store, FormationEvidence* evidence) {
   if (options.device.is_cuda())
     return invalid_argument("gloo backend moves host memory; device " + options.device.to_string() +
                             " needs the nccl backend");
+  const std::string where = "gloo group of epoch " + std::to_string(options.epoch) + " (rank " +
+                            std::to_string(options.rank) + " of " + std::to_string(options.world_size) + ")";
   try {
     SigpipeBlocked blocked;  // inherited by Gloo's I/O loop thread, started here
     ::gloo::transport::tcp::attr attr;
     if (!options.gloo_interface.empty()) attr.iface = options.gloo_interface;
     else attr.hostname = options.gloo_hostname;
     auto device = ::gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<::gloo::rendezvous::Context>(options.rank, options.world_size);
-    context->setTimeout(options.init_timeout);
-    StoreAdapter adapter(store, options.init_timeout);
-    ::gloo::rendezvous::PrefixStore prefixed(options.bootstrap, adapter);
-    context->connectFullMesh(prefixed, device);
+    auto mesh = connect_mesh(options.rank, options.world_size, device, store, options.bootstrap + "/",
+                             Clock::now() + options.init_timeout, options.members);
+    if (!mesh.context) {
+      if (evidence) {
+        evidence->unreachable = mesh.unreachable;
+        evidence->no_address = mesh.no_address;
+      }
+      return unavailable(where + " could not form: " + mesh.error);
+    }
+    auto context = std::make_shared<MeshContext>(options.rank, options.world_size, device, std::move(mesh.context));
     context->setTimeout(kForever);  // the watcher bounds every wait (stall_timeout, op_timeout)
     return std::unique_ptr<Communicator>(new GlooCommunicator(options, std::move(context)));
   } catch (const std::exception& e) {
-    return unavailable("gloo group of epoch " + std::to_string(options.epoch) + " (rank " +
-                       std::to_string(options.rank) + " of " + std::to_string(options.world_size) +
-                       ") could not form: " + e.what());
+    return unavailable(where + " could not form: " + e.what());
   }
 }
 

@@ -8,6 +8,9 @@
 
 namespace paramcast::gloo_backend {
 
-StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store);
+// The full mesh connects within options.init_timeout (mesh.h); when it does
+// not, `evidence` (if given) gets the ranks this one could not reach.
+StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store,
+                                               FormationEvidence* evidence = nullptr);
 
 }  // namespace paramcast::gloo_backend
