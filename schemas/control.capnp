@@ -155,6 +155,14 @@ struct GroupFailed {
   # The rank that failed to create its communicator.
   reason @1 :Text;
   # What went wrong.
+  unreachable @2 :List(UInt32);
+  # Evidence (Gloo): the ranks this one could not connect to on the data
+  # plane: refused, reset, a malformed address, or not connected within
+  # init_timeout. The publisher weighs every rank's evidence to name the
+  # member at fault (common/group/attribution.h), never the ones that tried
+  # to reach it. At most one entry per rank of the group; others are ignored.
+  noAddress @3 :List(UInt32);
+  # Evidence: the ranks whose rendezvous address never arrived.
 }
 
 struct Heartbeat {

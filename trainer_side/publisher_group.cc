@@ -35,7 +35,9 @@ Status PublisherImpl::start() {
     const auto blamed = groups_.last_blamed();
     const auto live = server_.live_ids();
     if (blamed.empty() || blamed.size() >= live.size()) break;
-    for (const auto& id : blamed) groups_.quarantine(id, "broke the start-up group formation: " + formed.message());
+    const auto excluded = groups_.excluded();  // those named on conclusive evidence are already out
+    for (const auto& id : blamed)
+      if (!excluded.count(id)) groups_.quarantine(id, "broke the start-up group formation: " + formed.message());
     PC_WARN("publisher: starting without " << join_ids(blamed) << " (they broke the start-up group formation: "
                                            << formed.message() << ")");
     formed = form_group(Deadline::max());
@@ -58,7 +60,7 @@ std::vector<std::string> PublisherImpl::wanted_members(std::map<std::string, std
   return members;
 }
 
-Status PublisherImpl::form_group(Deadline cap) {
+Status PublisherImpl::form_group(Deadline cap, bool retry_without_culprits) {
   comm_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -75,6 +77,18 @@ Status PublisherImpl::form_group(Deadline cap) {
   for (const auto& [id, why] : excluded)
     PC_WARN("publisher: forming the group without '" << id << "' (" << why << ")");
   auto comm = groups_.form(members, cap);
+  // Members named on conclusive evidence are in quarantine now: the others
+  // form again at once, within the same deadline, so that one broken member
+  // costs this update the time of one formation, not the update.
+  if (!comm.ok() && retry_without_culprits) {
+    const auto culprits = groups_.last_conclusive();
+    if (!culprits.empty() && culprits.size() < members.size() && !stopped_) {
+      PC_WARN("publisher: forming the group again without " << join_ids(culprits) << " (" << comm.status().message()
+                                                            << ")");
+      Status again = form_group(cap, false);
+      return again.ok() ? again : again.with_context(comm.status().message() + "; then");
+    }
+  }
   if (!comm.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     needs_reform_ = true;

@@ -99,7 +99,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   void run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
-  Status form_group(Deadline cap);
+  // Forms the group of the wanted members by `cap`; when the failure names
+  // members on conclusive evidence (now in quarantine), once more without them.
+  Status form_group(Deadline cap, bool retry_without_culprits = true);
   std::vector<std::string> wanted_members(std::map<std::string, std::string>* excluded) const;
   bool send_plan(const UpdatePlan& plan, UpdateResult& r);
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);

@@ -2,6 +2,7 @@
 
 #include "common/control/messages.h"
 #include "common/data/shm/host_identity.h"
+#include "common/group/attribution.h"
 #include "common/group/join_group.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -14,6 +15,11 @@ namespace {
 // A member whose connection was lost meanwhile: the loss is handled (and
 // named) as a loss; it is no evidence of a member breaking formation.
 constexpr const char* kLostDuringFormation = "lost during group formation";
+// After the first GroupFailed with evidence, how long the other ranks' reports
+// (and this rank's own connects) still count: the members that failed with
+// the same peer report within milliseconds of each other.
+constexpr Millis kEvidenceWindow(1500);
+constexpr const char* kFalseReady = "said GroupReady without having published its rendezvous address";
 }  // namespace
 
 GroupHost::GroupHost(const Config& config, control::ControlServer& server)
@@ -71,6 +77,9 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     ready_.clear();
     published_.clear();
     failed_.clear();
+    evidence_.clear();
+    false_ready_.clear();
+    have_evidence_ = false;
     assigned_rank_.clear();
     for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
   }
@@ -98,12 +107,26 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.gloo_interface = cfg_.data_plane.gloo_interface;
   go.shm_slot_bytes = std::min<uint64_t>(cfg_.data_plane.bucket_bytes, 64ull << 20);
   WatchedStore store(store_, [&] { return doomed(members); });
-  auto comm = create_communicator(go, store);
-  // This rank failed on its own: collect what the members said by now.
-  std::vector<std::string> problems = wait_for_members(members, comm.ok() ? deadline : Clock::now());
+  FormationEvidence own;
+  auto comm = create_communicator(go, store, &own);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!own.empty() && !have_evidence_) {
+      have_evidence_ = true;
+      first_evidence_ = Clock::now();
+    }
+  }
+  // Formed: wait for every member. Failed on evidence: the members' reports
+  // for the rest of the window. Failed otherwise: what they said by now.
+  wait_for_members(members, comm.ok() || !own.empty() ? deadline : Clock::now());
   store_.end_epoch();  // formed or failed: no rank reads the addresses again
+  bool ended_early;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_early = !failed_.empty() || stopped_ || !comm.ok();
+  }
+  std::vector<std::string> problems = judge(members, own, !comm.ok(), ended_early);
   if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
-  count_strikes(members, problems);
   if (!problems.empty()) {
     std::string msg = "group of epoch " + std::to_string(epoch) + " failed to form: ";
     for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
@@ -125,7 +148,9 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
 std::string GroupHost::doomed(const std::vector<std::string>& members) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return "publisher shutting down";
-  if (!failed_.empty()) return failed_.begin()->first + ": " + failed_.begin()->second;
+  // A failure without evidence ends it now; with evidence, after the window.
+  for (const auto& [id, why] : failed_)
+    if (!evidence_.count(id) || Clock::now() >= first_evidence_ + kEvidenceWindow) return id + ": " + why;
   for (const auto& id : members)
     if (!server_.is_live(id)) return id + ": " + kLostDuringFormation;
   return "";
@@ -143,30 +168,99 @@ void GroupHost::tell_failed(uint64_t epoch, const std::vector<std::string>& memb
   }
 }
 
-// A member named by a failed formation (its own GroupFailed, or not ready by
-// the deadline) gets a strike; one that was ready is cleared. Members caught
-// in a formation that another member ended keep what they had.
-void GroupHost::count_strikes(const std::vector<std::string>& members, const std::vector<std::string>& problems) {
+// Weighs what the formation showed. Named: the members the evidence points
+// at (attribution.h), those that failed on their own (a GroupFailed without
+// evidence), lied about being ready, were lost, or (when nothing ended the
+// formation early) were not ready by the deadline. The members that reported
+// evidence against others are witnesses, not culprits.
+std::vector<std::string> GroupHost::judge(const std::vector<std::string>& members, const FormationEvidence& own,
+                                          bool own_failed, bool ended_early) {
+  std::vector<std::string> names = {"publisher"};
+  names.insert(names.end(), members.begin(), members.end());
+  std::map<int, RankReport> reports;
+  if (own_failed) reports[0] = RankReport{own.unreachable, own.no_address};
+  std::map<std::string, std::string> named;
+  std::set<std::string> conclusive;
+  std::vector<std::string> problems;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, e] : evidence_) {
+      auto rank = assigned_rank_.find(id);
+      if (rank != assigned_rank_.end()) reports[rank->second] = RankReport{e.unreachable, e.no_address};
+    }
+    const Verdict verdict = attribute(static_cast<int>(names.size()), reports);
+    for (const auto& b : verdict.blamed) {
+      if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
+      const std::string& id = names[static_cast<size_t>(b.rank)];
+      named[id] = describe(b, names);
+      // This rank's own connects, or two or more peers: conclusive.
+      const bool by_publisher = std::count(b.unreachable_from.begin(), b.unreachable_from.end(), 0) ||
+                                std::count(b.address_missed_by.begin(), b.address_missed_by.end(), 0);
+      if (by_publisher || b.unreachable_from.size() + b.address_missed_by.size() + b.claims_unreachable.size() >= 2)
+        conclusive.insert(id);
+    }
+    for (const auto& [a, b] : verdict.unresolved)
+      problems.push_back(names[static_cast<size_t>(a)] + " and " + names[static_cast<size_t>(b)] +
+                         " could not reach each other on the data plane (either may be at fault)");
+    for (const auto& id : members) {
+      if (named.count(id)) continue;
+      if (false_ready_.count(id)) {
+        named[id] = kFalseReady;
+        conclusive.insert(id);
+      } else if (failed_.count(id) && !evidence_.count(id)) {
+        named[id] = failed_[id];
+      } else if (!server_.is_live(id)) {
+        named[id] = kLostDuringFormation;
+      }
+    }
+    if (!ended_early) {
+      const std::string bound = "init_timeout (" + std::to_string(cfg_.data_plane.init_timeout.count()) + "ms)";
+      for (const auto& id : members) {
+        if (named.count(id) || ready_.count(id) || failed_.count(id)) continue;
+        named[id] = cfg_.data_plane.backend == Backend::kGloo && !published_.count(id)
+                        ? "never published its rendezvous address within " + bound
+                        : "not ready within " + bound;
+      }
+    }
+    if (stopped_) problems.push_back("publisher shutting down");
+  }
+  // A member's evidence that named nobody (its peers reached everyone else)
+  // still failed the formation: say what it reported.
+  if (named.empty() && problems.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, why] : failed_) problems.push_back(id + ": " + why);
+  }
+  std::vector<std::string> out;
+  for (const auto& id : members)
+    if (named.count(id)) out.push_back(id + ": " + named[id]);
+  out.insert(out.end(), problems.begin(), problems.end());
+  count_strikes(members, named, conclusive);
+  return out;
+}
+
+// A member named by a failed formation gets a strike (conclusive evidence:
+// quarantined at once); one that was ready and not named is cleared. Members
+// caught in a formation that another member ended keep what they had.
+void GroupHost::count_strikes(const std::vector<std::string>& members, const std::map<std::string, std::string>& named,
+                              const std::set<std::string>& conclusive) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
-  std::map<std::string, std::string> named;
-  for (const auto& id : members) {
-    if (ready_.count(id)) {
-      strikes_.erase(id);
-      continue;
-    }
-    for (const auto& p : problems)
-      if (p.compare(0, id.size() + 2, id + ": ") == 0) named.emplace(id, p.substr(id.size() + 2));
-  }
+  for (const auto& id : members)
+    if (ready_.count(id) && !named.count(id)) strikes_.erase(id);
   last_blamed_.clear();
+  last_conclusive_.clear();
   for (const auto& [id, why] : named) last_blamed_.push_back(id);
   if (members.size() > 1 && named.size() == members.size()) {
     PC_WARN("publisher: every member of the failed formation was named; no strikes (this evidence cannot tell "
             "which one is at fault)");
     return;
   }
-  for (const auto& [id, why] : named)
-    if (why != kLostDuringFormation) strike_locked(id, why, 0, now);
+  for (const auto& [id, why] : named) {
+    if (why == kLostDuringFormation) continue;
+    const bool now_out = conclusive.count(id) > 0;
+    strike_locked(id, why, now_out ? 2 : 0, now);
+    if (now_out) last_conclusive_.push_back(id);
+  }
 }
 
 void GroupHost::strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now) {
@@ -199,6 +293,11 @@ std::map<std::string, std::string> GroupHost::excluded(Clock::time_point now) co
 std::vector<std::string> GroupHost::last_blamed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_blamed_;
+}
+
+std::vector<std::string> GroupHost::last_conclusive() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_conclusive_;
 }
 
 void GroupHost::quarantine(const std::string& id, const std::string& reason) {
@@ -275,37 +374,24 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   return bootstrap;
 }
 
-// Waits until `deadline` for GroupReady from every member, or until the
-// formation is doomed; returns what went wrong, per member. When a member
-// ended it early, those still forming are not blamed.
-std::vector<std::string> GroupHost::wait_for_members(const std::vector<std::string>& members,
-                                                     Clock::time_point deadline) {
+void GroupHost::wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [&] {
-    if (!failed_.empty() || stopped_) return true;
+  for (;;) {
+    if (stopped_) return;
     bool pending = false;
     for (const auto& id : members) {
-      if (ready_.count(id)) continue;
-      if (!server_.is_live(id)) return true;  // it will never be ready: fail now
+      if (ready_.count(id) || failed_.count(id)) continue;
+      if (!server_.is_live(id)) return;  // it will never answer: fail now
       pending = true;
     }
-    return !pending;
-  });
-  std::vector<std::string> problems;
-  for (const auto& id : members)
-    if (failed_.count(id)) problems.push_back(id + ": " + failed_[id]);
-    else if (!server_.is_live(id)) problems.push_back(id + ": " + kLostDuringFormation);
-  const bool ended_early = !problems.empty() || stopped_;
-  const std::string bound = "init_timeout (" + std::to_string(cfg_.data_plane.init_timeout.count()) + "ms)";
-  for (const auto& id : members) {
-    if (ended_early || ready_.count(id) || failed_.count(id) || !server_.is_live(id)) continue;
-    if (cfg_.data_plane.backend == Backend::kGloo && !published_.count(id))
-      problems.push_back(id + ": never published its rendezvous address within " + bound);
-    else
-      problems.push_back(id + ": not ready within " + bound);
+    if (!pending) return;
+    Clock::time_point until = deadline;
+    for (const auto& [id, why] : failed_)  // a failure without evidence ends it now
+      if (!evidence_.count(id)) return;
+    if (have_evidence_) until = std::min(until, first_evidence_ + kEvidenceWindow);
+    if (Clock::now() >= until) return;
+    cv_.wait_until(lock, until);
   }
-  if (stopped_ && problems.empty()) problems.push_back("publisher shutting down");
-  return problems;
 }
 
 bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
@@ -314,18 +400,43 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
   const bool current = env.getEpoch() == epoch_;
   switch (body.which()) {
     case B::GROUP_READY: {
+      // A Gloo-plane member cannot be ready without its address in the store.
+      const bool needs_address = cfg_.data_plane.backend == Backend::kGloo && store_rank(id) >= 1;
       std::lock_guard<std::mutex> lock(mu_);
       auto rank = assigned_rank_.find(id);
       if (!current || rank == assigned_rank_.end()) break;  // not a member of this formation
-      if (static_cast<int64_t>(body.getGroupReady().getRank()) == rank->second) ready_.insert(id);
+      if (needs_address && !published_.count(id)) {
+        false_ready_.insert(id);
+        failed_[id] = kFalseReady;
+      } else if (static_cast<int64_t>(body.getGroupReady().getRank()) == rank->second) ready_.insert(id);
       else
         failed_[id] = "said GroupReady for rank " + std::to_string(body.getGroupReady().getRank()) +
                       " but was assigned rank " + std::to_string(rank->second);
       break;
     }
     case B::GROUP_FAILED: {
+      auto f = body.getGroupFailed();
       std::lock_guard<std::mutex> lock(mu_);
-      if (current && assigned_rank_.count(id)) failed_[id] = body.getGroupFailed().getReason().cStr();
+      if (!current || !assigned_rank_.count(id)) break;
+      failed_[id] = f.getReason().cStr();
+      // Evidence: ranks of this group only, at most one entry each (hostile input).
+      const auto world = static_cast<uint32_t>(assigned_rank_.size() + 1);
+      FormationEvidence e;
+      auto take = [&](auto list, std::vector<int>& into) {
+        if (list.size() > world) return;
+        for (uint32_t r : list)
+          if (r < world && std::find(into.begin(), into.end(), static_cast<int>(r)) == into.end())
+            into.push_back(static_cast<int>(r));
+      };
+      take(f.getUnreachable(), e.unreachable);
+      take(f.getNoAddress(), e.no_address);
+      if (!e.empty()) {
+        evidence_[id] = std::move(e);
+        if (!have_evidence_) {
+          have_evidence_ = true;
+          first_evidence_ = Clock::now();
+        }
+      }
       break;
     }
     case B::STORE_SET: {

@@ -8,16 +8,29 @@
 // reason), was lost, never published its rendezvous address, or was not
 // ready within data_plane.init_timeout.
 //
-// Formation fails fast: the first GroupFailed (or a member lost meanwhile)
-// ends it at once, this rank's own rendezvous included, and every member is
-// told with a GroupFailed of the epoch so that none waits out init_timeout.
+// Formation fails fast and names the right member. Every rank's data-plane
+// mesh is bounded by init_timeout (data/gloo/mesh.h). A GroupFailed that
+// carries evidence (the ranks its sender could not reach) starts a short
+// collection window (kEvidenceWindow, or until every member answered), in
+// which this rank's own connects and the other members' reports still count;
+// a GroupFailed without evidence (the member failed on its own), or a member
+// lost meanwhile, ends the formation at once. Then every member is told with
+// a GroupFailed of the epoch, and the evidence is weighed (attribution.h):
+// the member the others could not reach, or whose address never reached
+// them, is named with the evidence ("worker-5: unreachable from publisher,
+// worker-1 on its data port"); the members that tried to reach it are not.
+// A member that says GroupReady without having published its address lies,
+// and is named for it.
 // Quarantine follows the identity, not the connection: a member named by two
 // failed formations in a row is left out of formations (excluded()) for
 // publisher.quarantine_backoff, doubled for each further failure (at most
-// 16x), then tried again; restarting or rejoining does not reset it. A
-// formation it is ready in clears its strikes, as do 32 backoffs without a
-// failure. A formation that names every member strikes nobody: its evidence
-// cannot tell which one is at fault.
+// 16x), then tried again; restarting or rejoining does not reset it. A member
+// named on conclusive evidence (by this rank's own connects, by two or more
+// peers, or for a false GroupReady) is quarantined at once, and
+// last_conclusive() lists it, so that the caller can form again without it
+// within the same update. A formation it is ready in (and not named) clears
+// its strikes, as do 32 backoffs without a failure. A formation that names
+// every member strikes nobody: its evidence cannot tell which one is at fault.
 //
 // The rendezvous store is served here too: the owner routes StoreSet,
 // StoreGet, GroupReady and GroupFailed from the control thread to
@@ -57,6 +70,9 @@ class GroupHost {
   std::map<std::string, std::string> excluded(Clock::time_point now = Clock::now()) const;
   // The members the last failed formation named (empty after a success).
   std::vector<std::string> last_blamed() const;
+  // Those of them named on conclusive evidence, now in quarantine: forming
+  // again without them can succeed at once.
+  std::vector<std::string> last_conclusive() const;
   // Quarantines `id` at once (a member that broke the start-up formation).
   void quarantine(const std::string& id, const std::string& reason);
 
@@ -69,12 +85,20 @@ class GroupHost {
  private:
   class WatchedStore;
   StatusOr<std::string> announce(uint64_t epoch, const std::vector<std::string>& members);
-  std::vector<std::string> wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline);
+  // Waits for every member's GroupReady or GroupFailed, until `deadline`, or
+  // the end of the evidence window once a member failed.
+  void wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline);
+  // What went wrong, per member, from what they said, this rank's evidence
+  // and who is still live; strikes counted. Empty: formed.
+  std::vector<std::string> judge(const std::vector<std::string>& members, const FormationEvidence& own,
+                                 bool own_failed, bool ended_early);
   // Why formation cannot succeed any more ("" while it still can): a
   // GroupFailed, a lost member, shutdown. Takes mu_.
   std::string doomed(const std::vector<std::string>& members);
   void tell_failed(uint64_t epoch, const std::vector<std::string>& members, const std::string& why);
-  void count_strikes(const std::vector<std::string>& members, const std::vector<std::string>& problems);
+  // `named`: member → why; `conclusive`: those quarantined at once.
+  void count_strikes(const std::vector<std::string>& members, const std::map<std::string, std::string>& named,
+                     const std::set<std::string>& conclusive);
 
   // Which members read this host's shared memory this epoch (rank-indexed,
   // data_plane.local), and that plane's bootstrap; written by form() only.
@@ -95,6 +119,10 @@ class GroupHost {
   std::set<std::string> ready_;
   std::set<std::string> published_;  // members that set a rendezvous key this epoch
   std::map<std::string, std::string> failed_;
+  std::map<std::string, FormationEvidence> evidence_;  // from members' GroupFailed, in group ranks
+  std::set<std::string> false_ready_;                   // said GroupReady without publishing an address
+  Clock::time_point first_evidence_{};                  // the first GroupFailed with evidence (collection window)
+  bool have_evidence_ = false;
   std::map<std::string, int> assigned_rank_;
   // Mixed groups: a member's rank in the backend's plane (what its
   // rendezvous keys carry), -1 for one on the shm plane; empty otherwise.
@@ -108,6 +136,7 @@ class GroupHost {
   void strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now);
   std::map<std::string, Strikes> strikes_;  // consecutive failed formations per worker id
   std::vector<std::string> last_blamed_;
+  std::vector<std::string> last_conclusive_;
 };
 
 }  // namespace paramcast::group

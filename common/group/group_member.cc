@@ -23,6 +23,7 @@ struct GroupMember::Attempt {
   bool done = false;
   std::string abandoned;  // non-empty: join() stopped waiting, and why
   StatusOr<std::unique_ptr<Communicator>> result{unavailable("formation attempt not finished")};
+  FormationEvidence evidence;  // what this rank saw of its peers, when it failed
 };
 
 GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
@@ -103,10 +104,12 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
     attempt->done = true;
   } else {
     std::thread([attempt, options, store = store_] {
-      auto result = create_communicator(options, *store);
+      FormationEvidence evidence;
+      auto result = create_communicator(options, *store, &evidence);
       std::unique_ptr<Communicator> orphan;  // built after join() gave up: torn down here
       {
         std::lock_guard<std::mutex> lock(attempt->mu);
+        attempt->evidence = std::move(evidence);
         if (!attempt->abandoned.empty() && result.ok()) orphan = std::move(result.value());
         else attempt->result = std::move(result);
         attempt->done = true;
@@ -116,6 +119,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
   }
   std::unique_lock<std::mutex> lock(attempt->mu);
   attempt->cv.wait(lock, [&] { return attempt->done || !attempt->abandoned.empty(); });
+  const FormationEvidence evidence = attempt->done ? attempt->evidence : FormationEvidence();
   StatusOr<std::unique_ptr<Communicator>> comm =
       attempt->done ? std::move(attempt->result)
                     : StatusOr<std::unique_ptr<Communicator>>(unavailable(
@@ -128,6 +132,12 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
       auto f = b.initGroupFailed();
       f.setRank(rank);
       f.setReason(comm.status().to_string());
+      auto unreachable = f.initUnreachable(static_cast<unsigned>(evidence.unreachable.size()));
+      for (size_t i = 0; i < evidence.unreachable.size(); ++i)
+        unreachable.set(static_cast<unsigned>(i), static_cast<uint32_t>(evidence.unreachable[i]));
+      auto no_address = f.initNoAddress(static_cast<unsigned>(evidence.no_address.size()));
+      for (size_t i = 0; i < evidence.no_address.size(); ++i)
+        no_address.set(static_cast<unsigned>(i), static_cast<uint32_t>(evidence.no_address[i]));
     }));
     return comm.status();
   }
