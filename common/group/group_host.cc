@@ -274,9 +274,10 @@ void GroupHost::strike_locked(const std::string& id, const std::string& reason, 
   const int doublings = std::min(s.count - 2, 4);
   const auto length = backoff * (1 << doublings);
   s.until = now + length;
-  PC_WARN("publisher: subscriber '" << id << "' quarantined for " << format_duration(length) << " after "
-                                    << s.count << " failed group formations in a row (last: " << reason
-                                    << "); it is tried again after that");
+  const std::string after = at_least >= 2 ? std::string("at once")
+                                          : "after " + std::to_string(s.count) + " failed group formations in a row";
+  PC_WARN("publisher: subscriber '" << id << "' quarantined for " << format_duration(length) << " " << after
+                                    << " (" << reason << "); it is tried again after that");
 }
 
 std::map<std::string, std::string> GroupHost::excluded(Clock::time_point now) const {

@@ -1,5 +1,10 @@
 #include "common/group/group_member.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "common/control/messages.h"
@@ -26,10 +31,30 @@ struct GroupMember::Attempt {
   FormationEvidence evidence;  // what this rank saw of its peers, when it failed
 };
 
+namespace {
+// PARAMCAST_FAULT_BAD_ADDRESS: each address record (a sockaddr_storage and a
+// sequence number, data/gloo/mesh.cc) gets port 1.
+std::string with_bad_port(std::string value) {
+  constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(int64_t);
+  if (value.size() % kRecord != 0) return value;
+  for (size_t at = 0; at < value.size(); at += kRecord) {
+    sockaddr_storage ss;
+    std::memcpy(&ss, value.data() + at, sizeof ss);
+    const uint16_t port = htons(1);
+    if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&ss)->sin_port = port;
+    if (ss.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = port;
+    std::memcpy(value.data() + at, &ss, sizeof ss);
+  }
+  return value;
+}
+}  // namespace
+
 GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
     : id_(std::move(worker_id)), client_(client), link_(std::make_shared<Link>()) {
   link_->client = &client;
-  store_ = std::make_shared<RemoteStore>([link = link_](const RemoteStore::Request& r) {
+  const char* bad = std::getenv("PARAMCAST_FAULT_BAD_ADDRESS");
+  const bool bad_address = bad && std::strcmp(bad, "1") == 0;
+  store_ = std::make_shared<RemoteStore>([link = link_, bad_address](const RemoteStore::Request& r) {
     std::lock_guard<std::mutex> lock(link->mu);
     if (!link->client) return;
     link->client->send(control::make_message(link->epoch, link->client->incarnation(), [&](auto b) {
@@ -40,7 +65,8 @@ GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
       } else {
         auto m = b.initStoreSet();
         m.setKey(r.key);
-        m.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(r.value.data()), r.value.size()));
+        const std::string value = bad_address ? with_bad_port(r.value) : r.value;
+        m.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(value.data()), value.size()));
       }
     }));
   });

@@ -7,12 +7,17 @@
 // control thread.
 //
 // A formation can be given up while this rank is inside the backend's
-// connect, which nothing interrupts (Gloo waits up to 5 × init_timeout for a
-// peer that already left the formation). So each attempt runs on a thread of
-// its own: join() returns as soon as the attempt finishes or its formation is
-// abandoned (the publisher said GroupFailed, a newer JoinGroup arrived, the
-// publisher was lost, the subscriber stops), and an abandoned attempt ends on
-// its own thread, which also destroys what it built.
+// connect (bounded by init_timeout, data/gloo/mesh.h; NCCL's init likewise).
+// So each attempt runs on a thread of its own: join() returns as soon as the
+// attempt finishes or its formation is abandoned (the publisher said
+// GroupFailed, a newer JoinGroup arrived, the publisher was lost, the
+// subscriber stops), and an abandoned attempt ends on its own thread, which
+// also destroys what it built. A failed attempt's GroupFailed carries its
+// evidence: the ranks it could not reach (FormationEvidence).
+//
+// Test hook: PARAMCAST_FAULT_BAD_ADDRESS=1 makes this member publish its
+// Gloo address records with port 1, where nothing listens (a member with a
+// bad address, for process tests of attribution); the store traffic is real.
 //
 // Threads: join() on the data thread; the on_* methods on the control thread.
 #pragma once

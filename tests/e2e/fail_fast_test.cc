@@ -269,5 +269,36 @@ TEST_F(FailFastTest, StartUpFormationBrokenByItsOnlyMemberStillFailsNamingIt) {
   EXPECT_NE(s.message().find("worker-1: "), std::string::npos) << s.message();
 }
 
+// worker-2 publishes an address where nothing listens: every peer fails with
+// it. The formation names worker-2 on that evidence, never the members that
+// tried to reach it; worker-2 is quarantined at once and the others form
+// again within the same call, so no update fails for them.
+TEST_F(FailFastTest, AMemberWithABadAddressIsNamedByItsPeersAndTheOthersKeepGettingUpdates) {
+  make_publisher(test::test_config_yaml(3, "  on_member_loss: continue\n  quarantine_backoff: 60s\n"));
+  spawn_worker("worker-1");
+  spawn_worker("worker-2", {"PARAMCAST_FAULT_BAD_ADDRESS=1"});
+  spawn_worker("worker-3");
+  ::testing::internal::CaptureStderr();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = pub_->start();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(s.ok()) << s.to_string() << "\n" << log << outputs();
+  std::printf("[figures] start() took %.2f s; its log:\n%s", std::chrono::duration<double>(took).count(), log.c_str());
+  EXPECT_LT(took, kFast) << std::chrono::duration_cast<Ms>(took).count() << " ms\n" << log;
+  EXPECT_NE(log.find("worker-2: unreachable from "), std::string::npos) << log;
+  EXPECT_NE(log.find("forming the group again without worker-2"), std::string::npos) << log;
+  for (const char* honest : {"worker-1", "worker-3"}) {
+    EXPECT_EQ(log.find(std::string(honest) + ": unreachable"), std::string::npos) << honest << " blamed:\n" << log;
+    EXPECT_EQ(log.find("subscriber '" + std::string(honest) + "' quarantined"), std::string::npos) << log;
+  }
+  for (uint64_t v = 1; v <= 3; ++v) {
+    UpdateResult r = publish(v);
+    ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+    EXPECT_EQ(r.subscribers.size(), 2u);
+    EXPECT_EQ(r.missing, std::vector<std::string>{"worker-2"});
+  }
+}
+
 }  // namespace
 }  // namespace paramcast
