@@ -7,6 +7,7 @@
 #include "common/plan_proto.h"
 #include "common/units.h"
 #include "trainer_side/publisher_impl.h"
+#include "trainer_side/slowest_link.h"
 
 namespace paramcast {
 std::string join_ids(const std::vector<std::string>& ids) {
@@ -376,54 +377,37 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
 }
 
 // Each member's inbound link rate, from its parent's figures (the
-// publisher's own links, and what members reported forwarding), the slowest
-// member, and the link rates `paramcast status` shows. Called with mu_ held.
-//
-// A member with children posts its receives only a few chunks ahead of its
-// slowest child, so a slow link also slows the link into each of its
-// ancestors: from the slowest member, the culprit is followed down to a
-// child whose link is about as slow (within 25%), as deep as that goes.
+// publisher's own links, and what members reported forwarding), where the
+// update was slow (slowest_link.h), and the link rates `paramcast status`
+// shows. Called with mu_ held.
 void PublisherImpl::set_link_rates(UpdateResult& r) {
   auto links = round_.reported_links();
   for (const auto& l : own_links_) links[l.peer] = UpdateRound::InboundLink{0, l};
   const auto& group = round_.group();  // group[i] is rank i + 1
   std::map<int, const SubscriberOutcome*> by_rank;
-  bool by_link = false;  // the backend shows links (Gloo): compare link rates, else receive rates
+  std::map<int, InboundRate> rates;
   for (auto& o : r.subscribers) {
     const auto at = std::find(group.begin(), group.end(), o.worker_id);
     if (at == group.end()) continue;
     const int rank = static_cast<int>(at - group.begin()) + 1;
     by_rank[rank] = &o;
-    if (const auto l = links.find(rank); l != links.end()) o.link_rate = l->second.link.send_rate();
+    if (const auto l = links.find(rank); l != links.end()) {
+      o.link_rate = l->second.link.send_rate();
+      rates[rank] = InboundRate{l->second.parent, o.link_rate};
+    }
     if (o.link_rate > 0) server_.set_member_link_rate(o.worker_id, r.version, static_cast<uint64_t>(o.link_rate));
-    by_link = by_link || o.link_rate > 0;
   }
-  const SubscriberOutcome* slowest = nullptr;
-  int slowest_rank = -1;
-  for (const auto& [rank, o] : by_rank) {
-    const double rate = by_link ? o->link_rate : o->rate();
-    if (rate > 0 && (!slowest || rate < (by_link ? slowest->link_rate : slowest->rate()))) {
-      slowest = o;
-      slowest_rank = rank;
-    }
+  const int named = slowest_link(rates);
+  if (named == 0) {
+    r.slowest = "publisher";  // every link out of the publisher was about as slow: its own uplink
+  } else if (named > 0 && by_rank.count(named)) {
+    r.slowest = by_rank[named]->worker_id;
+  } else if (named < 0) {  // no link figures (NCCL, shm): the slowest receive rate
+    const SubscriberOutcome* slowest = nullptr;
+    for (const auto& [rank, o] : by_rank)
+      if (o->rate() > 0 && (!slowest || o->rate() < slowest->rate())) slowest = o;
+    if (slowest) r.slowest = slowest->worker_id;
   }
-  for (size_t hops = 0; by_link && slowest && hops < group.size(); ++hops) {  // bounded: figures come from the network
-    const SubscriberOutcome* next = nullptr;
-    int next_rank = -1;
-    for (const auto& [rank, l] : links) {
-      const auto child = by_rank.find(rank);
-      if (l.parent != slowest_rank || child == by_rank.end()) continue;
-      const double rate = child->second->link_rate;
-      if (rate > 0 && rate <= 1.25 * slowest->link_rate && (!next || rate < next->link_rate)) {
-        next = child->second;
-        next_rank = rank;
-      }
-    }
-    if (!next) break;
-    slowest = next;
-    slowest_rank = next_rank;
-  }
-  if (slowest) r.slowest = slowest->worker_id;
 }
 
 std::string PublisherImpl::slowest_receiver(uint64_t version) const {

@@ -67,8 +67,10 @@ struct UpdateResult {
   bool precommitted = false;
   // The member whose inbound link was slowest (link_rate, followed down the
   // tree to the deepest link about as slow, since a slow link also slows the
-  // links above it; rate() where no link figures exist), empty with no
-  // report: where to look when updates are slow.
+  // links above it; rate() where no link figures exist), or its parent when
+  // every link out of that parent (two or more) was about as slow: the
+  // element they share ("publisher" for the publisher's own uplink). Empty
+  // with no report: where to look when updates are slow.
   std::string slowest;
   bool ok() const { return status.ok(); }
 };
