@@ -395,7 +395,10 @@ void PublisherImpl::set_link_rates(UpdateResult& r) {
       o.link_rate = l->second.link.send_rate();
       rates[rank] = InboundRate{l->second.parent, o.link_rate};
     }
-    if (o.link_rate > 0) server_.set_member_link_rate(o.worker_id, r.version, static_cast<uint64_t>(o.link_rate));
+    if (o.link_rate > 0) {
+      server_.set_member_link_rate(o.worker_id, r.version, static_cast<uint64_t>(o.link_rate));
+      link_rate_[o.worker_id] = o.link_rate;
+    }
   }
   const int named = slowest_link(rates);
   if (named == 0) {

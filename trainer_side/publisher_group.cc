@@ -1,6 +1,7 @@
 // The publisher's group: start() (the expected members, then the first
 // formation), who is wanted in a group (quarantine, common/group/group_host.h),
 // and forming it again when membership changed, within the update's deadline.
+#include <algorithm>
 #include <map>
 
 #include "common/log.h"
@@ -46,7 +47,10 @@ Status PublisherImpl::start() {
 }
 
 // The live members not in quarantine; every live member when all of them
-// are (quarantine never leaves the group empty on its own).
+// are (quarantine never leaves the group empty on its own). In rank order:
+// by worker id, except that members whose inbound link ran below half the
+// median rate in the last update that measured it come last: the highest ranks are leaves
+// of Gloo's broadcast tree, so a slow link holds back no subtree.
 std::vector<std::string> PublisherImpl::wanted_members(std::map<std::string, std::string>* excluded) const {
   *excluded = groups_.excluded();
   std::vector<std::string> members;
@@ -55,7 +59,23 @@ std::vector<std::string> PublisherImpl::wanted_members(std::map<std::string, std
     if (!excluded->count(id)) members.push_back(id);
   if (members.empty() && !live.empty()) {
     excluded->clear();
-    return live;
+    members = live;
+  }
+  std::map<std::string, double> rate;
+  std::vector<double> known;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& id : members)
+      if (auto it = link_rate_.find(id); it != link_rate_.end()) {
+        rate[id] = it->second;
+        known.push_back(it->second);
+      }
+  }
+  if (known.size() >= 2) {
+    std::nth_element(known.begin(), known.begin() + static_cast<std::ptrdiff_t>(known.size() / 2), known.end());
+    const double median = known[known.size() / 2];
+    std::stable_partition(members.begin(), members.end(),
+                          [&](const std::string& id) { return !rate.count(id) || rate[id] * 2 >= median; });
   }
   return members;
 }
@@ -73,6 +93,9 @@ Status PublisherImpl::form_group(Deadline cap, bool retry_without_culprits) {
     std::lock_guard<std::mutex> lock(mu_);
     group_ = members;
     formed_generation_ = live.generation;  // what on_member_event need not act on again
+    const auto ids = server_.live_ids();   // figures of members gone are dropped: bounded
+    for (auto it = link_rate_.begin(); it != link_rate_.end();)
+      it = std::find(ids.begin(), ids.end(), it->first) == ids.end() ? link_rate_.erase(it) : std::next(it);
   }
   for (const auto& [id, why] : excluded)
     PC_WARN("publisher: forming the group without '" << id << "' (" << why << ")");
@@ -107,9 +130,14 @@ Status PublisherImpl::ensure_group() {
       // A quarantine that ended brings its member back with a new group.
       std::map<std::string, std::string> excluded;
       lock.unlock();
-      const auto wanted = wanted_members(&excluded);
+      auto wanted = wanted_members(&excluded);
       lock.lock();
-      if (wanted == group_) return Status();
+      // The same members in another order is no reason to form again: a slow
+      // member moves to a leaf at the next formation.
+      auto current = group_;
+      std::sort(wanted.begin(), wanted.end());
+      std::sort(current.begin(), current.end());
+      if (wanted == current) return Status();
       needs_reform_ = true;
     }
     cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout,

@@ -144,6 +144,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::deque<MemberEvent> events_;
   bool needs_reform_ = true;
   uint64_t formed_generation_ = 0;  // the membership the last formation read (ControlServer::live)
+  // Each member's inbound link rate in the last update that measured it
+  // (bytes/s): wanted_members() places slow members at leaves.
+  std::map<std::string, double> link_rate_;
   std::vector<std::string> group_;  // members of the current epoch's group, ranks 1..n
   UpdateRound round_;
   std::shared_ptr<Communicator> active_comm_;  // the communicator of the update in flight

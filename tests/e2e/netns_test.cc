@@ -424,6 +424,41 @@ TEST_F(NetnsTest, StalledDataPathFailsWithTimeoutNamingTheMember) {
   EXPECT_TRUE(lab_->link_up(2));
 }
 
+// Placement: worker-1 (rank 1, the parent of rank 3 in the tree of four)
+// has a slow data path. Once its link rate is known, the next formation (here
+// after worker-2 restarts) places it last, at a leaf, and the member that
+// hung below it gets the full rate.
+TEST_F(NetnsTest, ASlowMemberIsPlacedAtALeafAtTheNextFormation) {
+  ASSERT_TRUE(lab_->throttle_data(1, kControlPort, "16mbit"));
+  ASSERT_NO_FATAL_FAILURE(start({"8MiB", "16MiB", "3s"}));
+  ASSERT_NE(workers_[0]->output().find("worker-1: rank 1 of 4"), std::string::npos) << outputs();
+  size_t from = 0;
+  for (int u = 0; u < 2; ++u) {  // two updates with figures: worker-1's link rate is known
+    ASSERT_GE(wait_after(*trainer_, from, " members: ", Clock::now(), Ms(60000)), 0) << outputs();
+    from = trainer_->output().find(" members: ", from) + 1;
+  }
+  const size_t w1_from = workers_[0]->output().size();
+  workers_[1]->kill(SIGKILL);
+  workers_[1] = Process::start(lab_->exec_path(),
+                               lab_->exec_args(2, test::binary("paramcast-worker"),
+                                               {"--config", yaml_, "--id", id(2), "--endpoint", endpoint_, "--updates", "0"}));
+  ASSERT_GE(wait_after(*workers_[0], w1_from, "worker-1: rank 3 of 4", Clock::now(), Ms(60000)), 0) << outputs();
+  // The next update with all three: worker-3 now hangs off the publisher, at full rate.
+  const size_t next = trainer_->output().size();
+  ASSERT_GE(wait_after(*trainer_, next, " members: ", Clock::now(), Ms(60000)), 0) << outputs();
+  std::string members;
+  for (size_t at = next; members.find("worker-3") == std::string::npos || members.find("worker-1") == std::string::npos;) {
+    ASSERT_GE(wait_after(*trainer_, at, " members: ", Clock::now(), Ms(60000)), 0) << outputs();
+    members = line_with(trainer_->output(), " members: ", at);
+    at = trainer_->output().find(" members: ", at) + 1;
+  }
+  const double w1 = member_rate(members, "worker-1"), w3 = member_rate(members, "worker-3");
+  std::printf("[figures] after placement: worker-1 (slow, at a leaf) %.2f MB/s, worker-3 %.2f MB/s\n", w1 / 1e6,
+              w3 / 1e6);
+  EXPECT_GT(w3, 5 * w1) << members;
+  EXPECT_NE(members.find("worker-1 "), std::string::npos) << members;
+}
+
 // Worker-2's data path is cut while its control path stays up (its data
 // frames starved, as a firewall on the data ports would), for 25 s. One
 // update fails (the one in flight, TIMEOUT naming worker-2); the next
