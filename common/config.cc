@@ -284,6 +284,12 @@ void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p,
       {"plan_timeout", [&](N v, P q) { c.publisher.plan_timeout = L.duration(v, q); }},
       {"quarantine_backoff", [&](N v, P q) { c.publisher.quarantine_backoff = L.duration(v, q); }},
       {"apply_timeout", [&](N v, P q) { c.publisher.apply_timeout = L.duration(v, q); }},
+      {"on_slow_member", [&](N v, P q) {
+        c.publisher.on_slow_member =
+            L.choice<SlowMemberPolicy>(v, q, {{"wait", SlowMemberPolicy::kWait}, {"shed", SlowMemberPolicy::kShed}});
+      }},
+      {"slow_member_floor", [&](N v, P q) { c.publisher.slow_member_floor = L.size(v, q, 1); }},
+      {"slow_member_window", [&](N v, P q) { c.publisher.slow_member_window = L.duration(v, q); }},
       {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
       {"delta", [&](N v, P q) {
         auto mode = [&](N m, P mq) {
@@ -399,6 +405,14 @@ void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c
     L.fail(root["data_plane"]["local"], "data_plane.local",
            std::string("auto needs backend gloo (with backend ") + backend_name(c.data_plane.backend) +
                ": shm already is local; engines on the trainer's GPU use backend shm with cuda devices)");
+  if (c.publisher.on_slow_member == SlowMemberPolicy::kShed && c.publisher.slow_member_floor == 0)
+    L.fail(root["publisher"]["on_slow_member"], "publisher.on_slow_member",
+           "shed needs publisher.slow_member_floor (the rate, in bytes per second, below which a member is shed, "
+           "e.g. 8MiB)");
+  if (c.publisher.on_slow_member == SlowMemberPolicy::kShed && c.data_plane.backend != Backend::kGloo)
+    L.fail(root["publisher"]["on_slow_member"], "publisher.on_slow_member",
+           std::string("shed needs backend gloo (it measures each link; backend ") +
+               backend_name(c.data_plane.backend) + " does not)");
   if (c.data_plane.backend == Backend::kNccl && !any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");

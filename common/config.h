@@ -86,6 +86,7 @@ struct DataPlaneOptions {
 
 enum class MemberLossPolicy { kFail, kContinue };
 enum class MissingAtStartPolicy { kFail, kStartWithPresent };
+enum class SlowMemberPolicy { kWait, kShed };
 
 // Delta updates (common/delta/): what the publisher sends when every
 // member holds the baseline version.
@@ -118,6 +119,19 @@ struct PublisherOptions {
   // How long every member has to report Applied once the publisher's data
   // plane finished (its on_update_end hook included). Default: 60s
   Millis apply_timeout{60000};
+  // What a slow member costs the others (Gloo). wait: the broadcast moves at
+  // the pace of its slowest link. shed: a member at a leaf of the broadcast
+  // tree whose inbound link sustained less than slow_member_floor bytes/s
+  // over slow_member_window of busy time is cut from the update (dirty, named
+  // in UpdateResult::shed) and the others finish at their own pace; it is
+  // back in the group for the next update, placed at a leaf. Default: wait
+  SlowMemberPolicy on_slow_member = SlowMemberPolicy::kWait;
+  // The rate floor for shed, in bytes per second (a size: 8MiB). Required
+  // with shed.
+  uint64_t slow_member_floor = 0;
+  // Busy time over which a link's rate is measured against the floor.
+  // Default: 5s
+  Millis slow_member_window{5000};
   // Skip the plan/accept round trip when every member of the current group
   // already accepted a plan with the same manifest: the plan goes out
   // precommitted and the buckets follow at once. Each subscriber still checks

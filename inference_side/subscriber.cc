@@ -601,6 +601,7 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
       list[static_cast<unsigned>(i)].setBytes(links[i].bytes_sent);
       list[static_cast<unsigned>(i)].setBusyUs(static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::microseconds>(links[i].send_busy).count()));
+      list[static_cast<unsigned>(i)].setShed(links[i].shed);
     }
     a.setChecksum(checksum);
     if (!s.ok()) {

@@ -233,6 +233,7 @@ void bind_results(py::module_& m) {
       .def_readonly("seconds", &SubscriberOutcome::seconds)
       .def_property_readonly("rate", &SubscriberOutcome::rate)
       .def_readonly("link_rate", &SubscriberOutcome::link_rate)
+      .def_readonly("shed", &SubscriberOutcome::shed)
       .def("__repr__", [](const SubscriberOutcome& o) {
         return "<SubscriberOutcome " + o.worker_id + " " + (o.status.ok() ? "applied" : o.status.to_string()) + ">";
       });
@@ -252,6 +253,7 @@ void bind_results(py::module_& m) {
       .def_property_readonly("gbps", &UpdateResult::gbps)
       .def_readonly("subscribers", &UpdateResult::subscribers)
       .def_readonly("missing", &UpdateResult::missing)
+      .def_readonly("shed", &UpdateResult::shed)
       .def_readonly("precommitted", &UpdateResult::precommitted)
       .def_readonly("slowest", &UpdateResult::slowest)
       .def_property_readonly("mismatches", [](const UpdateResult& r) {

@@ -143,6 +143,11 @@ struct JoinGroup {
   # backend group then has rank 0 and the other ranks, renumbered in order.
   localBootstrap @9 :Data;
   # The shm plane's bootstrap (its socket's name and secret), when any rank is local.
+  shedFloor @10 :UInt64;
+  # publisher.on_slow_member: shed (Gloo): the rate (bytes/s) below which a
+  # rank sheds a child at a leaf of the tree; 0: never.
+  shedWindowMs @11 :UInt32;
+  # The busy time over which that rate is measured.
 }
 
 struct GroupReady {
@@ -439,6 +444,8 @@ struct LinkFigure {
   busyUs @2 :UInt64;
   # Microseconds the link had bytes waiting to be taken: bytes / busyUs is the rate
   # the link sustained, whatever its siblings did.
+  shed @3 :Bool;
+  # The sender shed that child (on_slow_member: shed): its link ran below the floor.
 }
 
 struct StatusRequest {

@@ -128,9 +128,12 @@ void PublisherImpl::log_result(const UpdateResult& r) {
   counters_.record(r.status, r.seconds, r.bytes, r.wire_bytes);
   if (!r.ok()) {
     PC_WARN("publisher: update v" << r.version << " failed: " << r.status.to_string());
-  } else if (!r.missing.empty()) {
-    PC_WARN("publisher: update v" << r.version << " applied to " << r.subscribers.size() << " of "
-                                  << cfg_.expected_count() << " subscribers; missing: " << join_ids(r.missing));
+  } else if (!r.missing.empty() || !r.shed.empty()) {
+    PC_WARN("publisher: update v" << r.version << " applied to " << r.subscribers.size() - r.shed.size() << " of "
+                                  << cfg_.expected_count() << " subscribers"
+                                  << (r.missing.empty() ? "" : "; missing: " + join_ids(r.missing))
+                                  << (r.shed.empty() ? "" : "; shed (link below publisher.slow_member_floor): " +
+                                                                join_ids(r.shed)));
   }
 }
 
@@ -352,12 +355,17 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   // After the data plane finished, Applied is due within apply_timeout
   // (the engines' on_update_end included), and within the cap.
   const auto until = data.ok() ? std::min(cap_, Clock::now() + cfg_.publisher.apply_timeout) : Clock::now() + extra;
-  cv_.wait_until(lock, until, [&] { return round_.applied(live) || stopped_; });
+  // A shed member is not waited for: it reports when it learns it was shed.
+  const bool shedding = cfg_.publisher.on_slow_member == SlowMemberPolicy::kShed;
+  const auto needed = [&](const std::string& id) { return is_live(id) && !(shedding && shed_members().count(id)); };
+  cv_.wait_until(lock, until, [&] { return round_.applied(needed) || stopped_; });
   Code code;
   r.subscribers = round_.applied_outcomes(live, silence(), data, code,
                                           waited("apply_timeout", cfg_.publisher.apply_timeout, until) +
                                               " after the data plane finished");
+  if (shedding) apply_shed(r, data, code);
   set_link_rates(r);
+  if (!r.shed.empty()) needs_reform_ = true;  // their communicators are gone: a new group next time
   if (code == Code::kOk) {
     published_version_ = r.version;
     server_.set_published_version(r.version);
@@ -374,6 +382,35 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   r.status = summarize_outcomes(r.subscribers, code,
                                 "update v" + std::to_string(r.version) + " failed" +
                                     (data.ok() ? "" : " (publisher data plane: " + data.message() + ")"));
+}
+
+std::set<std::string> PublisherImpl::shed_members() const {
+  std::set<std::string> out;
+  const auto& group = round_.group();  // group[i] is rank i + 1
+  auto add = [&](const LinkStats& l) {
+    if (l.shed && l.peer >= 1 && static_cast<size_t>(l.peer) <= group.size()) out.insert(group[l.peer - 1]);
+  };
+  for (const auto& l : own_links_) add(l);
+  for (const auto& [rank, l] : round_.reported_links()) add(l.link);
+  return out;
+}
+
+void PublisherImpl::apply_shed(UpdateResult& r, const Status& data, Code& code) {
+  const auto shed = shed_members();
+  if (shed.empty()) return;
+  for (auto& o : r.subscribers) {
+    if (!shed.count(o.worker_id)) continue;
+    o.shed = true;
+    o.status = timeout_error("subscriber '" + o.worker_id + "' was shed from update v" + std::to_string(r.version) +
+                             ": its inbound link ran below publisher.slow_member_floor (" +
+                             format_bytes(cfg_.publisher.slow_member_floor) +
+                             "/s); it is dirty until the next update (on_slow_member: shed)");
+    r.shed.push_back(o.worker_id);
+  }
+  if (!data.ok()) return;
+  code = Code::kOk;  // what the others say
+  for (const auto& o : r.subscribers)
+    if (!o.shed && !o.status.ok() && (code == Code::kOk || o.status.code() == Code::kPeerLost)) code = o.status.code();
 }
 
 // Each member's inbound link rate, from its parent's figures (the

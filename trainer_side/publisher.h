@@ -45,6 +45,10 @@ struct SubscriberOutcome {
   // parent in the broadcast tree measured it: unlike rate(), not paced by
   // the rest of the group, so the slow link stands out. 0: not known (NCCL).
   double link_rate = 0;
+  // Shed from this update (publisher.on_slow_member: shed): its link ran
+  // below the floor; it is dirty, and back in the group for the next update.
+  // Its status says so; it does not fail the update.
+  bool shed = false;
 };
 
 struct UpdateResult {
@@ -63,6 +67,7 @@ struct UpdateResult {
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
   std::vector<SubscriberOutcome> subscribers;
   std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
+  std::vector<std::string> shed;     // cut from this update for a slow link (on_slow_member: shed)
   // The plan went out without an accept round (publisher.reuse_validated_plan).
   bool precommitted = false;
   // The member whose inbound link was slowest (link_rate, followed down the

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <set>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -122,6 +123,12 @@ class PublisherImpl : public control::ControlServer::Listener {
   Deadline cap_;  // of the update in progress (update thread)
   std::vector<LinkStats> own_links_;  // what rank 0 sent per child during the last move (update thread)
   void set_link_rates(UpdateResult& r);
+  // The members a parent in the tree shed during this update (its LinkStats,
+  // or its Applied's links). Called with mu_ held.
+  std::set<std::string> shed_members() const;
+  // on_slow_member: shed: the shed members' outcomes, and the update's code
+  // without them. Called with mu_ held.
+  void apply_shed(UpdateResult& r, const Status& data, Code& code);
   void abandon_locked(uint64_t version, const std::string& reason);
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }

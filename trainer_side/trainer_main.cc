@@ -59,10 +59,11 @@ __attribute__((format(printf, 1, 2))) void print_line(const char* fmt, ...) {
 void print_members(const UpdateResult& r) {
   std::string line;
   for (const auto& o : r.subscribers) {
-    if (o.bytes == 0 && o.seconds == 0) continue;
+    if (o.bytes == 0 && o.seconds == 0 && !o.shed) continue;
     const double rate = o.link_rate > 0 ? o.link_rate : o.rate();
     line += (line.empty() ? "" : ", ") + o.worker_id + " " + format_bytes(o.bytes) + " at " +
-            format_bytes(static_cast<uint64_t>(rate)) + "/s" + (o.worker_id == r.slowest ? " (slowest)" : "");
+            format_bytes(static_cast<uint64_t>(rate)) + "/s" + (o.worker_id == r.slowest ? " (slowest)" : "") +
+            (o.shed ? " (shed)" : "");
   }
   if (!line.empty())
     print_line("update v%llu members: %s\n", static_cast<unsigned long long>(r.version), line.c_str());
@@ -193,13 +194,15 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
       const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
                                : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
                                                           : "";
-      print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%.2f GB/s)\n",
+      std::string shed;
+      for (const auto& id : r.shed) shed += (shed.empty() ? "; shed: " : ", ") + id;
+      print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%.2f GB/s)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
-                 wire.c_str(), r.subscribers.size(),
+                 wire.c_str(), r.subscribers.size() - r.shed.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
                      .c_str(),
-                 r.gbps());
+                 r.gbps(), shed.c_str());
     } else {
       ++t.failures;
       print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());

@@ -102,6 +102,7 @@ bool UpdateRound::record_applied(const std::string& id, proto::Applied::Reader a
       s.peer = static_cast<int>(rank);
       s.bytes_sent = std::min(l.getBytes(), total_bytes_);
       s.send_busy = std::chrono::microseconds(std::min<uint64_t>(l.getBusyUs(), uint64_t(1) << 40));
+      s.shed = l.getShed();
       ans.links.push_back(s);
     }
   }

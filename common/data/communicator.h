@@ -51,6 +51,11 @@ struct GroupOptions {
   // A broadcast fails with kTimeout when a link this rank sends on makes no
   // progress for this long (data_plane.stall_timeout).
   std::chrono::milliseconds stall_timeout{30000};
+  // publisher.on_slow_member: shed (Gloo): a child at a leaf of the tree whose
+  // link sustained less than shed_floor bytes/s over shed_window of busy time
+  // is shed (LinkStats::shed) and the broadcast goes on without it; 0: never.
+  uint64_t shed_floor = 0;
+  std::chrono::milliseconds shed_window{5000};
   // Name of each rank (index = rank: "publisher", then worker ids), for
   // messages; may be empty.
   std::vector<std::string> members;
@@ -75,6 +80,9 @@ struct LinkStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   std::chrono::nanoseconds send_busy{0};
+  // This rank shed that child (GroupOptions::shed_floor): it gets nothing more
+  // from this communicator, and the broadcasts completed without it.
+  bool shed = false;
   // Bytes/s the link sustained while it had bytes waiting; 0 if it never had.
   double send_rate() const {
     return send_busy.count() > 0 ? static_cast<double>(bytes_sent) / std::chrono::duration<double>(send_busy).count()
@@ -98,8 +106,9 @@ inline std::vector<LinkStats> link_delta(const std::vector<LinkStats>& before, c
         d.bytes_sent -= b.bytes_sent;
         d.bytes_received -= b.bytes_received;
         d.send_busy -= b.send_busy;
+        d.shed = a.shed && !b.shed;  // shed in this interval
       }
-    if (d.bytes_sent > 0) out.push_back(d);
+    if (d.bytes_sent > 0 || d.shed) out.push_back(d);
   }
   return out;
 }

@@ -101,6 +101,10 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.init_timeout = std::max(init_timeout, Millis(1));
   go.op_timeout = cfg_.publisher.update_timeout;  // a backstop: no broadcast outlives its update
   go.stall_timeout = cfg_.data_plane.stall_timeout;
+  if (cfg_.publisher.on_slow_member == SlowMemberPolicy::kShed) {
+    go.shed_floor = cfg_.publisher.slow_member_floor;
+    go.shed_window = cfg_.publisher.slow_member_window;
+  }
   go.members = {"publisher"};
   go.members.insert(go.members.end(), members.begin(), members.end());
   go.gloo_hostname = cfg_.data_plane.gloo_hostname;
@@ -363,6 +367,10 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   go.init_timeout = cfg_.data_plane.init_timeout;
   go.op_timeout = cfg_.publisher.update_timeout;
   go.stall_timeout = cfg_.data_plane.stall_timeout;
+  if (cfg_.publisher.on_slow_member == SlowMemberPolicy::kShed) {
+    go.shed_floor = cfg_.publisher.slow_member_floor;
+    go.shed_window = cfg_.publisher.slow_member_window;
+  }
   go.local = local_;
   for (size_t i = 0; i < members.size(); ++i) {
     go.rank = static_cast<int>(i + 1);

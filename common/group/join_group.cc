@@ -12,6 +12,8 @@ void fill_join_group(proto::JoinGroup::Builder j, const GroupOptions& o, const s
   j.setInitTimeoutMs(static_cast<uint32_t>(o.init_timeout.count()));
   j.setOpTimeoutMs(static_cast<uint32_t>(o.op_timeout.count()));
   j.setStallTimeoutMs(static_cast<uint32_t>(o.stall_timeout.count()));
+  j.setShedFloor(o.shed_floor);
+  j.setShedWindowMs(static_cast<uint32_t>(o.shed_window.count()));
   if (!o.local.empty()) {
     auto local = j.initLocal(static_cast<unsigned>(o.local.size()));
     for (size_t r = 0; r < o.local.size(); ++r) local.set(static_cast<unsigned>(r), o.local[r]);
@@ -32,6 +34,8 @@ GroupOptions group_options_from(proto::JoinGroup::Reader j, uint64_t epoch, Devi
   o.init_timeout = std::chrono::milliseconds(j.getInitTimeoutMs());
   o.op_timeout = std::chrono::milliseconds(j.getOpTimeoutMs());
   o.stall_timeout = j.getStallTimeoutMs() ? std::chrono::milliseconds(j.getStallTimeoutMs()) : data_plane.stall_timeout;
+  o.shed_floor = j.getShedFloor();
+  if (j.getShedWindowMs() > 0) o.shed_window = std::chrono::milliseconds(j.getShedWindowMs());
   // Names for messages only; bytes from the network, so checked and bounded.
   for (const auto& m : j.getMembers()) {
     if (o.members.size() >= static_cast<size_t>(o.world_size)) break;

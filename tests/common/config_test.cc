@@ -129,6 +129,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"bad_device", "publisher:\n  device: tpu:0\n",
                 "key 'publisher.device': bad value 'tpu:0': expected cpu, cuda or cuda:N"},
         BadCase{"bad_policy", "publisher:\n  on_member_loss: ignore\n", "expected one of fail, continue"},
+        BadCase{"bad_slow_policy", "publisher:\n  on_slow_member: drop\n", "expected one of wait, shed"},
+        BadCase{"shed_without_floor", "publisher:\n  on_slow_member: shed\n",
+                "bad.yaml:2:19: key 'publisher.on_slow_member': shed needs publisher.slow_member_floor"},
+        BadCase{"shed_with_nccl",
+                "publisher:\n  device: cuda:0\n  on_slow_member: shed\n  slow_member_floor: 8MiB\n"
+                "subscriber:\n  device: cuda:0\ndata_plane:\n  backend: nccl\n",
+                "key 'publisher.on_slow_member': shed needs backend gloo"},
         BadCase{"bad_bool", "publisher:\n  reuse_validated_plan: sometimes\n",
                 "bad.yaml:2:25: key 'publisher.reuse_validated_plan': bad value 'sometimes': expected true or false"},
         BadCase{"device_count_mismatch", "publisher:\n  subscribers: 3\nsubscriber:\n  devices: [cpu, cpu]\n",

@@ -98,7 +98,16 @@ struct Deployment {
   std::string stall_timeout = "20s";
   std::string init_timeout = "10s";
   std::string quarantine_backoff = "30s";
+  std::string publisher_extra;  // more publisher: keys, each line indented by two spaces
 };
+
+Deployment sized(const std::string& bucket, const std::string& model, const std::string& stall) {
+  Deployment d;
+  d.bucket_size = bucket;
+  d.model_size = model;
+  d.stall_timeout = stall;
+  return d;
+}
 
 class NetnsTest : public ::testing::Test {
  protected:
@@ -160,7 +169,7 @@ class NetnsTest : public ::testing::Test {
            "\n  bucket_size: " + d.bucket_size + "\n  checksum: xxh64\n  stall_timeout: " + d.stall_timeout +
            "\n  init_timeout: " + d.init_timeout + "\n"
            "publisher:\n  subscribers: [worker-1, worker-2, worker-3]\n  on_member_loss: continue\n"
-           "  quarantine_backoff: " + d.quarantine_backoff + "\n"
+           "  quarantine_backoff: " + d.quarantine_backoff + "\n" + d.publisher_extra +
            "trainer:\n  model_size: " + d.model_size + "\n  layers: 8\n  updates: 100000\n  interval: 100ms\n"
            "logging:\n  level: info\n"
            "auth:\n  mode: curve\n  publisher_key: keys/publisher.key\n  publisher_public_key: keys/publisher.pub\n"
@@ -329,7 +338,7 @@ void NetnsTest::slow_link_case(int slow) {
   const std::string id = "worker-" + std::to_string(slow);
   // Only the data plane: heartbeats and plans (from the control port) pass.
   ASSERT_TRUE(lab_->throttle_data(slow, kControlPort, "16mbit"));
-  ASSERT_NO_FATAL_FAILURE(start({"8MiB", "16MiB", "3s"}));
+  ASSERT_NO_FATAL_FAILURE(start(sized("8MiB", "16MiB", "3s")));
   size_t from = 0;
   std::string members;
   for (int u = 0; u < 2; ++u) {  // the first update (formation included), then a steady one
@@ -402,7 +411,7 @@ TEST_F(NetnsTest, SlowLinkBelowAMemberIsNamedNotItsParent) { slow_link_case(3); 
 // no progress towards it. The update fails within the stall window with
 // TIMEOUT naming worker-2 and the figures, and worker-2 is not declared lost.
 TEST_F(NetnsTest, StalledDataPathFailsWithTimeoutNamingTheMember) {
-  ASSERT_NO_FATAL_FAILURE(start({"1MiB", "8MiB", "3s"}));
+  ASSERT_NO_FATAL_FAILURE(start(sized("1MiB", "8MiB", "3s")));
   const size_t from = trainer_->output().size();
   ASSERT_TRUE(lab_->starve(2, kControlPort));
   const auto starved = Clock::now();
@@ -424,13 +433,58 @@ TEST_F(NetnsTest, StalledDataPathFailsWithTimeoutNamingTheMember) {
   EXPECT_TRUE(lab_->link_up(2));
 }
 
+// on_slow_member: shed. Worker-2's data path runs at 2 MB/s; the model is
+// 48 MiB, so waiting for it would take ~25 s an update. With a floor of
+// 8 MiB/s over 2 s of busy time, the publisher sheds worker-2 (a leaf: the
+// tree of four is 0 -> {2, 1}, 1 -> {3}) and the others finish at their own
+// pace; worker-2 is named, dirty, and back in the group the next update.
+TEST_F(NetnsTest, SlowMemberIsShedAndTheOthersFinishAtTheirOwnPace) {
+  ASSERT_TRUE(lab_->throttle_data(2, kControlPort, "16mbit"));
+  Deployment d = sized("8MiB", "48MiB", "3s");
+  d.publisher_extra = "  on_slow_member: shed\n  slow_member_floor: 8MiB\n  slow_member_window: 2s\n";
+  yaml_ = test::write_file(dir_, "deploy.yaml", yaml(d));
+  trainer_ = Process::start(lab_->exec_path(), lab_->exec_args(0, test::binary("paramcast-trainer"), {"--config", yaml_}));
+  ASSERT_TRUE(trainer_->wait_for_output("control endpoint", Ms(10000))) << trainer_->output();
+  for (int i = 1; i <= kWorkers; ++i)
+    workers_.push_back(Process::start(
+        lab_->exec_path(), lab_->exec_args(i, test::binary("paramcast-worker"),
+                                           {"--config", yaml_, "--id", id(i), "--endpoint", endpoint_, "--updates", "0"})));
+  size_t from = 0;
+  std::vector<double> took;
+  for (int u = 0; u < 3; ++u) {
+    ASSERT_GE(wait_after(*trainer_, from, "; shed: worker-2\n", Clock::now(), Ms(60000)), 0) << outputs();
+    const size_t at = trainer_->output().find("; shed: worker-2\n", from);
+    const std::string line = line_with(trainer_->output(), "; shed: worker-2", at);
+    EXPECT_NE(line.find(" to 2 subscribers in "), std::string::npos) << line;
+    double secs = 0;
+    const size_t in = line.find(" subscribers in ");
+    ASSERT_NE(in, std::string::npos) << line;
+    ASSERT_EQ(std::sscanf(line.c_str() + in + 16, "%lf", &secs), 1) << line;
+    took.push_back(secs);
+    from = at + 1;
+  }
+  const std::string out = trainer_->output();
+  std::printf("[figures] 48 MiB updates with worker-2 at 2 MB/s shed: %.2f s, %.2f s, %.2f s (waiting: ~25 s)\n",
+              took[0], took[1], took[2]);
+  EXPECT_EQ(out.find("FAILED"), std::string::npos) << out;
+  for (double t : took) EXPECT_LT(t, 15.0) << out;  // the window, the chunks it was owed, a loaded machine
+  const std::string members = line_with(out, " members: ", from);
+  EXPECT_NE(members.find("worker-2 "), std::string::npos) << members;
+  EXPECT_NE(members.find("(shed)"), std::string::npos) << members;
+  // Worker-2 is dirty after each, and back in the next group (placed at a
+  // leaf: rank 3, under worker-1, which then sheds it); the others never fail.
+  EXPECT_NE(workers_[1]->output().find("state dirty (v2 incomplete"), std::string::npos) << outputs();
+  EXPECT_NE(workers_[1]->output().find("rank 3 of 4 in group epoch 3"), std::string::npos) << outputs();
+  for (int healthy : {0, 2}) EXPECT_EQ(workers_[healthy]->output().find("failed"), std::string::npos) << outputs();
+}
+
 // Placement: worker-1 (rank 1, the parent of rank 3 in the tree of four)
 // has a slow data path. Once its link rate is known, the next formation (here
 // after worker-2 restarts) places it last, at a leaf, and the member that
 // hung below it gets the full rate.
 TEST_F(NetnsTest, ASlowMemberIsPlacedAtALeafAtTheNextFormation) {
   ASSERT_TRUE(lab_->throttle_data(1, kControlPort, "16mbit"));
-  ASSERT_NO_FATAL_FAILURE(start({"8MiB", "16MiB", "3s"}));
+  ASSERT_NO_FATAL_FAILURE(start(sized("8MiB", "16MiB", "3s")));
   ASSERT_NE(workers_[0]->output().find("worker-1: rank 1 of 4"), std::string::npos) << outputs();
   size_t from = 0;
   for (int u = 0; u < 2; ++u) {  // two updates with figures: worker-1's link rate is known

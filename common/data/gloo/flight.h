@@ -33,6 +33,7 @@ class Flight {
     uint64_t taken_bytes = 0;         // of this broadcast
     size_t taken_chunks = 0;
     Clock::time_point last_progress;  // last chunk taken, or when it got work while idle
+    bool shed = false;                // ShedWatch: owed what is pending, nothing more
   };
 
   Flight() = default;
@@ -42,17 +43,18 @@ class Flight {
 
   bool window_open(size_t window) const {
     for (const auto& c : children_)
-      if (c.pending.size() >= window) return false;
+      if (!c.shed && c.pending.size() >= window) return false;
     return true;
   }
 
-  // One chunk of `bytes` posted to every child.
+  // One chunk of `bytes` posted to every child not shed.
   void posted(uint64_t bytes, Clock::time_point now) {
     for (auto& c : children_) {
+      if (c.shed) continue;
       if (c.pending.empty()) c.last_progress = now;  // the link's clock starts with its work
       c.pending.push_back(bytes);
+      ++pending_;
     }
-    pending_ += children_.size();
   }
 
   // A send to `rank` completed; returns its bytes and the time that link had
@@ -76,18 +78,34 @@ class Flight {
   }
 
   size_t pending() const { return pending_; }
-
+  // The child is shed: nothing more is posted to it, and the window no
+  // longer waits for it; what it was already owed still drains (pending()
+  // and the stall check count it), so the broadcast's memory is released
+  // only once Gloo is done with it.
+  void mark_shed(int rank) {
+    for (auto& c : children_)
+      if (c.rank == rank) c.shed = true;
+  }
+  bool is_shed(int rank) const {
+    const Child* c = child(rank);
+    return c && c->shed;
+  }
+  // Children not shed.
+  bool any_active() const {
+    return std::any_of(children_.begin(), children_.end(), [](const Child& c) { return !c.shed; });
+  }
   const Child* child(int rank) const {
     for (const auto& c : children_)
       if (c.rank == rank) return &c;
     return nullptr;
   }
 
-  // Chunks every child has taken.
+  // Chunks every child not shed has taken (0 when there is none).
   size_t min_taken_chunks() const {
     size_t m = SIZE_MAX;
-    for (const auto& c : children_) m = std::min(m, c.taken_chunks);
-    return children_.empty() ? 0 : m;
+    for (const auto& c : children_)
+      if (!c.shed) m = std::min(m, c.taken_chunks);
+    return m == SIZE_MAX ? 0 : m;
   }
 
   // The child with work whose link has gone longest without progress; null

@@ -67,6 +67,7 @@
 #include "common/data/gloo/flight.h"
 #include "common/data/gloo/gloo_factory.h"
 #include "common/data/gloo/mesh.h"
+#include "common/data/gloo/shed.h"
 #include "common/data/gloo/sigpipe_blocked.h"
 #include "common/data/gloo/tree.h"
 #include "common/data/work_state.h"
@@ -100,7 +101,8 @@ constexpr auto kStallGrace = std::chrono::seconds(1);
 // healthy group.
 using NoticeWord = uint32_t;
 constexpr NoticeWord kGoodbye = ~NoticeWord(0);
-enum NoticeKind : NoticeWord { kFailed = 0, kStalled = 1 };
+// kShed: to one child only, which the sender shed (shed.h).
+enum NoticeKind : NoticeWord { kFailed = 0, kStalled = 1, kShed = 2 };
 NoticeWord notice_word(NoticeKind kind, int blamed) {
   return (static_cast<NoticeWord>(kind) << 24) | (static_cast<NoticeWord>(blamed + 1) & 0xffffff);
 }
@@ -108,7 +110,11 @@ NoticeWord notice_word(NoticeKind kind, int blamed) {
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(const GroupOptions& options, std::shared_ptr<::gloo::rendezvous::Context> context)
-      : options_(options), context_(std::move(context)), links_(static_cast<size_t>(options.world_size)) {
+      : options_(options),
+        context_(std::move(context)),
+        links_(static_cast<size_t>(options.world_size)),
+        shed_(options.world_size, options.shed_floor, options.shed_window),
+        shed_words_(static_cast<size_t>(options.world_size), 0) {
     SigpipeBlocked blocked;  // inherited by both threads (and the drainers the runner starts)
     arm_sentinels();
     runner_ = std::thread([this] { run(); });
@@ -157,7 +163,7 @@ class GlooCommunicator : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<LinkStats> out;
     for (size_t i = 0; i < links_.size(); ++i)
-      if (links_[i].bytes_sent || links_[i].bytes_received) {
+      if (links_[i].bytes_sent || links_[i].bytes_received || links_[i].shed) {
         out.push_back(links_[i]);
         out.back().peer = static_cast<int>(i);
       }
@@ -180,7 +186,8 @@ class GlooCommunicator : public Communicator {
   // The operation the runner is driving; guarded by mu_ (its buffers are
   // owned by run_one and outlive their registration here).
   struct Running {
-    BinomialTree tree;
+    BinomialTree tree;  // its children: those not shed when it started
+    int root = 0;
     size_t chunks = 0;
     size_t bytes = 0;
     uint64_t slot = 0;
@@ -298,6 +305,10 @@ class GlooCommunicator : public Communicator {
   }
 
   Status notice_status(const Notice& n) const {
+    if (n.kind == kShed && n.blamed == options_.rank)
+      return timeout_error(group() + "this rank was shed by " + who(n.from) +
+                           ": its inbound link ran below the floor of " + format_bytes(options_.shed_floor) +
+                           "/s (publisher.on_slow_member: shed); it is out of this update, the others go on");
     if (n.kind == kStalled)
       return timeout_error(group() + who(n.from) + " saw no progress for " +
                            format_duration(options_.stall_timeout) + " (stall_timeout) sending to " + who(n.blamed));
@@ -392,8 +403,16 @@ class GlooCommunicator : public Communicator {
           lock.lock();
         }
       }
+      if (error_.ok() && running_op_ && shed_.enabled()) {
+        const auto shedding = shed_locked(Clock::now());
+        if (!shedding.empty()) {
+          lock.unlock();
+          for (int c : shedding) send_shed_notice(c);
+          lock.lock();
+        }
+      }
       if (error_.ok() && running_op_) {
-        const auto peers = running_op_->tree.peers();
+        const auto peers = unshed(running_op_->tree.peers());
         lock.unlock();
         const Broken b = broken_peer(peers);
         const Notice n = notice();  // a notice precedes its sender's close: it explains the break
@@ -407,6 +426,55 @@ class GlooCommunicator : public Communicator {
     }
   }
 
+  // Shedding (publisher.on_slow_member: shed; shed.h): the children of the
+  // running broadcast that are leaves of its tree, have work waiting, and
+  // whose link ran below the floor over the last window of busy time. Each is
+  // shed: nothing more is posted to it (what it is owed still drains, so its
+  // memory is released only once Gloo is done with it), the window and later
+  // broadcasts go on without it, and LinkStats says so. Called with mu_ held.
+  std::vector<int> shed_locked(Clock::time_point now) {
+    Running& r = *running_op_;
+    std::vector<int> out;
+    for (int c : r.tree.children) {
+      const Flight::Child* fc = r.flight.child(c);
+      if (!fc || fc->shed || fc->pending.empty()) continue;
+      if (!BinomialTree::of(c, options_.world_size, r.root).children.empty()) continue;  // leaves only
+      const auto& link = links_[static_cast<size_t>(c)];
+      const auto busy = link.send_busy + (now - fc->last_progress);
+      const auto v = shed_.observe(c, link.bytes_sent, std::chrono::duration_cast<Clock::duration>(busy));
+      if (!v.shed) continue;
+      r.flight.mark_shed(c);
+      links_[static_cast<size_t>(c)].shed = true;
+      PC_WARN(group() << "shedding " << who(c) << ": its link ran at "
+                      << format_bytes(static_cast<uint64_t>(v.rate)) << "/s over " << format_duration(v.over)
+                      << " of busy time, below the floor of " << format_bytes(options_.shed_floor)
+                      << "/s (publisher.on_slow_member: shed); the others go on without it");
+      out.push_back(c);
+    }
+    if (!out.empty()) cv_.notify_all();  // the window may be open now
+    return out;
+  }
+
+  // The shed child learns it on its sentinel slot, after the chunks it was
+  // owed (Gloo writes a pair's sends in order). Watcher thread only.
+  void send_shed_notice(int child) {
+    shed_words_[static_cast<size_t>(child)] = notice_word(kShed, child);
+    try {
+      auto buffer = context_->createUnboundBuffer(&shed_words_[static_cast<size_t>(child)], sizeof(NoticeWord));
+      buffer->send(child, ::gloo::Slot::build(kSentinelSlotPrefix, 0));
+      shed_notices_.push_back(std::move(buffer));  // Gloo may still be writing it
+    } catch (const std::exception& e) {
+      PC_DEBUG("gloo shed notice to rank " << child << ": " << e.what());
+    }
+  }
+
+  // `peers` without the children this rank shed (their connections end on
+  // purpose). Called with mu_ held.
+  std::vector<int> unshed(std::vector<int> peers) const {
+    std::erase_if(peers, [&](int p) { return shed_.shed(p); });
+    return peers;
+  }
+
   // After a failed operation: the cause, preferring a peer's notice (which
   // may trail the end of stream of a peer that gave up first by a few ms).
   std::pair<Status, int> cause_of(const Status& failure, const BinomialTree& tree) {
@@ -415,7 +483,12 @@ class GlooCommunicator : public Communicator {
       if (n.from >= 0) return {notice_status(n), -1};
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    const Broken b = broken_peer(tree.peers());
+    std::vector<int> peers;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peers = unshed(tree.peers());
+    }
+    const Broken b = broken_peer(peers);
     return {failure, b.rank >= 0 ? b.rank : options_.rank};
   }
 
@@ -425,7 +498,8 @@ class GlooCommunicator : public Communicator {
   // of its own slowest link instead of racing a whole broadcast ahead (a
   // parent that waits on this rank sees progress while the subtree makes it).
   void post_receives_locked(Running& r) {
-    const size_t limit = r.out.empty() ? r.chunks : std::min(r.chunks, r.flight.min_taken_chunks() + kWindow);
+    const size_t limit = r.out.empty() || !r.flight.any_active() ? r.chunks
+                                                                 : std::min(r.chunks, r.flight.min_taken_chunks() + kWindow);
     for (; r.recvs_posted < limit; ++r.recvs_posted)
       r.in->recv(r.tree.parent, r.slot, r.recvs_posted * kChunkBytes, r.chunk_bytes(r.recvs_posted));
   }
@@ -447,7 +521,8 @@ class GlooCommunicator : public Communicator {
       cv_.wait(lock, [&] { return !error_.ok() || !r.failure.ok() || r.flight.window_open(kWindow); });
       if (!r.failure.ok()) return r.failure;
       if (!error_.ok()) return aborted("broadcast interrupted");
-      for (size_t j = 0; j < r.out.size(); ++j) r.out[j]->send(r.tree.children[j], r.slot, i * kChunkBytes, len);
+      for (size_t j = 0; j < r.out.size(); ++j)
+        if (!r.flight.is_shed(r.tree.children[j])) r.out[j]->send(r.tree.children[j], r.slot, i * kChunkBytes, len);
       r.flight.posted(len, Clock::now());
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -462,6 +537,10 @@ class GlooCommunicator : public Communicator {
     const int child = r.tree.children[j];
     try {
       for (size_t k = 0; k < r.chunks; ++k) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);  // shed, and what it was owed taken: done
+          if (r.flight.is_shed(child) && r.flight.child(child)->pending.empty()) return;
+        }
         if (!r.out[j]->waitSend(nullptr, kForever)) return;
         std::lock_guard<std::mutex> lock(mu_);
         const auto t = r.flight.taken(child, Clock::now());
@@ -475,6 +554,7 @@ class GlooCommunicator : public Communicator {
       // The pair failed: the child closed (after a goodbye: it left while
       // this broadcast still needed it) or the connection broke.
       std::lock_guard<std::mutex> lock(mu_);
+      if (r.flight.is_shed(child) && r.flight.child(child)->pending.empty()) return;  // it closed after its notice
       if (r.failure.ok())
         r.failure = __atomic_load_n(&sentinel_words_[static_cast<size_t>(child)], __ATOMIC_ACQUIRE) == kGoodbye
                         ? aborted(group() + who(child) + " left the group before taking this broadcast (it took " +
@@ -505,6 +585,11 @@ class GlooCommunicator : public Communicator {
   Status run_one(const Op& op) {
     Running r;
     r.tree = BinomialTree::of(options_.rank, options_.world_size, op.root);
+    r.root = op.root;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // a shed child gets nothing more from this communicator
+      std::erase_if(r.tree.children, [&](int c) { return shed_.shed(c); });
+    }
     r.bytes = op.bytes;
     r.chunks = (op.bytes + kChunkBytes - 1) / kChunkBytes;
     r.slot = ::gloo::Slot::build(kChunkSlotPrefix, op.seq);
@@ -594,6 +679,9 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<WorkState> running_;
   Running* running_op_ = nullptr;  // owned by run_one, registered while its buffers live
   std::vector<LinkStats> links_;   // by peer rank
+  ShedWatch shed_;                 // which children this rank shed (guarded by mu_)
+  std::vector<NoticeWord> shed_words_;  // the kShed word to each shed child
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> shed_notices_;  // watcher thread only
   Status error_;
   bool stop_ = false;
   bool runner_done_ = false;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/data/gloo/flight.h"
+#include "common/data/gloo/shed.h"
 #include "common/data/gloo/tree.h"
 
 namespace paramcast::gloo_backend {
@@ -86,6 +87,52 @@ TEST(FlightTest, SlowestIsTheChildLongestWithoutProgressAndBusyTimeIsPerLink) {
   EXPECT_EQ(f.child(2)->taken_bytes, 20u);
   f.posted(10, t0 + seconds(20));  // an idle link's clock restarts with new work
   EXPECT_EQ(f.slowest()->last_progress, t0 + seconds(20));
+}
+
+// A shed child gets no more chunks and no longer holds the window or the
+// receives ahead; what it was owed still counts until taken.
+TEST(FlightTest, AShedChildDrainsWhatItWasOwedAndHoldsNothingBack) {
+  const auto t0 = Clock::now();
+  Flight f({4, 2}, t0);
+  for (int i = 0; i < 4; ++i) f.posted(100, t0);
+  EXPECT_FALSE(f.window_open(4));
+  for (int i = 0; i < 4; ++i) f.taken(2, t0);  // 2 is fast, 4 took nothing
+  EXPECT_FALSE(f.window_open(4));
+  EXPECT_EQ(f.min_taken_chunks(), 0u);
+  f.mark_shed(4);
+  EXPECT_TRUE(f.is_shed(4));
+  EXPECT_TRUE(f.any_active());
+  EXPECT_TRUE(f.window_open(4));
+  EXPECT_EQ(f.min_taken_chunks(), 4u);  // only 2 counts now
+  EXPECT_EQ(f.pending(), 4u);           // 4's owed chunks still drain
+  f.posted(100, t0);                    // to 2 only
+  EXPECT_EQ(f.child(4)->pending.size(), 4u);
+  EXPECT_EQ(f.pending(), 5u);
+  EXPECT_EQ(f.slowest()->rank, 4);  // and the stall check still sees it
+  for (int i = 0; i < 4; ++i) f.taken(4, t0);
+  f.taken(2, t0);
+  EXPECT_EQ(f.pending(), 0u);
+  f.mark_shed(2);
+  EXPECT_FALSE(f.any_active());
+}
+
+TEST(ShedWatchTest, ShedsOnlyBelowTheFloorOverAWholeWindowOfBusyTime) {
+  using std::chrono::seconds;
+  ShedWatch off(4, 0, seconds(2));
+  EXPECT_FALSE(off.enabled());
+  EXPECT_FALSE(off.observe(1, 1, seconds(100)).shed);
+
+  ShedWatch w(4, 8 << 20, seconds(2));  // 8 MiB/s over 2 s
+  EXPECT_FALSE(w.observe(1, 1 << 20, seconds(1)).shed);  // not a whole window yet
+  auto v = w.observe(1, 32 << 20, seconds(2));           // 32 MiB in 2 s: fast
+  EXPECT_FALSE(v.shed);
+  EXPECT_NEAR(v.rate, 16.0 * (1 << 20), 1.0);
+  v = w.observe(1, (32 << 20) + (4 << 20), seconds(4));  // 4 MiB in the next 2 s: 2 MiB/s
+  EXPECT_TRUE(v.shed);
+  EXPECT_NEAR(v.rate, 2.0 * (1 << 20), 1.0);
+  EXPECT_TRUE(w.shed(1));
+  EXPECT_FALSE(w.shed(2));
+  EXPECT_FALSE(w.observe(1, 0, seconds(100)).shed);  // once is enough
 }
 
 }  // namespace
