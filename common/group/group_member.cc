@@ -52,6 +52,8 @@ std::string with_bad_port(std::string value) {
 GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
     : id_(std::move(worker_id)), client_(client), link_(std::make_shared<Link>()) {
   link_->client = &client;
+  const char* lie = std::getenv("PARAMCAST_FAULT_FALSE_READY");
+  false_ready_ = lie && std::strcmp(lie, "1") == 0;
   const char* bad = std::getenv("PARAMCAST_FAULT_BAD_ADDRESS");
   const bool bad_address = bad && std::strcmp(bad, "1") == 0;
   store_ = std::make_shared<RemoteStore>([link = link_, bad_address](const RemoteStore::Request& r) {
@@ -117,6 +119,12 @@ void GroupMember::end_attempt(uint64_t up_to_epoch, const std::string& why) {
 }
 
 StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& options) {
+  if (false_ready_) {  // test hook: a member that claims readiness it does not have
+    client_.send(control::make_message(options.epoch, client_.incarnation(), [&](auto b) {
+      b.initGroupReady().setRank(static_cast<uint32_t>(options.rank));
+    }));
+    return unavailable("PARAMCAST_FAULT_FALSE_READY: said GroupReady without a communicator");
+  }
   if (store_failed_by_abandon_.exchange(false)) store_->reset();  // that formation is over; this one is new
   link_->epoch = options.epoch;
   auto attempt = std::make_shared<Attempt>(options.epoch);

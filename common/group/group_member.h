@@ -18,6 +18,8 @@
 // Test hook: PARAMCAST_FAULT_BAD_ADDRESS=1 makes this member publish its
 // Gloo address records with port 1, where nothing listens (a member with a
 // bad address, for process tests of attribution); the store traffic is real.
+// PARAMCAST_FAULT_FALSE_READY=1 makes it say GroupReady at once, without
+// publishing an address or creating a communicator (a member that lies).
 //
 // Threads: join() on the data thread; the on_* methods on the control thread.
 #pragma once
@@ -63,6 +65,7 @@ class GroupMember {
 
   Reaper reaper_;  // declared first: outlives the store and the client calls
   const std::string id_;
+  bool false_ready_ = false;  // PARAMCAST_FAULT_FALSE_READY
   control::ControlClient& client_;
   std::shared_ptr<Link> link_;
   std::shared_ptr<RemoteStore> store_;

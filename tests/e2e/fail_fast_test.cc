@@ -300,5 +300,29 @@ TEST_F(FailFastTest, AMemberWithABadAddressIsNamedByItsPeersAndTheOthersKeepGett
   }
 }
 
+// worker-2 says GroupReady without ever publishing an address (a member
+// that lies about being ready): named for it at once, quarantined, and the
+// others form again within the same call and keep getting updates.
+TEST_F(FailFastTest, AMemberThatLiesAboutBeingReadyIsNamedAndTheOthersKeepGettingUpdates) {
+  make_publisher(test::test_config_yaml(3, "  on_member_loss: continue\n  quarantine_backoff: 60s\n"));
+  spawn_worker("worker-1");
+  spawn_worker("worker-2", {"PARAMCAST_FAULT_FALSE_READY=1"});
+  spawn_worker("worker-3");
+  ::testing::internal::CaptureStderr();
+  Status s = pub_->start();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(s.ok()) << s.to_string() << "\n" << log << outputs();
+  EXPECT_NE(log.find("worker-2: said GroupReady without having published its rendezvous address"), std::string::npos)
+      << log;
+  for (const char* honest : {"worker-1", "worker-3"})
+    EXPECT_EQ(log.find("subscriber '" + std::string(honest) + "' quarantined"), std::string::npos) << log;
+  for (uint64_t v = 1; v <= 2; ++v) {
+    UpdateResult r = publish(v);
+    ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+    EXPECT_EQ(r.subscribers.size(), 2u);
+    EXPECT_EQ(r.missing, std::vector<std::string>{"worker-2"});
+  }
+}
+
 }  // namespace
 }  // namespace paramcast
