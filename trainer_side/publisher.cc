@@ -7,6 +7,7 @@
 #include "common/plan_proto.h"
 #include "common/units.h"
 #include "trainer_side/publisher_impl.h"
+#include "common/data/gloo/tree.h"  // who may shed whom: the Gloo plane's tree
 #include "trainer_side/slowest_link.h"
 
 namespace paramcast {
@@ -357,8 +358,10 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   const auto until = data.ok() ? std::min(cap_, Clock::now() + cfg_.publisher.apply_timeout) : Clock::now() + extra;
   // A shed member is not waited for: it reports when it learns it was shed.
   const bool shedding = cfg_.publisher.on_slow_member == SlowMemberPolicy::kShed;
-  const auto needed = [&](const std::string& id) { return is_live(id) && !(shedding && shed_members().count(id)); };
-  cv_.wait_until(lock, until, [&] { return round_.applied(needed) || stopped_; });
+  cv_.wait_until(lock, until, [&] {
+    const auto shed = shedding ? shed_members() : std::set<std::string>();
+    return round_.applied([&](const std::string& id) { return is_live(id) && !shed.count(id); }) || stopped_;
+  });
   Code code;
   r.subscribers = round_.applied_outcomes(live, silence(), data, code,
                                           waited("apply_timeout", cfg_.publisher.apply_timeout, until) +
@@ -384,14 +387,22 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
                                     (data.ok() ? "" : " (publisher data plane: " + data.message() + ")"));
 }
 
+// Only the member's parent in the broadcast tree can shed it: a claim from
+// any other member (hostile, or confused) is ignored. In a mixed group the
+// Gloo plane's tree is over that plane's ranks: the claims are taken as they
+// come.
 std::set<std::string> PublisherImpl::shed_members() const {
   std::set<std::string> out;
   const auto& group = round_.group();  // group[i] is rank i + 1
-  auto add = [&](const LinkStats& l) {
-    if (l.shed && l.peer >= 1 && static_cast<size_t>(l.peer) <= group.size()) out.insert(group[l.peer - 1]);
+  const int world = static_cast<int>(group.size()) + 1;
+  const bool check_parent = !groups_.mixed();
+  auto add = [&](int parent, const LinkStats& l) {
+    if (!l.shed || l.peer < 1 || static_cast<size_t>(l.peer) > group.size()) return;
+    if (check_parent && gloo_backend::BinomialTree::of(l.peer, world, 0).parent != parent) return;
+    out.insert(group[static_cast<size_t>(l.peer) - 1]);
   };
-  for (const auto& l : own_links_) add(l);
-  for (const auto& [rank, l] : round_.reported_links()) add(l.link);
+  for (const auto& l : own_links_) add(0, l);
+  for (const auto& [rank, l] : round_.reported_links()) add(l.parent, l.link);
   return out;
 }
 
@@ -399,7 +410,7 @@ void PublisherImpl::apply_shed(UpdateResult& r, const Status& data, Code& code) 
   const auto shed = shed_members();
   if (shed.empty()) return;
   for (auto& o : r.subscribers) {
-    if (!shed.count(o.worker_id)) continue;
+    if (!shed.count(o.worker_id) || o.status.ok()) continue;  // shed on its last chunk, and applied: not shed
     o.shed = true;
     o.status = timeout_error("subscriber '" + o.worker_id + "' was shed from update v" + std::to_string(r.version) +
                              ": its inbound link ran below publisher.slow_member_floor (" +

@@ -87,7 +87,10 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   server_.set_epoch(epoch);
   server_.assign_ranks(members);
   choose_local(members);
-  auto bootstrap = announce(epoch, members);
+  // The members' connects end a little before this rank's (their reports
+  // must arrive while it still listens): the remaining time, less a margin.
+  const auto margin = std::min<Millis>(Millis(1000), init_timeout / 10);
+  auto bootstrap = announce(epoch, members, std::max(Millis(1), init_timeout - margin));
   if (!bootstrap.ok()) return bootstrap.status();
   GroupOptions go;
   go.local = local_;
@@ -127,7 +130,10 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   bool ended_early;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ended_early = !failed_.empty() || stopped_ || !comm.ok();
+    // This rank's own failure ended it early only on evidence (its connects,
+    // or another rank's GroupFailed); a backend that timed out on its own
+    // (NCCL, shm) leaves the members not ready to be named.
+    ended_early = !failed_.empty() || stopped_ || !own.empty();
   }
   std::vector<std::string> problems = judge(members, own, !comm.ok(), ended_early);
   if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
@@ -355,7 +361,8 @@ void GroupHost::choose_local(const std::vector<std::string>& members) {
 }
 
 // Mints the bootstrap and sends every member its JoinGroup.
-StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std::string>& members) {
+StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std::string>& members,
+                                          Millis init_timeout) {
   auto bootstrap = mint_bootstrap(cfg_.data_plane.backend, epoch);
   if (!bootstrap.ok()) return bootstrap.status();
   std::vector<std::string> names = {"publisher"};
@@ -364,7 +371,7 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   go.world_size = static_cast<int>(names.size());
   go.backend = cfg_.data_plane.backend;
   go.bootstrap = *bootstrap;
-  go.init_timeout = cfg_.data_plane.init_timeout;
+  go.init_timeout = init_timeout;
   go.op_timeout = cfg_.publisher.update_timeout;
   go.stall_timeout = cfg_.data_plane.stall_timeout;
   if (cfg_.publisher.on_slow_member == SlowMemberPolicy::kShed) {

@@ -65,6 +65,8 @@ class GroupHost {
   StatusOr<std::shared_ptr<Communicator>> form(const std::vector<std::string>& members,
                                                Clock::time_point cap = Clock::time_point::max());
   uint64_t epoch() const { return epoch_; }
+  // The current group mixes the shm plane with the backend's (data_plane.local).
+  bool mixed() const { return !local_.empty(); }
 
   // Members in quarantine now, each with why and for how much longer.
   std::map<std::string, std::string> excluded(Clock::time_point now = Clock::now()) const;
@@ -84,7 +86,7 @@ class GroupHost {
 
  private:
   class WatchedStore;
-  StatusOr<std::string> announce(uint64_t epoch, const std::vector<std::string>& members);
+  StatusOr<std::string> announce(uint64_t epoch, const std::vector<std::string>& members, Millis init_timeout);
   // Waits for every member's GroupReady or GroupFailed, until `deadline`, or
   // the end of the evidence window once a member failed.
   void wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline);

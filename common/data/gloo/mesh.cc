@@ -42,18 +42,81 @@ Millis left(Deadline deadline) {
   return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
 }
 
+// Below this much connect time before the deadline, a pair still connecting
+// is no evidence against its peer (its address came late, not its peer's
+// link): it is cut short, not unreachable.
+constexpr Millis kMinConnect(1000);
+
 // The pair threads' outcomes, under one lock.
 struct Pairs {
-  // kClosed: still connecting at the deadline (unreachable); kCutShort: still
-  // connecting when another pair's failure ended the wait (no evidence).
-  enum State { kIdle, kConnecting, kConnected, kFailed, kClosed, kCutShort };
-  explicit Pairs(int size) : state(static_cast<size_t>(size), kIdle), why(static_cast<size_t>(size)) {}
+  // kClosed: still connecting at the deadline after a fair try (unreachable);
+  // kCutShort: still waiting or connecting when the wait ended for another
+  // reason, or connecting for too short a time (no evidence).
+  enum State { kIdle, kWaiting, kConnecting, kConnected, kFailed, kNoAddress, kClosed, kCutShort };
+  explicit Pairs(int size)
+      : state(static_cast<size_t>(size), kIdle),
+        why(static_cast<size_t>(size)),
+        started(static_cast<size_t>(size)),
+        in_connect(static_cast<size_t>(size), false) {}
   std::mutex mu;
   std::condition_variable cv;
   std::vector<State> state;
   std::vector<std::string> why;
-  int running = 0;
+  std::vector<Clock::time_point> started;  // when its connect began
+  std::vector<bool> in_connect;            // its thread is inside Pair::connect (close() wakes it)
+  std::string cancelled;                   // a get ended because the formation is over
+  bool busy(size_t r) const { return state[r] == kWaiting || state[r] == kConnecting; }
+  bool any(State s) const { return std::find(state.begin(), state.end(), s) != state.end(); }
 };
+
+// One peer: its address from the store (bounded by the deadline), checked,
+// then the pair's connect. Runs on a thread of its own.
+void connect_peer(Pairs& pairs, ::gloo::transport::Context& context, Store& store, const std::string& key, int rank,
+                  int r, int size, size_t record, Deadline deadline) {
+  auto value = store.get(key, left(deadline));
+  std::vector<char> address;
+  {
+    std::lock_guard<std::mutex> lock(pairs.mu);
+    auto& state = pairs.state[static_cast<size_t>(r)];
+    if (state != Pairs::kWaiting) {  // the wait already ended
+    } else if (!value.ok()) {
+      if (value.status().code() == Code::kTimeout) {
+        state = Pairs::kNoAddress;
+      } else {
+        state = Pairs::kCutShort;
+        if (pairs.cancelled.empty()) pairs.cancelled = value.status().message();
+      }
+    } else if (value->size() != record * static_cast<size_t>(size - 1)) {  // hostile input: Gloo's size exactly
+      state = Pairs::kFailed;
+      pairs.why[static_cast<size_t>(r)] = "published a malformed address (" + std::to_string(value->size()) +
+                                          " bytes, expected " + std::to_string(record * static_cast<size_t>(size - 1)) +
+                                          ")";
+    } else {
+      const size_t at = static_cast<size_t>(rank > r ? rank - 1 : rank) * record;  // r's record for this rank
+      address.assign(value->begin() + static_cast<std::ptrdiff_t>(at),
+                     value->begin() + static_cast<std::ptrdiff_t>(at + record));
+      state = Pairs::kConnecting;
+      pairs.started[static_cast<size_t>(r)] = Clock::now();
+      pairs.in_connect[static_cast<size_t>(r)] = true;
+    }
+    pairs.cv.notify_all();
+    if (state != Pairs::kConnecting) return;
+  }
+  std::string why;
+  try {
+    context.getPair(r)->connect(address);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  std::lock_guard<std::mutex> lock(pairs.mu);
+  pairs.in_connect[static_cast<size_t>(r)] = false;
+  auto& state = pairs.state[static_cast<size_t>(r)];
+  if (state == Pairs::kConnecting) {  // not closed meanwhile
+    state = why.empty() ? Pairs::kConnected : Pairs::kFailed;
+    pairs.why[static_cast<size_t>(r)] = why;
+  }
+  pairs.cv.notify_all();
+}
 
 }  // namespace
 
@@ -63,6 +126,7 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
     return r < static_cast<int>(names.size()) && !names[r].empty() ? names[r] : "rank " + std::to_string(r);
   };
   MeshResult out;
+  const auto began = Clock::now();
   std::shared_ptr<::gloo::transport::Context> context = device->createContext(rank, size);
   context->setTimeout(left(deadline));  // Gloo's own bound (5x) never comes first: the deadline below does
   std::vector<char> mine;
@@ -80,104 +144,105 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
     return out;
   }
 
-  auto pairs = std::make_shared<Pairs>(size);
+  // Every peer at once: one missing address or dead peer costs the others nothing.
+  Pairs pairs(size);
   std::vector<std::thread> threads;
-  std::string cancelled;
-  for (int r = 0; r < size && cancelled.empty(); ++r) {
-    if (r == rank) continue;
-    // Addresses still missing at the deadline are looked up once more without waiting.
-    auto value = store.get(prefix + std::to_string(r), Clock::now() < deadline ? left(deadline) : Millis(1));
-    if (!value.ok()) {
-      if (value.status().code() != Code::kTimeout) {
-        cancelled = value.status().message();
-        break;
-      }
-      out.no_address.push_back(r);
-      continue;
-    }
-    // Rank r's record for this rank; hostile input: the size must be exactly Gloo's.
-    const size_t at = static_cast<size_t>(rank > r ? rank - 1 : rank) * record;
-    if (value->size() != record * static_cast<size_t>(size - 1)) {
-      std::lock_guard<std::mutex> lock(pairs->mu);
-      pairs->state[r] = Pairs::kFailed;
-      pairs->why[r] = "published a malformed address (" + std::to_string(value->size()) + " bytes, expected " +
-                      std::to_string(record * static_cast<size_t>(size - 1)) + ")";
-      continue;
-    }
-    std::vector<char> address(value->begin() + static_cast<std::ptrdiff_t>(at),
-                              value->begin() + static_cast<std::ptrdiff_t>(at + record));
+  // Settles every pair still waiting or connecting as `as`, and wakes every
+  // thread inside a connect (its pair closed); gets end by the deadline.
+  auto close_busy = [&](Pairs::State as) {
+    std::vector<int> closing;
     {
-      std::lock_guard<std::mutex> lock(pairs->mu);
-      pairs->state[r] = Pairs::kConnecting;
-      ++pairs->running;
+      std::lock_guard<std::mutex> lock(pairs.mu);
+      for (int r = 0; r < size; ++r) {
+        if (pairs.busy(static_cast<size_t>(r))) pairs.state[static_cast<size_t>(r)] = as;
+        if (pairs.in_connect[static_cast<size_t>(r)]) closing.push_back(r);
+      }
     }
-    threads.emplace_back([pairs, context, r, address = std::move(address)] {
-      std::string why;
-      try {
-        context->getPair(r)->connect(address);
-      } catch (const std::exception& e) {
-        why = e.what();
+    for (int r : closing) context->getPair(r)->close();
+  };
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      {
+        std::lock_guard<std::mutex> lock(pairs.mu);
+        pairs.state[static_cast<size_t>(r)] = Pairs::kWaiting;
       }
-      std::lock_guard<std::mutex> lock(pairs->mu);
-      if (pairs->state[r] == Pairs::kConnecting) {  // not closed by the deadline meanwhile
-        pairs->state[r] = why.empty() ? Pairs::kConnected : Pairs::kFailed;
-        pairs->why[r] = why;
-      }
-      --pairs->running;
-      pairs->cv.notify_all();
-    });
-    if (cancelled.empty()) cancelled = store.cancelled();
+      threads.emplace_back([&pairs, &context = *context, &store, key = prefix + std::to_string(r), rank, r, size, record,
+                            deadline] { connect_peer(pairs, context, store, key, rank, r, size, record, deadline); });
+    }
+  } catch (const std::exception& e) {  // no thread to spare: end those started, and say so
+    close_busy(Pairs::kCutShort);
+    for (auto& t : threads) t.join();
+    out.error = std::string("could not start the connect threads: ") + e.what();
+    return out;
   }
 
-  // Every pair connected or failed, the deadline, a failure's grace, or the
-  // formation is over.
-  std::vector<int> closing;
+  // Every pair settled, the deadline, a failure's grace, or the formation is over.
+  std::string cancelled;
+  bool at_deadline = false;
   {
-    std::unique_lock<std::mutex> lock(pairs->mu);
+    std::unique_lock<std::mutex> lock(pairs.mu);
     Deadline until = deadline;
-    bool failed = !out.no_address.empty();
-    while (cancelled.empty() && Clock::now() < until) {
-      if (!failed && std::find(pairs->state.begin(), pairs->state.end(), Pairs::kFailed) != pairs->state.end()) {
+    bool failed = false;
+    for (;;) {
+      if (!pairs.cancelled.empty()) cancelled = pairs.cancelled;
+      if (!cancelled.empty()) break;
+      if (!failed && (pairs.any(Pairs::kFailed) || pairs.any(Pairs::kNoAddress))) {
         failed = true;
         until = std::min(deadline, Clock::now() + kAfterFailure);
       }
-      if (std::find(pairs->state.begin(), pairs->state.end(), Pairs::kConnecting) == pairs->state.end()) break;
-      pairs->cv.wait_until(lock, std::min(until, Clock::now() + kPoll));
+      if (!pairs.any(Pairs::kWaiting) && !pairs.any(Pairs::kConnecting)) break;
+      if (Clock::now() >= until) {
+        at_deadline = until == deadline;
+        break;
+      }
+      pairs.cv.wait_until(lock, std::min(until, Clock::now() + kPoll));
       lock.unlock();
       cancelled = store.cancelled();
       lock.lock();
     }
-    // Close what is still connecting: its thread wakes and returns.
-    const bool at_deadline = Clock::now() >= deadline;
-    for (int r = 0; r < size; ++r)
-      if (pairs->state[r] == Pairs::kConnecting) {
-        pairs->state[r] = at_deadline && cancelled.empty() ? Pairs::kClosed : Pairs::kCutShort;
-        closing.push_back(r);
-      }
+    // At the deadline, a pair that had a fair try (kMinConnect, or half the
+    // time the mesh had) is unreachable.
+    const Clock::duration fair = std::min<Clock::duration>(kMinConnect, (deadline - began) / 2);
+    if (at_deadline && cancelled.empty())
+      for (int r = 0; r < size; ++r)
+        if (pairs.state[static_cast<size_t>(r)] == Pairs::kConnecting &&
+            deadline - pairs.started[static_cast<size_t>(r)] >= fair)
+          pairs.state[static_cast<size_t>(r)] = Pairs::kClosed;
   }
-  for (int r : closing) context->getPair(r)->close();
+  close_busy(Pairs::kCutShort);  // the rest: no evidence
   for (auto& t : threads) t.join();
 
-  if (!cancelled.empty()) {  // another rank ended the formation: no evidence from this one
-    out.error = "group formation ended: " + cancelled;
-    return out;
-  }
   std::string detail;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
-    if (std::find(out.no_address.begin(), out.no_address.end(), r) != out.no_address.end()) {
-      detail += (detail.empty() ? "" : "; ") + name(r) + ": its address never arrived";
-      continue;
+    const auto state = pairs.state[static_cast<size_t>(r)];
+    std::string what;
+    switch (state) {
+      case Pairs::kConnected: continue;
+      case Pairs::kNoAddress:
+        out.no_address.push_back(r);
+        what = "its address never arrived";
+        break;
+      case Pairs::kFailed:
+        out.unreachable.push_back(r);
+        what = pairs.why[static_cast<size_t>(r)];
+        break;
+      case Pairs::kClosed:
+        out.unreachable.push_back(r);
+        what = "not connected by the deadline";
+        break;
+      default:
+        what = "still connecting when the wait ended";
+        break;
     }
-    const auto state = pairs->state[r];
-    if (state == Pairs::kConnected) continue;
-    if (state == Pairs::kCutShort) {
-      detail += (detail.empty() ? "" : "; ") + name(r) + ": still connecting when the others had failed";
-      continue;
-    }
-    out.unreachable.push_back(r);
-    detail += (detail.empty() ? "" : "; ") + name(r) + ": " +
-              (state == Pairs::kClosed ? std::string("not connected by the deadline") : pairs->why[r]);
+    if (!cancelled.empty() && state != Pairs::kFailed) continue;  // ended elsewhere: only what is certain
+    detail += (detail.empty() ? "" : "; ") + name(r) + ": " + what;
+  }
+  if (!cancelled.empty()) {  // another rank ended the formation; definite failures are still evidence
+    out.no_address.clear();
+    out.error = "group formation ended: " + cancelled + (detail.empty() ? "" : " (could not reach " + detail + ")");
+    return out;
   }
   if (!detail.empty()) {
     out.error = "could not reach " + detail;

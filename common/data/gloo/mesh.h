@@ -5,15 +5,22 @@
 // waiting up to five times the context's timeout, and says only that "a"
 // pair failed: one member whose data port is blocked held a formation for
 // 5 x init_timeout and left no trace of which member it was. Here:
-//   - every pair connects on a thread of its own as soon as its peer's
-//     address is in the store, so one unreachable peer costs the others
-//     nothing, and the whole mesh is bounded by one deadline;
-//   - a pair still connecting at the deadline (or when the store says the
-//     formation is over, Store::cancelled) is closed, which wakes its thread:
-//     nothing outlives the call;
+//   - every peer gets a thread of its own that waits for its address in the
+//     store and then connects the pair, so one missing address or one
+//     unreachable peer costs the others nothing, and the whole mesh is
+//     bounded by one deadline;
+//   - once a pair failed, the others get 1 s more (healthy pairs connect in
+//     milliseconds), so the failure is reported without waiting out the
+//     deadline;
+//   - a pair still connecting when the wait ends (the deadline, that grace,
+//     or the store saying the formation is over, Store::cancelled) is
+//     closed, which wakes its thread: nothing outlives the call;
 //   - the result names, by rank, the peers whose address never arrived, and
-//     those that were unreachable (refused, reset, a malformed address, or
-//     still not connected at the deadline).
+//     those that were unreachable: refused, reset, a malformed address, or
+//     still not connected at the deadline after a fair try (1 s, or half the
+//     time the mesh had). A pair cut short, or whose address came too late
+//     for a fair try, is no evidence against anyone. When the formation
+//     ended elsewhere, only definite failures are reported.
 // Keys: "<prefix><rank>", each one rank's pair addresses for the others in
 // rank order (Gloo's layout), so a member writes only its own rank's key.
 #pragma once

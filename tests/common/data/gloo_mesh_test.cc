@@ -104,6 +104,18 @@ TEST(GlooMeshTest, PeerThatNeverPublishesIsNamedByTheDeadline) {
   }
 }
 
+// Rank 1 never publishes: the ranks after it still connect to each other at
+// once (each peer waits for its own address), so only rank 1 is named.
+TEST(GlooMeshTest, OneMissingAddressDelaysNobodyElse) {
+  MemoryStore store;
+  auto out = run_ranks({0, 2, 3}, 4, store, Ms(2000));
+  for (auto& [r, o] : out) {
+    EXPECT_FALSE(o.result.context);
+    EXPECT_EQ(o.result.no_address, std::vector<int>{1}) << "rank " << r << ": " << o.result.error;
+    EXPECT_TRUE(o.result.unreachable.empty()) << "rank " << r << ": " << o.result.error;
+  }
+}
+
 // Rank 2 publishes addresses of a port nobody listens on (as a member with a
 // bad address would): both others name rank 2, and only rank 2.
 TEST(GlooMeshTest, PeerWhoseAddressRefusesIsNamed) {
@@ -128,6 +140,30 @@ TEST(GlooMeshTest, PeerWhoseAddressRefusesIsNamed) {
     EXPECT_EQ(o.result.unreachable, std::vector<int>{2}) << "rank " << r << ": " << o.result.error;
     EXPECT_NE(o.result.error.find("worker-2: "), std::string::npos) << o.result.error;
     EXPECT_LT(o.seconds, 3.0 + 5.0);
+  }
+}
+
+// Rank 2's address (127.0.0.2) sorts above the others', so each of them
+// waits for rank 2 to connect, which it never does (as with a peer whose data
+// port is firewalled): named at the deadline, not at Gloo's 5x its timeout.
+TEST(GlooMeshTest, PeerThatNeverConnectsIsNamedAtTheDeadline) {
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(0x7f000002);
+  sin.sin_port = htons(9);
+  sockaddr_storage ss{};
+  std::memcpy(&ss, &sin, sizeof sin);
+  const auto record = ::gloo::transport::tcp::Address(ss, 0).bytes();
+  std::string blob(record.begin(), record.end());
+  MemoryStore store;
+  ASSERT_TRUE(store.set("mesh/2", blob + blob).ok());
+  auto out = run_ranks({0, 1}, 3, store, Ms(2000));
+  for (auto& [r, o] : out) {
+    EXPECT_FALSE(o.result.context);
+    EXPECT_EQ(o.result.unreachable, std::vector<int>{2}) << "rank " << r << ": " << o.result.error;
+    EXPECT_NE(o.result.error.find("worker-2: not connected by the deadline"), std::string::npos) << o.result.error;
+    EXPECT_GE(o.seconds, 1.9);
+    EXPECT_LT(o.seconds, 2.0 + 5.0);  // a loaded machine's slack; Gloo's own wait would be 10 s
   }
 }
 
