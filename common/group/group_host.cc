@@ -135,6 +135,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     // (NCCL, shm) leaves the members not ready to be named.
     ended_early = !failed_.empty() || stopped_ || !own.empty();
   }
+  if (!comm.ok()) PC_INFO("publisher: its own part of group epoch " << epoch << ": " << comm.status().message());
   std::vector<std::string> problems = judge(members, own, !comm.ok(), ended_early);
   if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
   if (!problems.empty()) {

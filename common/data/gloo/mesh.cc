@@ -47,6 +47,23 @@ Millis left(Deadline deadline) {
 // link): it is cut short, not unreachable.
 constexpr Millis kMinConnect(1000);
 
+// A rank whose mesh failed keeps its pairs open a little longer before they
+// close: a peer still finishing its connect to this rank would otherwise see
+// "connection closed by peer" and report this rank as unreachable, naming a
+// member that only gave up because of a third one.
+constexpr Millis kLinger(3000);
+void linger(std::shared_ptr<::gloo::transport::Context> context, Deadline deadline) {
+  const auto until = std::min(deadline, Clock::now() + kLinger);
+  if (Clock::now() >= until) return;
+  try {
+    std::thread([context = std::move(context), until]() mutable {
+      std::this_thread::sleep_until(until);
+      context.reset();
+    }).detach();
+  } catch (const std::exception&) {  // no thread to spare: the pairs close now
+  }
+}
+
 // The pair threads' outcomes, under one lock.
 struct Pairs {
   // kClosed: still connecting at the deadline after a fair try (unreachable);
@@ -239,6 +256,7 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
     if (!cancelled.empty() && state != Pairs::kFailed) continue;  // ended elsewhere: only what is certain
     detail += (detail.empty() ? "" : "; ") + name(r) + ": " + what;
   }
+  if (!detail.empty() || !cancelled.empty()) linger(std::move(context), deadline);
   if (!cancelled.empty()) {  // another rank ended the formation; definite failures are still evidence
     out.no_address.clear();
     out.error = "group formation ended: " + cancelled + (detail.empty() ? "" : " (could not reach " + detail + ")");

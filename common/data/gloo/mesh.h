@@ -21,6 +21,9 @@
 //     time the mesh had). A pair cut short, or whose address came too late
 //     for a fair try, is no evidence against anyone. When the formation
 //     ended elsewhere, only definite failures are reported.
+//   - a rank whose mesh failed keeps its pairs open 3 s more (at most until
+//     the deadline): a peer still finishing its connect to it must not see
+//     "connection closed by peer" and name it.
 // Keys: "<prefix><rank>", each one rank's pair addresses for the others in
 // rank order (Gloo's layout), so a member writes only its own rank's key.
 #pragma once
