@@ -221,11 +221,14 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
     // At the deadline, a pair that had a fair try (kMinConnect, or half the
     // time the mesh had) is unreachable.
     const Clock::duration fair = std::min<Clock::duration>(kMinConnect, (deadline - began) / 2);
+    // A peer whose address is still awaited at the deadline never published it.
     if (at_deadline && cancelled.empty())
-      for (int r = 0; r < size; ++r)
-        if (pairs.state[static_cast<size_t>(r)] == Pairs::kConnecting &&
-            deadline - pairs.started[static_cast<size_t>(r)] >= fair)
-          pairs.state[static_cast<size_t>(r)] = Pairs::kClosed;
+      for (int r = 0; r < size; ++r) {
+        auto& state = pairs.state[static_cast<size_t>(r)];
+        if (state == Pairs::kWaiting) state = Pairs::kNoAddress;
+        if (state == Pairs::kConnecting && deadline - pairs.started[static_cast<size_t>(r)] >= fair)
+          state = Pairs::kClosed;
+      }
   }
   close_busy(Pairs::kCutShort);  // the rest: no evidence
   for (auto& t : threads) t.join();
