@@ -80,7 +80,8 @@ struct Pairs {
   std::vector<State> state;
   std::vector<std::string> why;
   std::vector<Clock::time_point> started;  // when its connect began
-  std::vector<bool> in_connect;            // its thread is inside Pair::connect (close() wakes it)
+  std::vector<bool> in_connect;            // its thread is inside Pair::connect
+  int in_get = 0;                          // threads still reading the store
   std::string cancelled;                   // a get ended because the formation is over
   bool busy(size_t r) const { return state[r] == kWaiting || state[r] == kConnecting; }
   bool any(State s) const { return std::find(state.begin(), state.end(), s) != state.end(); }
@@ -94,6 +95,7 @@ void connect_peer(Pairs& pairs, ::gloo::transport::Context& context, Store& stor
   std::vector<char> address;
   {
     std::lock_guard<std::mutex> lock(pairs.mu);
+    --pairs.in_get;  // `store` is not touched again: connect_mesh may return
     auto& state = pairs.state[static_cast<size_t>(r)];
     if (state != Pairs::kWaiting) {  // the wait already ended
     } else if (!value.ok()) {
@@ -145,7 +147,10 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
   MeshResult out;
   const auto began = Clock::now();
   std::shared_ptr<::gloo::transport::Context> context = device->createContext(rank, size);
-  context->setTimeout(left(deadline));  // Gloo's own bound (5x) never comes first: the deadline below does
+  // Gloo waits 5x the pair timeout for a connect: that bound falls 1 s after
+  // the deadline (this call's own verdict comes first), and ends a connect
+  // this call stopped waiting for.
+  context->setTimeout(left(deadline) / 5 + Millis(200));
   std::vector<char> mine;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
@@ -162,20 +167,24 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
   }
 
   // Every peer at once: one missing address or dead peer costs the others nothing.
-  Pairs pairs(size);
+  auto shared = std::make_shared<Pairs>(size);
+  Pairs& pairs = *shared;
   std::vector<std::thread> threads;
-  // Settles every pair still waiting or connecting as `as`, and wakes every
-  // thread inside a connect (its pair closed); gets end by the deadline.
-  auto close_busy = [&](Pairs::State as) {
-    std::vector<int> closing;
-    {
-      std::lock_guard<std::mutex> lock(pairs.mu);
-      for (int r = 0; r < size; ++r) {
-        if (pairs.busy(static_cast<size_t>(r))) pairs.state[static_cast<size_t>(r)] = as;
-        if (pairs.in_connect[static_cast<size_t>(r)]) closing.push_back(r);
-      }
-    }
-    for (int r : closing) context->getPair(r)->close();
+  // Settles every pair still waiting or connecting as `as`, waits for every
+  // thread to be done with the store (gets end by the deadline, at once when
+  // the formation is cancelled), then lets go of the threads: one still inside
+  // a connect is never interrupted (closing a pair mid-handshake can reset a
+  // connection its peer is accepting, and Gloo 5b14351 terminates that peer
+  // on the getpeername failure); it ends by Gloo's own bound (the pair
+  // timeout, set so that it falls at the deadline) and holds the context
+  // until then.
+  auto release = [&](Pairs::State as) {
+    std::unique_lock<std::mutex> lock(pairs.mu);
+    for (int r = 0; r < size; ++r)
+      if (pairs.busy(static_cast<size_t>(r))) pairs.state[static_cast<size_t>(r)] = as;
+    pairs.cv.wait(lock, [&] { return pairs.in_get == 0; });
+    lock.unlock();
+    for (auto& t : threads) t.detach();
   };
   try {
     for (int r = 0; r < size; ++r) {
@@ -183,13 +192,19 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
       {
         std::lock_guard<std::mutex> lock(pairs.mu);
         pairs.state[static_cast<size_t>(r)] = Pairs::kWaiting;
+        ++pairs.in_get;
       }
-      threads.emplace_back([&pairs, &context = *context, &store, key = prefix + std::to_string(r), rank, r, size, record,
-                            deadline] { connect_peer(pairs, context, store, key, rank, r, size, record, deadline); });
+      try {
+        threads.emplace_back([shared, context, &store, key = prefix + std::to_string(r), rank, r, size, record,
+                              deadline] { connect_peer(*shared, *context, store, key, rank, r, size, record, deadline); });
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(pairs.mu);
+        --pairs.in_get;
+        throw;
+      }
     }
   } catch (const std::exception& e) {  // no thread to spare: end those started, and say so
-    close_busy(Pairs::kCutShort);
-    for (auto& t : threads) t.join();
+    release(Pairs::kCutShort);
     out.error = std::string("could not start the connect threads: ") + e.what();
     return out;
   }
@@ -230,8 +245,7 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
           state = Pairs::kClosed;
       }
   }
-  close_busy(Pairs::kCutShort);  // the rest: no evidence
-  for (auto& t : threads) t.join();
+  release(Pairs::kCutShort);  // the rest: no evidence
 
   std::string detail;
   for (int r = 0; r < size; ++r) {

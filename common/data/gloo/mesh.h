@@ -13,8 +13,11 @@
 //     milliseconds), so the failure is reported without waiting out the
 //     deadline;
 //   - a pair still connecting when the wait ends (the deadline, that grace,
-//     or the store saying the formation is over, Store::cancelled) is
-//     closed, which wakes its thread: nothing outlives the call;
+//     or the store saying the formation is over, Store::cancelled) is left
+//     to finish on its own, never closed mid-handshake (a reset can reach a
+//     peer inside accept, and Gloo 5b14351 then terminates that peer): its
+//     thread ends by Gloo's own bound, 1 s after the deadline, holding the
+//     context until then; no thread touches the store after the call;
 //   - the result names, by rank, the peers whose address never arrived, and
 //     those that were unreachable: refused, reset, a malformed address, or
 //     still not connected at the deadline after a fair try (1 s, or half the
