@@ -6,6 +6,7 @@
 
 #include "common/data/bucket_checksum.h"
 #include "common/log.h"
+#include "common/transfer/issue_ahead.h"
 #include "common/transfer/settle.h"
 
 namespace paramcast::transfer {
@@ -21,6 +22,7 @@ struct BucketReceiver::Update {
   std::vector<uint8_t*> where;
   std::vector<bool> in_place;
   std::vector<delta::Header> headers;  // delta updates: per bucket
+  std::vector<size_t> staged_at;       // the bucket of each staged one, in order: staged bucket i uses slot i % 2
 
   bool delta() const { return plan.delta_base != 0; }
   // Bucket k travels as a delta encoding (not dense, not skipped).
@@ -50,7 +52,7 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
   deadline_ = deadline;
   received_ = 0;
   PC_CHECK_EQ(destinations.size(), plan.tensors.size());
-  Update u{plan, destinations, comm, hooks, {}, {}, {}, {}, {}, {}};
+  Update u{plan, destinations, comm, hooks, {}, {}, {}, {}, {}, {}, {}};
   if (u.delta() && !codec_) {
     auto codec = delta::create_codec(mem_, device_);
     if (!codec.ok()) return codec.status();
@@ -69,22 +71,40 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
   if (plan.streamed) staging_bytes = plan.streamed_bucket_bound();
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, staging_bytes));
   using Next = Hooks::Next;
+  size_t issued = 0;  // buckets [0, issued) issued
   auto first = have(u, 0, true);
   if (!first.ok()) return settle(u, first.status());
   if (*first == Next::kReady) {
     if (Status s = issue(u, 0); !s.ok()) return settle(u, s);
+    issued = 1;
   }
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
-    // Bucket k+1 is received while k is verified and unpacked; a streamed
-    // one whose layout is not announced yet is waited for after k.
-    auto next = have(u, k + 1, false);
-    Status s = next.status();
-    if (s.ok() && *next == Next::kReady) s = issue(u, k + 1);
+    // Bucket k+1 is received while k is verified and unpacked, and the
+    // buckets after it that land without a staging slot too, up to
+    // kIssueAhead in flight (issue_ahead.h); a streamed one whose layout is
+    // not announced yet is waited for after k.
+    Next next = Next::kReady;
+    Status s;
+    while (issued < k + 1 + kIssueAhead) {
+      auto n = have(u, issued, false);
+      s = n.status();
+      if (!s.ok() || *n != Next::kReady) {
+        if (s.ok() && issued == k + 1) next = *n;
+        break;
+      }
+      if (issued > k + 1 && !may_issue_ahead(u, issued, k)) break;
+      s = issue(u, issued);
+      if (!s.ok()) break;
+      ++issued;
+    }
     if (s.ok()) s = finish(u, k);
-    if (s.ok() && *next == Next::kNotYet) {
-      next = have(u, k + 1, true);
-      s = next.status();
-      if (s.ok() && *next == Next::kReady) s = issue(u, k + 1);
+    if (s.ok() && issued == k + 1 && next == Next::kNotYet) {
+      auto n = have(u, k + 1, true);
+      s = n.status();
+      if (s.ok() && *n == Next::kReady) {
+        s = issue(u, k + 1);
+        if (s.ok()) ++issued;
+      }
     }
     if (!s.ok()) return settle(u, s);
     if (faults_.stalls_after(plan.version, k)) {
@@ -97,6 +117,21 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
   // complete when receive() returns (before on_update_end and Applied).
   Status s = mem_->synchronize();
   return s.ok() ? s : settle(u, s.with_context("unpacking v" + std::to_string(plan.version)));
+}
+
+// Whether bucket j may be issued while bucket k (< j - 1) is still to be
+// finished (issue_ahead.h): not in a delta update, where any bucket may
+// arrive encoded into slot j % 2; yes when it lands where the engine reads
+// it; and a staged one once the staged bucket two before it, which used its
+// slot, was finished (buckets before k are).
+bool BucketReceiver::may_issue_ahead(const Update& u, size_t j, size_t k) const {
+  if (u.delta()) return false;
+  const auto& b = u.plan.buckets[j];
+  const uint32_t t0 = b.pieces[0].tensor;
+  if (b.direct && u.has_dest(t0)) return true;
+  if (b.direct && b.bytes != u.plan.nbytes[t0]) return false;  // assembled: in order
+  if (!b.direct && u.in_place_at[j]) return true;
+  return u.staged_at.size() < 2 || u.staged_at[u.staged_at.size() - 2] < k;
 }
 
 // Whether bucket k exists: listed in the plan, or (streamed) announced,
@@ -171,7 +206,8 @@ Status BucketReceiver::issue(Update& u, size_t k) {
     u.where[k] = base;  // the destinations lie in bucket layout: no staging, no unpack
     u.in_place[k] = true;
   } else {
-    u.where[k] = staging_.slot(k);
+    u.where[k] = staging_.slot(u.staged_at.size());
+    u.staged_at.push_back(k);
     // The slot's previous bucket may still be unpacking on the copy stream.
     if (mem_->stream()) PC_RETURN_IF_ERROR(u.comm.order_after(mem_->stream()));
   }
@@ -328,7 +364,7 @@ Status BucketReceiver::drop(UpdatePlan& plan, Communicator& comm, const Hooks& h
   for (const auto& b : plan.buckets) largest = std::max(largest, b.bytes);
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, largest));
   std::vector<const TensorView*> none(plan.tensors.size(), nullptr);
-  Update u{plan, none, comm, hooks, {}, {}, {}, {}, {}, {}};
+  Update u{plan, none, comm, hooks, {}, {}, {}, {}, {}, {}, {}};
   for (size_t k = 0;; ++k) {
     auto next = have(u, k, true);
     if (!next.ok()) return next.status();

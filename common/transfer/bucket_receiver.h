@@ -76,6 +76,7 @@ class BucketReceiver {
  private:
   struct Update;  // the state of one receive()
   StatusOr<Hooks::Next> have(Update& u, size_t k, bool wait);
+  bool may_issue_ahead(const Update& u, size_t j, size_t k) const;
   Status issue(Update& u, size_t k);
   Status finish(Update& u, size_t k);
   Status verify(Update& u, size_t k);

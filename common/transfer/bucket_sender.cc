@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/transfer/issue_ahead.h"
 #include "common/transfer/settle.h"
 
 namespace paramcast::transfer {
@@ -34,12 +35,27 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
   PC_RETURN_IF_ERROR(staging_.reserve(mem_, staging_bytes));
   std::vector<std::shared_ptr<Work>> works(n);
   uint64_t sent = 0;
+  size_t finished = 0;  // buckets [0, finished) completed, in order
+  auto finish_to = [&](size_t upto) -> Status {
+    for (; finished < upto; ++finished)
+      PC_RETURN_IF_ERROR(finish(plan, finished, works[finished].get(), hooks, sent));
+    return Status();
+  };
+  std::vector<size_t> staged_at;  // the bucket of each staged one, in order: staged bucket i uses slot i % 2
   for (size_t k = 0; k < n; ++k) {
-    Status s;
-    if (k >= 2) s = finish(plan, k - 2, works[k - 2].get(), hooks, sent);
+    // In flight after issuing k: at most kIssueAhead buckets, or
+    // kIssueAheadStaged in a delta update or with checksums (every bucket
+    // uses slot k % 2 then). A packed bucket waits for the packed bucket
+    // two before it, which used its staging slot (issue_ahead.h).
+    const bool staged = !encode && !plan.buckets[k].direct && !in_place_at[k];
+    const size_t ahead = encode || plan.checksum != Checksum::kNone ? kIssueAheadStaged : kIssueAhead;
+    size_t upto = k + 1 > ahead ? k + 1 - ahead : 0;
+    if (staged && staged_at.size() >= 2) upto = std::max(upto, staged_at[staged_at.size() - 2] + 1);
+    Status s = finish_to(upto);
+    if (s.ok() && staged) staged_at.push_back(k);
     if (s.ok())
       s = encode ? issue_delta(plan, k, tensors, comm, hooks, works[k])
-                 : issue(plan, k, tensors, in_place_at[k], comm, hooks, works[k]);
+                 : issue(plan, k, tensors, in_place_at[k], staged ? staged_at.size() - 1 : 0, comm, hooks, works[k]);
     if (!s.ok()) return settle(comm, works, s);
     if (faults_.stalls_after(plan.version, k)) {
       // Hang mid-update, as a wedged trainer would, until stopped.
@@ -48,10 +64,7 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
       return settle(comm, works, aborted("publisher stopped mid-update (fault injection)"));
     }
   }
-  for (size_t k = n >= 2 ? n - 2 : 0; k < n; ++k) {
-    Status s = finish(plan, k, works[k].get(), hooks, sent);
-    if (!s.ok()) return settle(comm, works, s);
-  }
+  if (Status s = finish_to(n); !s.ok()) return settle(comm, works, s);
   // The baseline's copies (queued on the copy stream for CUDA) are done.
   if (hooks.baseline) PC_RETURN_IF_ERROR(mem_->synchronize());
   return Status();
@@ -61,8 +74,9 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
 // broadcast waits on the device for the packing only, so the checksum runs
 // beside it. The checksum is handed on as soon as it is known.
 Status BucketSender::issue(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                           uint8_t* in_place, Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work) {
-  auto ptr = stage(plan, k, tensors, in_place);
+                           uint8_t* in_place, size_t staging_slot, Communicator& comm, const Hooks& hooks,
+                           std::shared_ptr<Work>& work) {
+  auto ptr = stage(plan, k, tensors, in_place, staging_slot);
   if (!ptr.ok()) return ptr.status();
   if (mem_->stream()) PC_RETURN_IF_ERROR(comm.order_after(mem_->stream()));
   const uint64_t bytes = plan.buckets[k].bytes;
@@ -122,14 +136,14 @@ Status BucketSender::keep_baseline(const UpdatePlan& plan, size_t k, const std::
 // Where bucket k's bytes are sent from: the tensor itself (direct), the
 // tensors in place, or a staging slot packed now (queued, not waited on).
 StatusOr<uint8_t*> BucketSender::stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                                       uint8_t* in_place) {
+                                       uint8_t* in_place, size_t staging_slot) {
   const auto& b = plan.buckets[k];
   if (b.direct) {
     const auto& p = b.pieces[0];
     return static_cast<uint8_t*>(tensors[p.tensor].data) + p.tensor_offset;
   }
   if (in_place) return in_place;
-  uint8_t* slot = staging_.slot(k);
+  uint8_t* slot = staging_.slot(staging_slot);
   std::vector<DeviceMemory::CopyOp> ops;
   ops.reserve(b.pieces.size());
   for (const auto& p : b.pieces)

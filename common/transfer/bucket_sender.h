@@ -71,10 +71,10 @@ class BucketSender {
 
  private:
   Status issue(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, uint8_t* in_place,
-               Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work);
+               size_t staging_slot, Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work);
   Status settle(Communicator& comm, std::vector<std::shared_ptr<Work>>& works, Status failure);
   StatusOr<uint8_t*> stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                           uint8_t* in_place);
+                           uint8_t* in_place, size_t staging_slot);
   Status finish(const UpdatePlan& plan, size_t k, Work* work, const Hooks& hooks, uint64_t& sent);
   Status issue_delta(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, Communicator& comm,
                      const Hooks& hooks, std::shared_ptr<Work>& work);

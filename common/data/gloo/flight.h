@@ -1,15 +1,17 @@
-// Flight: the send side of one broadcast in progress on this rank. Internal
-// to data/gloo.
+// Flight: the send side of the stream of broadcasts in progress on this
+// rank. Internal to data/gloo.
 //
-// The broadcast moves in chunks; each chunk goes to every child of this rank
-// in the tree, at most `window` chunks ahead of what a child has taken. The
-// flight counts, per child, the chunks posted and taken, and from that says:
+// Broadcasts move in chunks, one after the other as one stream (schedule.h);
+// each chunk goes to every child of this rank in the tree, at most `window`
+// chunks ahead of what a child has taken. The flight counts, per child, the
+// chunks posted (tagged with their broadcast) and taken, and from that says:
 //  - whether another chunk may be posted (the window),
 //  - which child the broadcast waits for, and since when it took nothing
 //    (the stall check: no progress on that link for stall_timeout),
 //  - what each link carried and for how long it had work (its rate).
-// Gloo completes the sends to one peer in the order they were posted, so a
-// completion from `rank` is always that child's oldest pending chunk.
+// Gloo completes the sends to one peer in the order they were posted (the
+// child posts its receives in stream order), so a completion from `rank` is
+// always that child's oldest pending chunk.
 //
 // Thread-safety: none; the communicator guards it with its lock.
 #pragma once
@@ -29,11 +31,16 @@ class Flight {
 
   struct Child {
     int rank = -1;
-    std::deque<uint64_t> pending;     // lengths of posted, untaken chunks, oldest first
-    uint64_t taken_bytes = 0;         // of this broadcast
+    struct Chunk {
+      uint64_t bytes;
+      uint32_t op;  // the broadcast it belongs to
+    };
+    std::deque<Chunk> pending;        // posted, untaken chunks, oldest first
+    uint64_t taken_bytes = 0;         // of the stream
     size_t taken_chunks = 0;
     Clock::time_point last_progress;  // last chunk taken, or when it got work while idle
     bool shed = false;                // ShedWatch: owed what is pending, nothing more
+    uint64_t pending_bytes = 0;       // of the chunks in `pending`
   };
 
   Flight() = default;
@@ -41,20 +48,26 @@ class Flight {
     for (int c : children) children_.push_back(Child{c, {}, 0, 0, now});
   }
 
-  bool window_open(size_t window) const {
+  // No child not shed is owed `window` bytes or more: another chunk may go.
+  bool window_open(uint64_t window) const {
     for (const auto& c : children_)
-      if (!c.shed && c.pending.size() >= window) return false;
+      if (!c.shed && c.pending_bytes >= window) return false;
     return true;
   }
 
-  // One chunk of `bytes` posted to every child not shed.
-  void posted(uint64_t bytes, Clock::time_point now) {
+  // One chunk of `bytes` of broadcast `op` posted to every child not shed;
+  // returns to how many.
+  size_t posted(uint64_t bytes, Clock::time_point now, uint32_t op = 0) {
+    size_t n = 0;
     for (auto& c : children_) {
       if (c.shed) continue;
       if (c.pending.empty()) c.last_progress = now;  // the link's clock starts with its work
-      c.pending.push_back(bytes);
+      c.pending.push_back({bytes, op});
+      c.pending_bytes += bytes;
       ++pending_;
+      ++n;
     }
+    return n;
   }
 
   // A send to `rank` completed; returns its bytes and the time that link had
@@ -62,12 +75,14 @@ class Flight {
   struct Taken {
     uint64_t bytes = 0;
     Clock::duration busy{0};
+    uint32_t op = 0;
   };
   Taken taken(int rank, Clock::time_point now) {
     for (auto& c : children_) {
       if (c.rank != rank || c.pending.empty()) continue;
-      Taken t{c.pending.front(), now - c.last_progress};
+      Taken t{c.pending.front().bytes, now - c.last_progress, c.pending.front().op};
       c.pending.pop_front();
+      c.pending_bytes -= t.bytes;
       c.taken_bytes += t.bytes;
       ++c.taken_chunks;
       c.last_progress = now;
@@ -78,6 +93,14 @@ class Flight {
   }
 
   size_t pending() const { return pending_; }
+  // The broadcast of `rank`'s oldest pending chunk; false if none is pending.
+  bool oldest(int rank, uint32_t* op) const {
+    const Child* c = child(rank);
+    if (!c || c->pending.empty()) return false;
+    *op = c->pending.front().op;
+    return true;
+  }
+  const std::vector<Child>& children() const { return children_; }
   // The child is shed: nothing more is posted to it, and the window no
   // longer waits for it; what it was already owed still drains (pending()
   // and the stall check count it), so the broadcast's memory is released
@@ -100,12 +123,12 @@ class Flight {
     return nullptr;
   }
 
-  // Chunks every child not shed has taken (0 when there is none).
-  size_t min_taken_chunks() const {
-    size_t m = SIZE_MAX;
+  // Bytes every child not shed has taken (0 when there is none).
+  uint64_t min_taken_bytes() const {
+    uint64_t m = UINT64_MAX;
     for (const auto& c : children_)
-      if (!c.shed) m = std::min(m, c.taken_chunks);
-    return m == SIZE_MAX ? 0 : m;
+      if (!c.shed) m = std::min(m, c.taken_bytes);
+    return m == UINT64_MAX ? 0 : m;
   }
 
   // The child with work whose link has gone longest without progress; null

@@ -123,9 +123,10 @@ TEST_P(CommunicatorTest, KilledPeerFailsOthersWithinDeadline) {
 // A live rank that takes nothing (frames dropped, a wedged reader) fails the
 // broadcast with kTimeout at its parent once its link made no progress for
 // stall_timeout, and every rank learns which one it was; the operation's
-// backstop (60 s) is nowhere near. 32 MiB: more than the windows hold, so
-// that the stall holds back every rank (a rank fed fully before the stall
-// would finish its broadcast, rightly).
+// backstop (60 s) is nowhere near. 64 MiB: more than the windows hold (a
+// rank posts at most 16 MiB ahead of a child, data/gloo/schedule.h), so that the stall holds
+// back every rank (a rank fed fully before the stall would finish its
+// broadcast, rightly).
 //
 // Timed on the monotonic clock the ranks share, from the moment rank 5's
 // parent (rank 1) could first send to it (both it and the root issued the
@@ -135,7 +136,7 @@ TEST_P(CommunicatorTest, StalledRankFailsEveryOtherWithTimeoutNamingIt) {
   if (GetParam() == Backend::kNccl)
     GTEST_SKIP() << "NCCL shows no per-link progress; its stall check is per operation (tests/gpu)";
   const int stall_ms = 2000;
-  auto ranks = spawn(8, "33554432", 1, 60000, {"--stall-ms", std::to_string(stall_ms), "--silent-rank", "5"});
+  auto ranks = spawn(8, "67108864", 1, 60000, {"--stall-ms", std::to_string(stall_ms), "--silent-rank", "5"});
   for (auto& p : ranks) ASSERT_TRUE(p->wait_for_output("ready", std::chrono::seconds(60))) << p->output();
   ASSERT_TRUE(ranks[5]->wait_for_output("silent", std::chrono::seconds(10))) << ranks[5]->output();
   for (int r = 0; r < 8; ++r) {

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/data/gloo/flight.h"
+#include "common/data/gloo/schedule.h"
 #include "common/data/gloo/shed.h"
 #include "common/data/gloo/tree.h"
 
@@ -53,18 +54,84 @@ using Clock = Flight::Clock;
 TEST(FlightTest, WindowHoldsBackAtTheSlowestChild) {
   const auto t0 = Clock::now();
   Flight f({4, 2}, t0);
-  for (int i = 0; i < 3; ++i) f.posted(100, t0);
-  EXPECT_TRUE(f.window_open(4));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(f.posted(100, t0), 2u);
+  EXPECT_TRUE(f.window_open(400));
   f.posted(100, t0);
-  EXPECT_FALSE(f.window_open(4));
+  EXPECT_FALSE(f.window_open(400));
   EXPECT_EQ(f.pending(), 8u);
   EXPECT_EQ(f.taken(4, t0).bytes, 100u);  // one child alone does not open it
-  EXPECT_FALSE(f.window_open(4));
-  EXPECT_EQ(f.min_taken_chunks(), 0u);
+  EXPECT_FALSE(f.window_open(400));
+  EXPECT_EQ(f.min_taken_bytes(), 0u);
   f.taken(2, t0);
-  EXPECT_TRUE(f.window_open(4));
-  EXPECT_EQ(f.min_taken_chunks(), 1u);
+  EXPECT_TRUE(f.window_open(400));
+  EXPECT_EQ(f.min_taken_bytes(), 100u);
   EXPECT_EQ(f.taken(9, t0).bytes, 0u);  // not a child
+}
+
+// The window counts bytes: many small chunks fit where one large one does.
+TEST(FlightTest, WindowCountsBytesNotChunks) {
+  const auto t0 = Clock::now();
+  Flight f({1}, t0);
+  for (int i = 0; i < 15; ++i) f.posted(1, t0);
+  EXPECT_TRUE(f.window_open(16));
+  f.posted(1, t0);
+  EXPECT_FALSE(f.window_open(16));
+  Flight g({1}, t0);
+  g.posted(16, t0);
+  EXPECT_FALSE(g.window_open(16));
+}
+
+// Chunks are tagged with their broadcast: the oldest pending chunk of a
+// child names the broadcast whose send buffer its next completion is on.
+TEST(FlightTest, OldestPendingChunkNamesItsBroadcast) {
+  const auto t0 = Clock::now();
+  Flight f({3, 5}, t0);
+  uint32_t op = 99;
+  EXPECT_FALSE(f.oldest(3, &op));
+  f.posted(10, t0, 7);
+  f.posted(10, t0, 8);
+  ASSERT_TRUE(f.oldest(3, &op));
+  EXPECT_EQ(op, 7u);
+  EXPECT_EQ(f.taken(3, t0).op, 7u);
+  ASSERT_TRUE(f.oldest(3, &op));
+  EXPECT_EQ(op, 8u);
+  ASSERT_TRUE(f.oldest(5, &op));  // the other child is still behind
+  EXPECT_EQ(op, 7u);
+  EXPECT_FALSE(f.oldest(4, &op));  // not a child
+}
+
+// Behind a link of kKeptLinkRate, the receive window drains within half the
+// stall window; never below a chunk (no progress) nor above the send window.
+TEST(ScheduleTest, ReceiveWindowFollowsTheStallWindow) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(receive_window_bytes(milliseconds(0)), kMaxChunkBytes);
+  EXPECT_EQ(receive_window_bytes(milliseconds(3000)), kMaxChunkBytes);
+  EXPECT_EQ(receive_window_bytes(milliseconds(6000)), 6 * kKeptLinkRate / 2);
+  EXPECT_EQ(receive_window_bytes(milliseconds(30000)), kWindowBytes);
+  for (int s = 1; s <= 60; ++s) {
+    const uint64_t w = receive_window_bytes(milliseconds(s * 1000));
+    if (w > kMaxChunkBytes) {
+      EXPECT_LE(w / kKeptLinkRate, static_cast<uint64_t>(s) / 2) << s;
+    }
+  }
+}
+
+TEST(ScheduleTest, ChunksAreTheWholeBroadcastUpToTheMaximumThenEvenPieces) {
+  EXPECT_EQ(chunk_bytes_for(1), 1u);
+  EXPECT_EQ(chunk_bytes_for(4097), 4097u);
+  EXPECT_EQ(chunk_bytes_for(kMaxChunkBytes), kMaxChunkBytes);
+  // Just above the maximum: two even chunks, not a full one and a sliver.
+  const size_t over = kMaxChunkBytes + 1;
+  const size_t c = chunk_bytes_for(over);
+  EXPECT_EQ(chunk_count(over, c), 2u);
+  EXPECT_LT(over - c, c);
+  EXPECT_GT(over - c, c / 2);
+  EXPECT_EQ(c % 4096, 0u);
+  for (size_t bytes : {size_t(3) << 20, size_t(256) << 20, (size_t(256) << 20) + 12345, size_t(1) << 30}) {
+    const size_t chunk = chunk_bytes_for(bytes);
+    EXPECT_LE(chunk, kMaxChunkBytes) << bytes;
+    EXPECT_EQ(chunk_count(bytes, chunk), (bytes + kMaxChunkBytes - 1) / kMaxChunkBytes) << bytes;
+  }
 }
 
 TEST(FlightTest, SlowestIsTheChildLongestWithoutProgressAndBusyTimeIsPerLink) {
@@ -95,15 +162,15 @@ TEST(FlightTest, AShedChildDrainsWhatItWasOwedAndHoldsNothingBack) {
   const auto t0 = Clock::now();
   Flight f({4, 2}, t0);
   for (int i = 0; i < 4; ++i) f.posted(100, t0);
-  EXPECT_FALSE(f.window_open(4));
+  EXPECT_FALSE(f.window_open(400));
   for (int i = 0; i < 4; ++i) f.taken(2, t0);  // 2 is fast, 4 took nothing
-  EXPECT_FALSE(f.window_open(4));
-  EXPECT_EQ(f.min_taken_chunks(), 0u);
+  EXPECT_FALSE(f.window_open(400));
+  EXPECT_EQ(f.min_taken_bytes(), 0u);
   f.mark_shed(4);
   EXPECT_TRUE(f.is_shed(4));
   EXPECT_TRUE(f.any_active());
-  EXPECT_TRUE(f.window_open(4));
-  EXPECT_EQ(f.min_taken_chunks(), 4u);  // only 2 counts now
+  EXPECT_TRUE(f.window_open(400));
+  EXPECT_EQ(f.min_taken_bytes(), 400u);  // only 2 counts now
   EXPECT_EQ(f.pending(), 4u);           // 4's owed chunks still drain
   f.posted(100, t0);                    // to 2 only
   EXPECT_EQ(f.child(4)->pending.size(), 4u);
