@@ -9,8 +9,10 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("paramcast::proto");
 
-const protocolVersion :UInt32 = 3;
+const protocolVersion :UInt32 = 4;
 # Bumped on any change that an older peer cannot understand.
+# 4: the Gloo data plane's wire: broadcasts as one stream of chunks cut by
+#    size and the group's stall/shed settings (common/data/gloo/schedule.h)
 # 3: streamed plans (Plan.streamed, BucketLayouts), partial plans
 #    (Plan.partial) and delta updates (Plan.deltaBase, BucketDelta): a
 #    version-2 subscriber would misread each.

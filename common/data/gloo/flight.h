@@ -109,6 +109,20 @@ class Flight {
     for (auto& c : children_)
       if (c.rank == rank) c.shed = true;
   }
+  // A shed child whose connection then ended (it learnt it was shed ahead of
+  // chunks it had not asked for yet): what it was owed is dropped, Gloo
+  // having let go of those sends with the pair. Returns the dropped chunks.
+  std::deque<Child::Chunk> drop(int rank) {
+    for (auto& c : children_) {
+      if (c.rank != rank) continue;
+      std::deque<Child::Chunk> out;
+      out.swap(c.pending);
+      pending_ -= out.size();
+      c.pending_bytes = 0;
+      return out;
+    }
+    return {};
+  }
   bool is_shed(int rank) const {
     const Child* c = child(rank);
     return c && c->shed;

@@ -23,6 +23,8 @@ constexpr auto kForever = std::chrono::hours(24 * 365);
 
 GlooCommunicator::GlooCommunicator(const GroupOptions& options, std::shared_ptr<::gloo::rendezvous::Context> context)
     : options_(options),
+      max_chunk_(max_chunk_bytes(options.stall_timeout, options.shed_floor, options.shed_window)),
+      receive_window_(receive_window_bytes(options.stall_timeout, max_chunk_)),
       context_(std::move(context)),
       sentinels_(*context_, options.rank, options.world_size),
       links_(static_cast<size_t>(options.world_size)),
@@ -68,7 +70,7 @@ std::shared_ptr<Work> GlooCommunicator::broadcast(void* data, size_t bytes, int 
   op->bytes = bytes;
   op->root = root;
   op->state = work->state;
-  op->chunk = chunk_bytes_for(bytes);
+  op->chunk = chunk_bytes_for(bytes, max_chunk_);
   op->chunks = chunk_count(bytes, op->chunk);
   op->parent = BinomialTree::of(options_.rank, options_.world_size, root).parent;
   if (op->parent >= 0) op->in = context_->createUnboundBuffer(op->data, bytes);

@@ -152,6 +152,7 @@ class GlooCommunicator : public Communicator {
   std::string group() const;
 
   // tree_schedule.cc
+  void report_failure_locked(Status failure);
   void join_locked(Op& op);
   void begin_stream_locked(int root);
   void post_receives_locked();
@@ -176,6 +177,8 @@ class GlooCommunicator : public Communicator {
   std::pair<Status, int> cause_of(const Status& failure);
 
   const GroupOptions options_;
+  const size_t max_chunk_;          // schedule.h: the same on every rank
+  const uint64_t receive_window_;   // schedule.h: this rank's own
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   Sentinels sentinels_;
   std::mutex mu_;

@@ -68,6 +68,7 @@ bool Sentinels::said_goodbye(int peer) const { return word(peer) == kGoodbye; }
 // is not counted: the word completed the receive, which then never fails.
 // Either precedes its end of stream on the same connection.
 Sentinels::Broken Sentinels::broken(const std::vector<int>& peers) {
+  std::lock_guard<std::mutex> lock(broken_mu_);
   for (int i : peers) {
     auto& r = receives_[static_cast<size_t>(i)];
     r->abortWaitRecv();  // the wait below returns at once unless the pair failed

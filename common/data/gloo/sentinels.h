@@ -11,7 +11,8 @@
 // fails without a word: a killed peer (broken()).
 //
 // Thread-safety: first_notice(), said_goodbye() and broken() from any thread
-// (the words are written by Gloo's I/O thread and read atomically);
+// (the words are written by Gloo's I/O thread and read atomically; broken()
+// calls are serialized);
 // tell_all() from one thread at a time (the communicator's signal lock);
 // tell_shed() from one thread (the watcher).
 #pragma once
@@ -21,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,7 @@ class Sentinels {
   NoticeWord word(int peer) const { return __atomic_load_n(&words_[static_cast<size_t>(peer)], __ATOMIC_ACQUIRE); }
 
   ::gloo::rendezvous::Context& context_;
+  std::mutex broken_mu_;  // one broken() at a time: each consumes its own abort flag
   const int rank_;
   const int world_;
   NoticeWord out_word_ = 0;

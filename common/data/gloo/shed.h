@@ -10,11 +10,11 @@
 // leaves): its failure takes nobody else with it, and placement
 // (wanted_members) puts slow members at leaves.
 //
-// What shedding does is the communicator's (gloo_communicator.cc): a kShed
-// notice to the child on the sentinel slot, the child dropped from the
-// broadcast in progress (Flight::drop) and from every later one, its pair
-// closed once the notice had time to arrive, LinkStats::shed for the
-// publisher's verdict.
+// What shedding does is the communicator's (tree_schedule.cc, abort.cc):
+// nothing more posted to the child (Flight::mark_shed), in this broadcast
+// or any later one; what it was owed drains, or is dropped if its
+// connection ends first (Flight::drop); a kShed notice to it on the
+// sentinel slot; LinkStats::shed for the publisher's verdict.
 //
 // Thread-safety: none; the communicator guards it with its lock.
 #pragma once

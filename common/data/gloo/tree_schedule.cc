@@ -19,6 +19,17 @@ constexpr auto kForever = std::chrono::hours(24 * 365);
 constexpr auto kStallGrace = std::chrono::seconds(1);
 }  // namespace
 
+// A failure this rank saw on a pair (a receive it could not post, a send
+// that failed): recorded for the runner, which explains and reports it; the
+// runner is woken wherever it waits, on a receive included (the flag is
+// sticky: a receive it is about to wait for returns at once).
+void GlooCommunicator::report_failure_locked(Status failure) {
+  if (failure_.ok() && error_.ok()) failure_ = std::move(failure);
+  for (auto& op : ops_)
+    if (op->in && !op->forwarded) op->in->abortWaitRecv();
+  cv_.notify_all();
+}
+
 // Gives `op` its place in the stream: its chunks follow the previous
 // broadcast's. Called with mu_ held, in issue order.
 void GlooCommunicator::join_locked(Op& op) {
@@ -61,11 +72,10 @@ void GlooCommunicator::post_receives_locked() {
   const Stream& s = *stream_;
   const bool leaf = s.tree.children.empty() || !s.flight.any_active();
   const uint64_t taken = leaf ? 0 : s.flight.min_taken_bytes();
-  const uint64_t window = receive_window_bytes(options_.stall_timeout);
   auto fits = [&](const Op& op) {
     if (leaf) return true;
     const uint64_t start = op.first + op.recvs_posted * op.chunk;
-    return start <= taken || start + op.chunk_len(op.recvs_posted) <= taken + window;
+    return start <= taken || start + op.chunk_len(op.recvs_posted) <= taken + receive_window_;
   };
   try {
     for (auto& op : ops_) {
@@ -76,8 +86,7 @@ void GlooCommunicator::post_receives_locked() {
       if (op->recvs_posted < op->chunks) break;
     }
   } catch (const std::exception& e) {
-    failure_ = peer_lost(group() + "receiving from " + who(s.tree.parent) + " failed: " + e.what());
-    cv_.notify_all();
+    report_failure_locked(peer_lost(group() + "receiving from " + who(s.tree.parent) + " failed: " + e.what()));
   }
 }
 
@@ -109,6 +118,7 @@ Status GlooCommunicator::forward(const std::shared_ptr<Op>& op) {
         begin_stream_locked(op->root);
       }
       start_locked(*op);
+      if (!failure_.ok()) return failure_;  // posting its receives failed
     }
     for (size_t i = 0; i < op->chunks; ++i) {
       const size_t len = op->chunk_len(i);
@@ -155,8 +165,7 @@ void GlooCommunicator::drain(int child) {
     std::shared_ptr<Op> op = find_locked(seq);
     ::gloo::transport::UnboundBuffer* buffer = op ? op->out_to(child) : nullptr;
     if (!buffer) {  // cannot happen: a pending chunk's broadcast is live until it is taken
-      failure_ = internal_error(group() + "a chunk owed to " + who(child) + " belongs to no live broadcast");
-      cv_.notify_all();
+      report_failure_locked(internal_error(group() + "a chunk owed to " + who(child) + " belongs to no live broadcast"));
       return;
     }
     lock.unlock();
@@ -170,17 +179,28 @@ void GlooCommunicator::drain(int child) {
     }
     lock.lock();
     if (!broke.empty()) {
+      if (stream_->flight.is_shed(child)) {
+        // It learnt it was shed (the notice overtakes chunks of broadcasts it
+        // had not issued yet) and closed: Gloo let go of those sends with the
+        // pair, so what it was owed is dropped and the others go on.
+        for (const auto& c : stream_->flight.drop(child))
+          if (auto o = find_locked(c.op)) {
+            --o->owed;
+            complete_if_done_locked(*o);
+          }
+        PC_DEBUG(group() << who(child) << " closed after it was shed: " << broke);
+        post_receives_locked();
+        cv_.notify_all();
+        return;
+      }
       // The child closed (after a goodbye: it left while a broadcast still
       // needed it) or the connection broke.
-      if (failure_.ok() && error_.ok())
-        failure_ = sentinels_.said_goodbye(child)
-                       ? aborted(group() + who(child) + " left the group before taking a broadcast of " +
-                                 format_bytes(op->bytes) + " (it took " +
-                                 format_bytes(stream_->flight.child(child)->taken_bytes) + " of the stream)")
-                       : peer_lost(group() + "sending to " + who(child) + " failed: " + broke);
-      for (auto& o : ops_)  // the runner may be waiting for the parent
-        if (o->in && o->started && !o->forwarded) o->in->abortWaitRecv();
-      cv_.notify_all();
+      report_failure_locked(
+          sentinels_.said_goodbye(child)
+              ? aborted(group() + who(child) + " left the group before taking a broadcast of " +
+                        format_bytes(op->bytes) + " (it took " +
+                        format_bytes(stream_->flight.child(child)->taken_bytes) + " of the stream)")
+              : peer_lost(group() + "sending to " + who(child) + " failed: " + broke));
       return;
     }
     if (!taken) continue;  // kicked: a failure, the wait above holds until stop_

@@ -116,6 +116,26 @@ TEST(ScheduleTest, ReceiveWindowFollowsTheStallWindow) {
   }
 }
 
+// The largest chunk: 4 MiB, less where a 2 MiB/s link would not move one
+// in half the stall window or a link at the shed floor four per window.
+TEST(ScheduleTest, LargestChunkFollowsTheStallWindowAndTheShedFloor) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(max_chunk_bytes(milliseconds(30000), 0, milliseconds(5000)), kMaxChunkBytes);
+  EXPECT_EQ(max_chunk_bytes(milliseconds(3000), 0, milliseconds(5000)), size_t(3) << 20);
+  EXPECT_EQ(max_chunk_bytes(milliseconds(100), 0, milliseconds(5000)), kMinChunkBytes);
+  // Shed at 8 MiB/s over 2 s: four chunks of 4 MiB; at 1 MiB/s over 2 s: 512 KiB.
+  EXPECT_EQ(max_chunk_bytes(milliseconds(30000), 8 << 20, milliseconds(2000)), kMaxChunkBytes);
+  EXPECT_EQ(max_chunk_bytes(milliseconds(30000), 1 << 20, milliseconds(2000)), size_t(512) << 10);
+  for (int ms : {1, 999, 2500, 7000, 60000}) {
+    const size_t c = max_chunk_bytes(milliseconds(ms), 12345, milliseconds(ms));
+    EXPECT_EQ(c % 4096, 0u) << ms;
+    EXPECT_GE(c, kMinChunkBytes) << ms;
+    EXPECT_LE(c, kMaxChunkBytes) << ms;
+  }
+  EXPECT_EQ(chunk_bytes_for(size_t(5) << 20, size_t(1) << 20), size_t(1) << 20);
+  EXPECT_EQ(chunk_count(size_t(5) << 20, chunk_bytes_for(size_t(5) << 20, size_t(1) << 20)), 5u);
+}
+
 TEST(ScheduleTest, ChunksAreTheWholeBroadcastUpToTheMaximumThenEvenPieces) {
   EXPECT_EQ(chunk_bytes_for(1), 1u);
   EXPECT_EQ(chunk_bytes_for(4097), 4097u);
@@ -181,6 +201,25 @@ TEST(FlightTest, AShedChildDrainsWhatItWasOwedAndHoldsNothingBack) {
   EXPECT_EQ(f.pending(), 0u);
   f.mark_shed(2);
   EXPECT_FALSE(f.any_active());
+}
+
+// A shed child whose connection ended gives up what it was owed, tagged
+// with the broadcasts whose completion no longer waits for it.
+TEST(FlightTest, DroppingAShedChildReturnsWhatItWasOwed) {
+  const auto t0 = Clock::now();
+  Flight f({4, 2}, t0);
+  f.posted(100, t0, 1);
+  f.posted(50, t0, 2);
+  f.taken(2, t0);
+  f.mark_shed(4);
+  const auto dropped = f.drop(4);
+  ASSERT_EQ(dropped.size(), 2u);
+  EXPECT_EQ(dropped[0].op, 1u);
+  EXPECT_EQ(dropped[1].op, 2u);
+  EXPECT_EQ(f.pending(), 1u);  // 2's second chunk
+  EXPECT_EQ(f.child(4)->pending_bytes, 0u);
+  EXPECT_TRUE(f.drop(4).empty());
+  EXPECT_TRUE(f.drop(9).empty());
 }
 
 TEST(ShedWatchTest, ShedsOnlyBelowTheFloorOverAWholeWindowOfBusyTime) {
