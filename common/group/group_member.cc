@@ -95,9 +95,14 @@ void GroupMember::abandon_formations(uint64_t epoch, const std::string& why) {
   uint64_t seen = abandoned_.load();
   while (seen < epoch && !abandoned_.compare_exchange_weak(seen, epoch)) {
   }
-  if (link_->epoch.load() != 0 && link_->epoch.load() <= epoch) {
-    store_failed_by_abandon_ = true;
-    store_->fail(why);
+  {
+    // Atomic with join()'s switch to a new epoch: an abandon of epoch N
+    // that lands while epoch N+1 starts must not fail N+1's store.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (link_->epoch.load() != 0 && link_->epoch.load() <= epoch) {
+      store_failed_by_abandon_ = true;
+      store_->fail(why);
+    }
   }
   end_attempt(epoch, why);
 }
@@ -125,11 +130,11 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
     }));
     return unavailable("PARAMCAST_FAULT_FALSE_READY: said GroupReady without a communicator");
   }
-  if (store_failed_by_abandon_.exchange(false)) store_->reset();  // that formation is over; this one is new
-  link_->epoch = options.epoch;
   auto attempt = std::make_shared<Attempt>(options.epoch);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);  // against abandon_formations() of an older epoch
+    if (store_failed_by_abandon_.exchange(false)) store_->reset();  // that formation is over; this one is new
+    link_->epoch = options.epoch;
     attempt_ = attempt;
   }
   if (options.epoch <= abandoned_.load()) {

@@ -71,7 +71,7 @@ class GroupMember {
   std::shared_ptr<RemoteStore> store_;
   std::atomic<uint64_t> abandoned_{0};  // formations up to this epoch are over
   std::atomic<bool> store_failed_by_abandon_{false};
-  std::mutex mu_;  // guards attempt_
+  std::mutex mu_;  // guards attempt_, and join()'s switch of epoch against abandon_formations()
   std::shared_ptr<Attempt> attempt_;  // the one join() waits for
 };
 
