@@ -340,6 +340,9 @@ void parse_trainer(const Loader& L, const YAML::Node& n, const std::string& p, C
       {"updates", [&](N v, P q) { c.trainer.updates = static_cast<int>(L.integer(v, q, 1, 1000000)); }},
       {"interval", [&](N v, P q) { c.trainer.interval = L.duration(v, q, /*allow_zero=*/true); }},
       {"seed", [&](N v, P q) { c.trainer.seed = static_cast<uint64_t>(L.integer(v, q, 0, INT64_MAX)); }},
+      {"changes", [&](N v, P q) {
+        c.trainer.changes = L.choice<ModelChanges>(v, q, {{"every", ModelChanges::kEvery}, {"uneven", ModelChanges::kUneven}});
+      }},
     });
 }
 

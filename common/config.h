@@ -167,6 +167,13 @@ struct SubscriberOptions {
 };
 
 // The synthetic workload of paramcast-trainer / paramcast-worker.
+// How the synthetic model's bytes change from one version to the next.
+enum class ModelChanges {
+  kEvery,   // every byte is new at every version
+  kUneven,  // as an RL step changes a model: per tensor and version, unchanged,
+            // a few elements, wholesale, or wholesale in alternate 256 KiB blocks
+};
+
 struct TrainerJobOptions {
   // Approximate total bytes of the synthetic model. Default: 64MiB
   uint64_t model_bytes = 64ull << 20;
@@ -180,6 +187,10 @@ struct TrainerJobOptions {
   Millis interval{0};
   // Seed of the reproducible content. Default: 1
   uint64_t seed = 1;
+  // How the content changes between versions (`every` or `uneven`; with
+  // deltas on, `uneven` makes buckets go dense, encoded and unchanged in
+  // mixed orders). Default: every
+  ModelChanges changes = ModelChanges::kEvery;
 };
 
 // Authentication of the control channel; see docs/security.md. File paths are

@@ -102,7 +102,9 @@ Status check_bucket(const UpdatePlan& plan, const PlanBucket& b, std::vector<uin
     auto bend = checked_add(piece.bucket_offset, piece.length);
     if (!tend || !bend || *tend > plan.nbytes[piece.tensor] || *bend > b.bytes)
       return refuse("piece of tensor '" + plan.tensors[piece.tensor].name + "' lies outside its tensor or bucket");
-    if (covered[piece.tensor] + piece.length > plan.nbytes[piece.tensor])
+    // covered <= nbytes and length <= nbytes, so the sum is checked too.
+    auto now = checked_add(covered[piece.tensor], piece.length);
+    if (!now || *now > plan.nbytes[piece.tensor])
       return refuse("buckets cover more than the " + std::to_string(plan.nbytes[piece.tensor]) + " bytes of '" +
                     plan.tensors[piece.tensor].name + "'");
     // Each tensor's pieces follow each other (no byte covered twice, none

@@ -99,8 +99,12 @@ StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
     if (*n != e.getNbytes())
       return protocol_error("plan v" + std::to_string(plan.version) + ": tensor '" + t.name + "' says " +
                             std::to_string(e.getNbytes()) + " bytes but its shape makes " + std::to_string(*n));
+    auto total = checked_add(plan.total_bytes, *n);
+    if (!total)
+      return protocol_error("plan v" + std::to_string(plan.version) + ": total size overflows 64 bits at tensor '" +
+                            t.name + "'");
     plan.nbytes.push_back(*n);
-    plan.total_bytes += *n;
+    plan.total_bytes = *total;
     plan.tensors.push_back(std::move(t));
   }
   if (plan.total_bytes != in.getTotalBytes())

@@ -1,7 +1,9 @@
 #include "common/synthetic_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/xxhash.h"
 
@@ -52,33 +54,88 @@ std::vector<TensorSpec> synthetic_llm_layout(uint64_t target_bytes, int layers, 
   return out;
 }
 
-void fill_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, void* dst, uint64_t nbytes) {
-  uint64_t x = stream_seed(spec, seed, version);
-  uint8_t* p = static_cast<uint8_t*>(dst);
-  uint64_t i = 0;
-  for (; i + 8 <= nbytes; i += 8) {
-    const uint64_t v = splitmix(x);
-    std::memcpy(p + i, &v, 8);
-  }
-  if (i < nbytes) {
-    const uint64_t v = splitmix(x);
-    std::memcpy(p + i, &v, nbytes - i);
-  }
+namespace {
+// Word w (8 bytes) of the stream of `x0`: what the w-th splitmix(x) gives.
+inline uint64_t word_at(uint64_t x0, uint64_t w) {
+  uint64_t x = x0 + w * 0x9E3779B97F4A7C15ULL;
+  return splitmix(x);
 }
 
-int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes) {
-  uint64_t x = stream_seed(spec, seed, version);
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  for (uint64_t i = 0; i < nbytes; i += 8) {
-    const uint64_t v = splitmix(x);
-    const uint64_t n = std::min<uint64_t>(8, nbytes - i);
-    if (std::memcmp(p + i, &v, n) != 0) {
-      const uint8_t* e = reinterpret_cast<const uint8_t*>(&v);
-      for (uint64_t k = 0; k < n; ++k)
-        if (p[i + k] != e[k]) return static_cast<int64_t>(i + k);
+// ModelChanges::kUneven: how a tensor changes at version u.
+enum class Change { kNone, kSparse, kWhole, kAlternate };
+constexpr uint64_t kBlockWords = 32768;  // 256 KiB: alternate blocks
+constexpr uint64_t kSparseOneIn = 61;
+
+Change change_at(const TensorSpec& spec, uint64_t seed, uint64_t u) {
+  if (u <= 1 || u % 8 == 1) return Change::kWhole;
+  const uint64_t h = xxh64(spec.name.data(), spec.name.size(), seed * 0x2545F4914F6CDD1DULL + u * 0x9E3779B97F4A7C15ULL);
+  return static_cast<Change>(h % 4);
+}
+
+bool changes_word(Change c, uint64_t salt, uint64_t w) {
+  switch (c) {
+    case Change::kNone: return false;
+    case Change::kWhole: return true;
+    case Change::kAlternate: return (w / kBlockWords) % 2 == 0;
+    case Change::kSparse: {
+      uint64_t x = salt ^ (w * 0xD1B54A32D192ED03ULL);
+      return splitmix(x) % kSparseOneIn == 0;
     }
   }
-  return -1;
+  return true;
+}
+
+// Calls out(w, word) for every word of the tensor at `version`.
+template <typename F>
+void generate(const TensorSpec& spec, uint64_t seed, uint64_t version, uint64_t nbytes, ModelChanges changes, F&& out) {
+  const uint64_t words = (nbytes + 7) / 8;
+  if (changes == ModelChanges::kEvery) {
+    const uint64_t x0 = stream_seed(spec, seed, version);
+    for (uint64_t w = 0; w < words; ++w) out(w, word_at(x0, w));
+    return;
+  }
+  // The versions since the last wholesale change, newest first: a word holds
+  // the value of the newest of them that changed it.
+  struct Step { Change change; uint64_t x0, salt; };
+  std::vector<Step> steps;
+  for (uint64_t u = version;; --u) {
+    const Change c = change_at(spec, seed, u);
+    steps.push_back({c, stream_seed(spec, seed, u), stream_seed(spec, seed ^ 0x5bd1e995, u)});
+    if (c == Change::kWhole || u <= 1) break;
+  }
+  for (uint64_t w = 0; w < words; ++w)
+    for (const Step& s : steps)
+      if (changes_word(s.change, s.salt, w)) {
+        out(w, word_at(s.x0, w));
+        break;
+      }
+}
+}  // namespace
+
+void fill_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, void* dst, uint64_t nbytes,
+                    ModelChanges changes) {
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  generate(spec, seed, version, nbytes, changes, [&](uint64_t w, uint64_t v) {
+    std::memcpy(p + w * 8, &v, std::min<uint64_t>(8, nbytes - w * 8));
+  });
+}
+
+int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes,
+                         ModelChanges changes) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  int64_t first = -1;
+  generate(spec, seed, version, nbytes, changes, [&](uint64_t w, uint64_t v) {
+    const uint64_t i = w * 8;
+    const uint64_t n = std::min<uint64_t>(8, nbytes - i);
+    if (first >= 0 || std::memcmp(p + i, &v, n) == 0) return;
+    const uint8_t* e = reinterpret_cast<const uint8_t*>(&v);
+    for (uint64_t k = 0; k < n; ++k)
+      if (p[i + k] != e[k]) {
+        first = static_cast<int64_t>(i + k);
+        return;
+      }
+  });
+  return first;
 }
 
 }  // namespace paramcast

@@ -8,15 +8,24 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/config.h"
 #include "common/tensor.h"
 
 namespace paramcast {
 
 std::vector<TensorSpec> synthetic_llm_layout(uint64_t target_bytes, int layers, DType dtype);
 
-// Deterministic content of one tensor at one version.
-void fill_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, void* dst, uint64_t nbytes);
+// Deterministic content of one tensor at one version. With
+// ModelChanges::kUneven, version v differs from v-1 as an RL step makes it:
+// each tensor, at each version, is unchanged, changed in about 1 of 61
+// 8-byte words, changed wholesale, or changed wholesale in every other
+// 256 KiB block (the others unchanged); every 8th version (and v1) is new
+// wholesale. The content at v is computed without v-1's (from at most the
+// last 8 versions' choices), so a verifier needs no history.
+void fill_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, void* dst, uint64_t nbytes,
+                    ModelChanges changes = ModelChanges::kEvery);
 // Offset of the first byte that differs from the expected content, or -1.
-int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes);
+int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes,
+                         ModelChanges changes = ModelChanges::kEvery);
 
 }  // namespace paramcast

@@ -12,6 +12,7 @@
 #include "common/cli.h"
 #include "common/data/device_memory.h"
 #include "common/log.h"
+#include "common/plan.h"
 #include "common/synthetic_model.h"
 #include "common/units.h"
 #include "inference_side/subscriber.h"
@@ -25,7 +26,7 @@ void on_signal(int) { g_stop = true; }
 const Tool kTool{
     .name = "paramcast-worker",
     .usage = "usage: paramcast-worker --config FILE.yaml --id WORKER_ID [--endpoint tcp://H:P]\n"
-             "                        [--mode registered|callback] [--updates N (0: run until stopped)]\n"
+             "                        [--mode registered|arena|callback] [--updates N (0: run until stopped)]\n"
              "                        [--model-size 64MiB]\n"
              "\n"
              "Stands in for an inference engine: joins the publisher, receives every update\n"
@@ -35,6 +36,8 @@ const Tool kTool{
              "  --id WORKER_ID        this worker's id, e.g. worker-1 (required)\n"
              "  --endpoint tcp://H:P  the publisher's control endpoint, instead of the file's\n"
              "  --mode MODE           registered: tensors land in registered buffers (default);\n"
+             "                        arena: registered in one buffer, small tensors in bucket\n"
+             "                        layout (packed buckets land in place, as in a weight arena);\n"
              "                        callback: each tensor is handed to a callback\n"
              "  --updates N           exit after N verified updates (0: run until stopped;\n"
              "                        default: the file's trainer.updates)\n"
@@ -49,6 +52,7 @@ class Verifier {
  public:
   Verifier(const std::string& id, const Config& config, std::unique_ptr<DeviceMemory> mem)
       : id_(id),
+        data_plane_(config.data_plane),
         job_(config.trainer),
         device_(config.device_for_worker(id)),
         specs_(synthetic_llm_layout(job_.model_bytes, job_.layers, job_.dtype)),
@@ -63,17 +67,50 @@ class Verifier {
       });
       return Status();
     }
-    for (const auto& spec : specs_) {
-      const uint64_t n = spec.nbytes().value();
-      auto p = mem_->allocate(n);
-      if (!p.ok()) return p.status();
-      buffers_.emplace_back(mem_.get(), *p, n);
-      PC_RETURN_IF_ERROR(s.register_tensor(TensorView{spec, *p, device_}));
+    if (mode == "arena") {
+      PC_RETURN_IF_ERROR(allocate_arena());
+    } else {
+      for (const auto& spec : specs_) {
+        const uint64_t n = spec.nbytes().value();
+        auto p = mem_->allocate(n);
+        if (!p.ok()) return p.status();
+        buffers_.emplace_back(mem_.get(), *p, n);
+        at_.push_back(static_cast<uint8_t*>(*p));
+      }
     }
+    for (size_t i = 0; i < specs_.size(); ++i)
+      PC_RETURN_IF_ERROR(s.register_tensor(TensorView{specs_[i], at_[i], device_}));
     s.on_update_end([this](uint64_t version, const Status& st) {
       if (!st.ok()) return;
-      for (size_t i = 0; i < specs_.size(); ++i) check(specs_[i], buffers_[i].data(), version);
+      for (size_t i = 0; i < specs_.size(); ++i) check(specs_[i], at_[i], version);
     });
+    return Status();
+  }
+
+  // One buffer for every tensor, the small ones where the publisher's plan
+  // packs them (each packed bucket's tensors at their bucket offsets), the
+  // large ones each in a region of its own: packed buckets land in place.
+  Status allocate_arena() {
+    auto plan = build_plan(1, specs_, data_plane_);
+    if (!plan.ok()) return plan.status();
+    auto aligned = [](uint64_t n) { return (n + kPackAlignment - 1) / kPackAlignment * kPackAlignment; };
+    std::vector<uint64_t> offset(specs_.size(), 0);
+    uint64_t total = 0;
+    for (const auto& b : plan->buckets) {
+      if (b.direct) {
+        if (b.pieces[0].tensor_offset == 0) {
+          offset[b.pieces[0].tensor] = total;
+          total += aligned(plan->nbytes[b.pieces[0].tensor]);
+        }
+        continue;
+      }
+      for (const auto& p : b.pieces) offset[p.tensor] = total + p.bucket_offset;
+      total += aligned(b.bytes);
+    }
+    auto p = mem_->allocate(std::max<uint64_t>(total, 1));
+    if (!p.ok()) return p.status();
+    buffers_.emplace_back(mem_.get(), *p, total);
+    for (size_t i = 0; i < specs_.size(); ++i) at_.push_back(static_cast<uint8_t*>(*p) + offset[i]);
     return Status();
   }
 
@@ -93,16 +130,18 @@ class Verifier {
       (void)mem_->copy(host_.data(), data, n);
       p = host_.data();
     }
-    const int64_t at = verify_synthetic(spec, job_.seed, version, p, n);
+    const int64_t at = verify_synthetic(spec, job_.seed, version, p, n, job_.changes);
     if (at >= 0) bad_.push_back(spec.name + " differs at byte " + std::to_string(at));
   }
 
   const std::string id_;
+  const DataPlaneOptions data_plane_;
   const TrainerJobOptions job_;
   const Device device_;
   const std::vector<TensorSpec> specs_;
   std::unique_ptr<DeviceMemory> mem_;
   std::vector<StagingBuffer> buffers_;  // after mem_: released before it
+  std::vector<uint8_t*> at_;            // where each registered tensor is
   std::atomic<uint64_t> in_progress_{0};
   std::mutex mu_;  // guards the two below
   std::vector<uint8_t> host_;

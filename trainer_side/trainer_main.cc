@@ -138,7 +138,7 @@ class SyntheticModel {
     std::vector<uint8_t> host(largest_);
     for (size_t i = 0; i < specs_.size(); ++i) {
       const uint64_t n = specs_[i].nbytes().value();
-      fill_synthetic(specs_[i], job_.seed, version, host.data(), n);
+      fill_synthetic(specs_[i], job_.seed, version, host.data(), n, job_.changes);
       (void)mem_->copy(buffers_[i].data(), host.data(), n);
     }
   }

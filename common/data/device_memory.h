@@ -133,9 +133,10 @@ class StagingBuffer {
   size_t bytes_ = 0;
 };
 
-// The two staging buffers of a double-buffered pipeline (bucket k uses slot
-// k % 2), kept across updates and resized only when the plan's largest staged
-// bucket no longer fits or is far smaller.
+// The two staging buffers of a double-buffered pipeline, kept across updates
+// and resized only when the plan's largest staged bucket no longer fits or is
+// far smaller. Which bucket uses which slot is decided in one place:
+// transfer::StagingSlots (common/transfer/staging_slots.h).
 class StagingPair {
  public:
   Status reserve(DeviceMemory* mem, uint64_t bytes) {
@@ -149,7 +150,7 @@ class StagingPair {
     }
     return Status();
   }
-  uint8_t* slot(size_t bucket) const { return slots_[bucket % 2].data(); }
+  uint8_t* slot(size_t index) const { return slots_[index % 2].data(); }
   void reset() {
     for (auto& s : slots_) s.reset();
   }

@@ -203,7 +203,7 @@ Status check_header(const Header& h, uint64_t bucket_bytes, size_t pieces, const
 }
 
 Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
-             const std::string& what) {
+             const std::string& what, std::vector<uint8_t*>& targets) {
   PC_RETURN_IF_ERROR(check_header(h, bucket_bytes, segments.size(), what));
   if (h.kind != Kind::kIndices && h.kind != Kind::kBitmask) return Status();
   for (const auto& seg : segments)
@@ -213,8 +213,10 @@ Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const 
   const uint64_t units = bucket_bytes / h.unit;
   const uint8_t* values = wire;
   const uint8_t* tail = wire + h.changed * h.unit;
-  // Pass 1 validates (every index in range, increasing, inside a piece);
-  // pass 2 writes. `each(k, i)` visits the k-th change, unit i.
+  // The wire is read once: pass 1 decodes and validates every index (in
+  // range, increasing, inside a piece) into `targets`; pass 2 copies the
+  // values there. Nothing is written unless all of them are valid, and no
+  // byte of the wire is read twice (a second read could see other bytes).
   auto visit = [&](auto&& each) -> Status {
     if (h.kind == Kind::kIndices) {
       const uint8_t* at = tail;
@@ -267,16 +269,22 @@ Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const 
       return nullptr;
     return segments[seg].base + (at - segments[seg].bucket_offset);
   };
+  targets.clear();
+  targets.reserve(h.changed);
   PC_RETURN_IF_ERROR(visit([&](uint64_t, uint64_t i) -> Status {
-    if (!locate(i))
-      return data_corrupt("delta of " + what + ": unit " + std::to_string(i) + " lies between the bucket's tensors");
+    uint8_t* at = locate(i);
+    if (!at) return data_corrupt("delta of " + what + ": unit " + std::to_string(i) + " lies between the bucket's tensors");
+    targets.push_back(at);
     return Status();
   }));
-  seg = 0;
-  return visit([&](uint64_t k, uint64_t i) -> Status {
-    std::memcpy(locate(i), values + k * h.unit, h.unit);
-    return Status();
-  });
+  for (uint64_t k = 0; k < targets.size(); ++k) std::memcpy(targets[k], values + k * h.unit, h.unit);
+  return Status();
+}
+
+Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
+             const std::string& what) {
+  std::vector<uint8_t*> targets;
+  return apply(h, wire, bucket_bytes, segments, what, targets);
 }
 
 }  // namespace paramcast::delta

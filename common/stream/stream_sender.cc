@@ -18,11 +18,10 @@ Status StreamSender::begin(UpdatePlan* plan, Communicator* comm, Hooks hooks, De
   deadline_ = deadline;
   direct_min_ = std::max<uint64_t>(direct_min_bytes, 1);
   open_ = PlanBucket();
-  open_slot_ = 0;
+  slots_.reset();
   works_.clear();
   bytes_.clear();
   done_ = 0;
-  slot_bucket_[0] = slot_bucket_[1] = -1;
   sent_ = 0;
   wire_ = 0;
   delta_buckets_ = 0;
@@ -50,9 +49,9 @@ Status StreamSender::send(uint32_t index, const void* data, void* after_stream) 
     PC_RETURN_IF_ERROR(seal());
     at = 0;
   }
-  if (open_.pieces.empty()) PC_RETURN_IF_ERROR(wait_slot(open_slot_));  // its last broadcast has left
+  if (open_.pieces.empty()) PC_RETURN_IF_ERROR(wait_slot());  // its last broadcast has left
   if (n > 0) {
-    uint8_t* slot = staging_->slot(static_cast<size_t>(open_slot_));
+    uint8_t* slot = staging_->slot(slots_.next_slot());
     PC_RETURN_IF_ERROR(fail(mem_->copy_many({{slot + at, src, n}})));
     // Staged means the caller's buffer is no longer read (CUDA: copy done).
     PC_RETURN_IF_ERROR(fail(mem_->synchronize()));
@@ -69,18 +68,16 @@ Status StreamSender::send_direct(uint32_t index, const uint8_t* src, uint64_t n)
     const uint64_t len = std::min(plan_->bucket_bytes, n - off);
     PlanBucket chunk{len, true, {PlanPiece{index, off, 0, len}}};
     if (!encoding()) {
-      PC_RETURN_IF_ERROR(issue(const_cast<uint8_t*>(src) + off, std::move(chunk), -1));
+      PC_RETURN_IF_ERROR(issue(const_cast<uint8_t*>(src) + off, std::move(chunk), false));
       continue;
     }
     // The chunk takes the slot the open bucket would fill next (sealed first).
     PC_RETURN_IF_ERROR(seal());
-    const int slot = open_slot_;
-    PC_RETURN_IF_ERROR(wait_slot(slot));
-    uint8_t* at = staging_->slot(static_cast<size_t>(slot));
+    PC_RETURN_IF_ERROR(wait_slot());
+    uint8_t* at = staging_->slot(slots_.next_slot());
     PC_RETURN_IF_ERROR(fail(mem_->copy_many({{at, src + off, len}})));
     PC_RETURN_IF_ERROR(fail(mem_->synchronize()));
-    open_slot_ ^= 1;
-    PC_RETURN_IF_ERROR(issue(at, std::move(chunk), slot));
+    PC_RETURN_IF_ERROR(issue(at, std::move(chunk), true));
   }
   for (size_t k = done_; k < works_.size(); ++k) PC_RETURN_IF_ERROR(complete(k));
   // The caller may free the tensor now: its copy into the baseline is done.
@@ -102,17 +99,16 @@ Status StreamSender::seal() {
   if (open_.pieces.empty()) return Status();
   PlanBucket b = std::move(open_);
   open_ = PlanBucket();
-  const int slot = open_slot_;
-  open_slot_ ^= 1;
-  return issue(staging_->slot(static_cast<size_t>(slot)), std::move(b), slot);
+  return issue(staging_->slot(slots_.next_slot()), std::move(b), true);
 }
 
-// Announces bucket k, starts its checksum, broadcasts it. `slot`: the
-// staging slot it is sent from (-1: the caller's buffer). With a baseline
+// Announces bucket k, starts its checksum, broadcasts it. `staged`: it is
+// sent from the next staging slot (else from the caller's buffer). With a baseline
 // its bytes become the baseline's; encoded as a delta (in place in its
 // slot), its header is announced and the encoding broadcast instead.
-Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
+Status StreamSender::issue(uint8_t* from, PlanBucket bucket, bool staged) {
   const size_t k = works_.size();
+  if (staged) slots_.take(k);
   uint64_t bytes = bucket.bytes;
   PC_RETURN_IF_ERROR(fail(plan_->add_streamed_bucket(bucket)));
   const PlanBucket& b = plan_->buckets.back();
@@ -132,7 +128,6 @@ Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
     wire_ += h.wire_bytes;
     works_.push_back(h.wire_bytes ? comm_->broadcast(from, h.wire_bytes, 0) : nullptr);
     bytes_.push_back(b.bytes);
-    if (slot >= 0) slot_bucket_[slot] = static_cast<long>(k);
     return Status();
   }
   if (hooks_.baseline) {  // queued on the copy stream for CUDA, beside the broadcast
@@ -142,13 +137,12 @@ Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
     PC_RETURN_IF_ERROR(fail(mem_->copy_many(ops)));
   }
   wire_ += bytes;
-  if (slot >= 0 && mem_->stream()) PC_RETURN_IF_ERROR(fail(comm_->order_after(mem_->stream())));
+  if (staged && mem_->stream()) PC_RETURN_IF_ERROR(fail(comm_->order_after(mem_->stream())));
   const int sum_slot = static_cast<int>(k % 2);
   if (plan_->checksum != Checksum::kNone)
     PC_RETURN_IF_ERROR(fail(mem_->checksum_start(sum_slot, from, bytes, plan_->checksum)));
   works_.push_back(comm_->broadcast(from, bytes, 0));
   bytes_.push_back(bytes);
-  if (slot >= 0) slot_bucket_[slot] = static_cast<long>(k);
   if (plan_->checksum != Checksum::kNone) {
     auto sum = mem_->checksum_result(sum_slot);
     if (!sum.ok()) return fail(sum.status().with_context("checksum of bucket " + std::to_string(k)));
@@ -157,8 +151,11 @@ Status StreamSender::issue(uint8_t* from, PlanBucket bucket, int slot) {
   return Status();
 }
 
-Status StreamSender::wait_slot(int slot) {
-  for (long k = static_cast<long>(done_); k <= slot_bucket_[slot]; ++k) PC_RETURN_IF_ERROR(complete(static_cast<size_t>(k)));
+// The next staging slot's last broadcast has left (staging_slots.h).
+Status StreamSender::wait_slot() {
+  const auto blocker = slots_.blocker();
+  if (!blocker) return Status();
+  for (size_t k = done_; k <= *blocker; ++k) PC_RETURN_IF_ERROR(complete(k));
   return Status();
 }
 

@@ -29,6 +29,7 @@
 #include "common/delta/baseline.h"
 #include "common/delta/codec.h"
 #include "common/plan.h"
+#include "common/transfer/staging_slots.h"
 
 namespace paramcast::stream {
 
@@ -70,10 +71,10 @@ class StreamSender {
 
  private:
   Status seal();
-  Status issue(uint8_t* from, PlanBucket bucket, int slot);
+  Status issue(uint8_t* from, PlanBucket bucket, bool staged);
   Status send_direct(uint32_t index, const uint8_t* src, uint64_t n);
   bool encoding() const { return plan_->delta_base != 0 && hooks_.baseline && hooks_.codec; }
-  Status wait_slot(int slot);
+  Status wait_slot();
   Status complete(size_t k);
   Status fail(Status s);
 
@@ -84,12 +85,11 @@ class StreamSender {
   Hooks hooks_;
   Deadline deadline_;
   uint64_t direct_min_ = 0;
-  PlanBucket open_;    // the bucket being filled, in slot open_slot_
-  int open_slot_ = 0;
+  PlanBucket open_;            // the bucket being filled, in slots_.next_slot()
+  transfer::StagingSlots slots_;  // which staging slot each staged bucket uses
   std::vector<std::shared_ptr<Work>> works_;  // per bucket; reset once complete
   std::vector<uint64_t> bytes_;               // per bucket
   size_t done_ = 0;                           // buckets [0, done_) complete
-  long slot_bucket_[2] = {-1, -1};            // the last bucket broadcast from each slot
   uint64_t sent_ = 0;
   uint64_t wire_ = 0;
   size_t delta_buckets_ = 0;

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/transfer/issue_ahead.h"
 #include "common/transfer/settle.h"
+#include "common/transfer/staging_slots.h"
 
 namespace paramcast::transfer {
 
@@ -22,7 +23,7 @@ struct BucketReceiver::Update {
   std::vector<uint8_t*> where;
   std::vector<bool> in_place;
   std::vector<delta::Header> headers;  // delta updates: per bucket
-  std::vector<size_t> staged_at;       // the bucket of each staged one, in order: staged bucket i uses slot i % 2
+  StagingSlots slots;                  // which staging slot each bucket that needs one uses (staging_slots.h)
 
   bool delta() const { return plan.delta_base != 0; }
   // Bucket k travels as a delta encoding (not dense, not skipped).
@@ -31,6 +32,20 @@ struct BucketReceiver::Update {
   }
 
   bool has_dest(uint32_t t) const { return dest[t] != nullptr; }
+  // Dense bucket k (not split: whole or packed) has nowhere to land but a
+  // staging slot: a packed bucket not in place, or a whole tensor without a
+  // destination. (A chunk of a larger tensor without one is assembled.)
+  bool staged(size_t k) const {
+    const auto& b = plan.buckets[k];
+    const uint32_t t0 = b.pieces[0].tensor;
+    if (b.direct) return !has_dest(t0) && b.bytes == plan.nbytes[t0];
+    return in_place_at[k] == nullptr;
+  }
+  bool assembled(size_t k) const {
+    const auto& b = plan.buckets[k];
+    const uint32_t t0 = b.pieces[0].tensor;
+    return b.direct && !has_dest(t0) && b.bytes != plan.nbytes[t0];
+  }
   // Bucket k's landing: in place when its destinations lie in bucket layout.
   void add(size_t k) {
     const auto& b = plan.buckets[k];
@@ -62,10 +77,8 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
   for (size_t k = 0; k < plan.buckets.size(); ++k) {
     u.add(k);
     const auto& b = plan.buckets[k];
-    if (u.delta()) staging_bytes = std::max(staging_bytes, b.bytes);  // any bucket may come as a delta
-    const uint32_t t0 = b.pieces[0].tensor;
-    const bool staged = b.direct ? !u.has_dest(t0) && b.bytes == plan.nbytes[t0] : u.in_place_at[k] == nullptr;
-    if (staged) staging_bytes = std::max(staging_bytes, b.bytes);
+    // Any bucket of a delta update may come encoded, into staging.
+    if (u.delta() || u.staged(k)) staging_bytes = std::max(staging_bytes, b.bytes);
   }
   // A streamed plan's buckets are not known yet: stage up to its bucket size.
   if (plan.streamed) staging_bytes = plan.streamed_bucket_bound();
@@ -120,18 +133,16 @@ Status BucketReceiver::receive(UpdatePlan& plan, const std::vector<const TensorV
 }
 
 // Whether bucket j may be issued while bucket k (< j - 1) is still to be
-// finished (issue_ahead.h): not in a delta update, where any bucket may
-// arrive encoded into slot j % 2; yes when it lands where the engine reads
-// it; and a staged one once the staged bucket two before it, which used its
-// slot, was finished (buckets before k are).
+// finished (issue_ahead.h): not in a delta update, whose buckets' encodings
+// are announced one by one; yes when it lands where the engine reads it;
+// and a staged one once the bucket that used its slot before (staging_slots.h)
+// was finished (buckets before k are).
 bool BucketReceiver::may_issue_ahead(const Update& u, size_t j, size_t k) const {
   if (u.delta()) return false;
-  const auto& b = u.plan.buckets[j];
-  const uint32_t t0 = b.pieces[0].tensor;
-  if (b.direct && u.has_dest(t0)) return true;
-  if (b.direct && b.bytes != u.plan.nbytes[t0]) return false;  // assembled: in order
-  if (!b.direct && u.in_place_at[j]) return true;
-  return u.staged_at.size() < 2 || u.staged_at[u.staged_at.size() - 2] < k;
+  if (u.assembled(j)) return false;  // assembled: in order
+  if (!u.staged(j)) return true;
+  const auto blocker = u.slots.blocker();
+  return !blocker || *blocker < k;
 }
 
 // Whether bucket k exists: listed in the plan, or (streamed) announced,
@@ -179,6 +190,12 @@ Status BucketReceiver::issue(Update& u, size_t k) {
     auto h = u.hooks.delta_header(k);
     if (!h.ok()) return h.status();
     PC_RETURN_IF_ERROR(delta::check_header(*h, b.bytes, b.pieces.size(), u.bucket_name(k)));
+    // Before a byte lands: the pieces' hashes must be of the kind this
+    // engine's memory checks.
+    if (h->piece_hash != codec_->piece_hash())
+      return data_corrupt("delta header of " + u.bucket_name(k) + ": piece hashes of kind " +
+                          checksum_name(h->piece_hash) + ", this engine's memory checks " +
+                          checksum_name(codec_->piece_hash()) + "; nothing was written");
     if (h->unit != u.plan.bucket_unit(k) || h->wire_bytes > b.bytes)
       return data_corrupt("delta header of " + u.bucket_name(k) + ": unit " + std::to_string(h->unit) + " and " +
                           std::to_string(h->wire_bytes) + " wire bytes do not fit a bucket of " +
@@ -186,7 +203,9 @@ Status BucketReceiver::issue(Update& u, size_t k) {
     u.headers[k] = std::move(*h);
     if (u.headers[k].kind == delta::Kind::kUnchanged) return Status();  // nothing is broadcast
     if (u.encoded(k)) {
-      u.where[k] = staging_.slot(k);
+      // Issued only once bucket k-1 is on its way and the buckets before it
+      // finished: the slot's previous user (two staged buckets back) is done.
+      u.where[k] = staging_.slot(u.slots.take(k));
       if (mem_->stream()) PC_RETURN_IF_ERROR(u.comm.order_after(mem_->stream()));
       u.works[k] = u.comm.broadcast(u.where[k], u.headers[k].wire_bytes, 0);
       return Status();
@@ -206,8 +225,7 @@ Status BucketReceiver::issue(Update& u, size_t k) {
     u.where[k] = base;  // the destinations lie in bucket layout: no staging, no unpack
     u.in_place[k] = true;
   } else {
-    u.where[k] = staging_.slot(u.staged_at.size());
-    u.staged_at.push_back(k);
+    u.where[k] = staging_.slot(u.slots.take(k));
     // The slot's previous bucket may still be unpacking on the copy stream.
     if (mem_->stream()) PC_RETURN_IF_ERROR(u.comm.order_after(mem_->stream()));
   }
@@ -281,11 +299,7 @@ Status BucketReceiver::land_delta(Update& u, size_t k) {
 // version: a delta update is verified end to end, naming the tensor.
 Status BucketReceiver::check_pieces(Update& u, size_t k) {
   const auto& b = u.plan.buckets[k];
-  const auto& h = u.headers[k];
-  if (h.piece_hash != codec_->piece_hash())
-    return data_corrupt("delta header of " + u.bucket_name(k) + ": piece hashes of kind " +
-                        checksum_name(h.piece_hash) + ", this engine's memory checks " +
-                        checksum_name(codec_->piece_hash()));
+  const auto& h = u.headers[k];  // its hash kind checked when it arrived (issue)
   std::vector<delta::DeltaCodec::Piece> pieces;
   pieces.reserve(b.pieces.size());
   for (const auto& p : b.pieces) {
@@ -380,7 +394,8 @@ Status BucketReceiver::drop(UpdatePlan& plan, Communicator& comm, const Hooks& h
       bytes = h->wire_bytes;
       if (bytes == 0) continue;
     }
-    PC_RETURN_IF_ERROR(comm.broadcast(staging_.slot(k), bytes, 0)
+    // One broadcast at a time, each waited for: one slot serves them all.
+    PC_RETURN_IF_ERROR(comm.broadcast(staging_.slot(0), bytes, 0)
                            ->wait(deadline)
                            .with_context("dropped bucket " + std::to_string(k) + " of v" + std::to_string(plan.version)));
     received_ += plan.buckets[k].bytes;

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/transfer/issue_ahead.h"
 #include "common/transfer/settle.h"
+#include "common/transfer/staging_slots.h"
 
 namespace paramcast::transfer {
 
@@ -41,21 +42,21 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
       PC_RETURN_IF_ERROR(finish(plan, finished, works[finished].get(), hooks, sent));
     return Status();
   };
-  std::vector<size_t> staged_at;  // the bucket of each staged one, in order: staged bucket i uses slot i % 2
+  StagingSlots slots;  // which staging slot each bucket that needs one uses (staging_slots.h)
   for (size_t k = 0; k < n; ++k) {
     // In flight after issuing k: at most kIssueAhead buckets, or
-    // kIssueAheadStaged in a delta update or with checksums (every bucket
-    // uses slot k % 2 then). A packed bucket waits for the packed bucket
-    // two before it, which used its staging slot (issue_ahead.h).
-    const bool staged = !encode && !plan.buckets[k].direct && !in_place_at[k];
-    const size_t ahead = encode || plan.checksum != Checksum::kNone ? kIssueAheadStaged : kIssueAhead;
+    // kIssueAheadStaged with checksums (their slot is k % 2). A bucket that
+    // needs a staging slot (every bucket of a delta update, which is encoded
+    // there; a packed one not in place) waits for the slot's last user.
+    const bool staged = encode || (!plan.buckets[k].direct && !in_place_at[k]);
+    const size_t ahead = plan.checksum != Checksum::kNone ? kIssueAheadStaged : kIssueAhead;
     size_t upto = k + 1 > ahead ? k + 1 - ahead : 0;
-    if (staged && staged_at.size() >= 2) upto = std::max(upto, staged_at[staged_at.size() - 2] + 1);
+    if (staged && slots.blocker()) upto = std::max(upto, *slots.blocker() + 1);
     Status s = finish_to(upto);
-    if (s.ok() && staged) staged_at.push_back(k);
+    uint8_t* slot = s.ok() && staged ? staging_.slot(slots.take(k)) : nullptr;
     if (s.ok())
-      s = encode ? issue_delta(plan, k, tensors, comm, hooks, works[k])
-                 : issue(plan, k, tensors, in_place_at[k], staged ? staged_at.size() - 1 : 0, comm, hooks, works[k]);
+      s = encode ? issue_delta(plan, k, tensors, slot, comm, hooks, works[k])
+                 : issue(plan, k, tensors, in_place_at[k], slot, comm, hooks, works[k]);
     if (!s.ok()) return settle(comm, works, s);
     if (faults_.stalls_after(plan.version, k)) {
       // Hang mid-update, as a wedged trainer would, until stopped.
@@ -74,19 +75,19 @@ Status BucketSender::send(const UpdatePlan& plan, const std::vector<TensorView>&
 // broadcast waits on the device for the packing only, so the checksum runs
 // beside it. The checksum is handed on as soon as it is known.
 Status BucketSender::issue(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                           uint8_t* in_place, size_t staging_slot, Communicator& comm, const Hooks& hooks,
+                           uint8_t* in_place, uint8_t* slot, Communicator& comm, const Hooks& hooks,
                            std::shared_ptr<Work>& work) {
-  auto ptr = stage(plan, k, tensors, in_place, staging_slot);
+  auto ptr = stage(plan, k, tensors, in_place, slot);
   if (!ptr.ok()) return ptr.status();
   if (mem_->stream()) PC_RETURN_IF_ERROR(comm.order_after(mem_->stream()));
   const uint64_t bytes = plan.buckets[k].bytes;
-  const int slot = static_cast<int>(k % 2);
-  if (plan.checksum != Checksum::kNone) PC_RETURN_IF_ERROR(mem_->checksum_start(slot, *ptr, bytes, plan.checksum));
+  const int sum_slot = static_cast<int>(k % 2);
+  if (plan.checksum != Checksum::kNone) PC_RETURN_IF_ERROR(mem_->checksum_start(sum_slot, *ptr, bytes, plan.checksum));
   work = comm.broadcast(*ptr, bytes, 0);
   wire_bytes_ += bytes;
   PC_RETURN_IF_ERROR(keep_baseline(plan, k, tensors, hooks));
   if (plan.checksum != Checksum::kNone) {
-    auto sum = mem_->checksum_result(slot);
+    auto sum = mem_->checksum_result(sum_slot);
     if (!sum.ok()) return sum.status().with_context("checksum of bucket " + std::to_string(k));
     if (hooks.on_checksum) hooks.on_checksum(k, *sum);
   }
@@ -99,14 +100,13 @@ Status BucketSender::issue(const UpdatePlan& plan, size_t k, const std::vector<T
 // The pieces' hashes in the header verify it end to end, in place of a
 // bucket checksum.
 Status BucketSender::issue_delta(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                                 Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work) {
+                                 uint8_t* out, Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work) {
   const auto& b = plan.buckets[k];
   std::vector<delta::Segment> segments;
   segments.reserve(b.pieces.size());
   for (const auto& p : b.pieces)
     segments.push_back({static_cast<const uint8_t*>(tensors[p.tensor].data) + p.tensor_offset,
                         hooks.baseline->tensor(p.tensor) + p.tensor_offset, p.bucket_offset, p.length});
-  uint8_t* out = staging_.slot(k);
   auto encoded = hooks.codec->encode(segments, b.bytes, plan.bucket_unit(k), hooks.delta_always, out);
   if (!encoded.ok()) return encoded.status().with_context("delta encoding of bucket " + std::to_string(k));
   const delta::Header& h = *encoded;
@@ -136,14 +136,13 @@ Status BucketSender::keep_baseline(const UpdatePlan& plan, size_t k, const std::
 // Where bucket k's bytes are sent from: the tensor itself (direct), the
 // tensors in place, or a staging slot packed now (queued, not waited on).
 StatusOr<uint8_t*> BucketSender::stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                                       uint8_t* in_place, size_t staging_slot) {
+                                       uint8_t* in_place, uint8_t* slot) {
   const auto& b = plan.buckets[k];
   if (b.direct) {
     const auto& p = b.pieces[0];
     return static_cast<uint8_t*>(tensors[p.tensor].data) + p.tensor_offset;
   }
   if (in_place) return in_place;
-  uint8_t* slot = staging_.slot(staging_slot);
   std::vector<DeviceMemory::CopyOp> ops;
   ops.reserve(b.pieces.size());
   for (const auto& p : b.pieces)

@@ -71,13 +71,13 @@ class BucketSender {
 
  private:
   Status issue(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, uint8_t* in_place,
-               size_t staging_slot, Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work);
+               uint8_t* slot, Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work);
   Status settle(Communicator& comm, std::vector<std::shared_ptr<Work>>& works, Status failure);
   StatusOr<uint8_t*> stage(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors,
-                           uint8_t* in_place, size_t staging_slot);
+                           uint8_t* in_place, uint8_t* slot);
   Status finish(const UpdatePlan& plan, size_t k, Work* work, const Hooks& hooks, uint64_t& sent);
-  Status issue_delta(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, Communicator& comm,
-                     const Hooks& hooks, std::shared_ptr<Work>& work);
+  Status issue_delta(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, uint8_t* out,
+                     Communicator& comm, const Hooks& hooks, std::shared_ptr<Work>& work);
   Status keep_baseline(const UpdatePlan& plan, size_t k, const std::vector<TensorView>& tensors, const Hooks& hooks);
 
   DeviceMemory* const mem_;

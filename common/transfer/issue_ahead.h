@@ -7,8 +7,9 @@
 // buckets ahead of it complete: the data plane then always holds the next
 // broadcasts (their receives posted), and a rank's caller that wakes late
 // costs nothing while they last. A bucket that needs a staging slot (packed,
-// a delta encoding, or a checksum slot on the sender) waits for the bucket
-// two before it, which used the same slot, as before.
+// a delta encoding) waits for the slot's previous user (staging_slots.h: the
+// one rule for every kind of bucket, on every side); with checksums the
+// sender keeps two buckets in flight (their checksum slot is k % 2).
 #pragma once
 
 #include <cstddef>

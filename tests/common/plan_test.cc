@@ -88,6 +88,28 @@ TEST(PlanTest, ProtoRoundTripAndCrossChecks) {
   EXPECT_NE(bad.status().message().find("'t1'"), std::string::npos) << bad.status().message();
 }
 
+// Sizes a peer sends are summed with overflow checks: two tensors of 2^63
+// bytes each make a total of 0 in unchecked arithmetic.
+TEST(PlanTest, ReceivedPlanWhoseSizesOverflowIsRefused) {
+  std::vector<TensorSpec> t = {{"a", DType::kI16, {1}}, {"b", DType::kI16, {1}}};
+  auto p = build_plan(3, t, opts(8192, 2048));
+  ASSERT_TRUE(p.ok());
+  capnp::MallocMessageBuilder b;
+  plan_to_proto(*p, b.initRoot<proto::Plan>());
+  auto tensors = b.getRoot<proto::Plan>().getTensors();
+  // Two tensors of 2^63 bytes each (I16 of 2^62 elements): each fits, their sum does not.
+  for (uint32_t i = 0; i < 2; ++i) {
+    tensors[i].initShape(1).set(0, int64_t{1} << 62);
+    tensors[i].setNbytes(uint64_t{1} << 63);
+  }
+  b.getRoot<proto::Plan>().setTotalBytes(0);
+  auto bad = plan_from_proto(b.getRoot<proto::Plan>().asReader());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kProtocol);
+  EXPECT_NE(bad.status().message().find("overflows 64 bits at tensor 'b'"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(PlanTest, ManifestHashSeesNamesShapesDtypes) {
   std::vector<TensorSpec> a = {{"w", DType::kF32, {2, 3}}};
   auto b = a;

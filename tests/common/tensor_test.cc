@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "common/synthetic_model.h"
 #include "common/xxhash.h"
 
@@ -92,6 +94,51 @@ TEST(SyntheticModelTest, ContentIsReproducibleAndChangesPerVersion) {
   EXPECT_EQ(verify_synthetic(t, 1, 6, a.data(), a.size()), 0);
   a[1000] ^= 1;
   EXPECT_EQ(verify_synthetic(t, 1, 5, a.data(), a.size()), 1000);
+}
+
+// trainer.changes: uneven: across versions, each tensor is unchanged, a few
+// elements, wholesale, or alternate 256 KiB blocks; the content at v is
+// found again without v-1's, and every 8th version is new wholesale.
+TEST(SyntheticModelTest, UnevenChangesMixEveryKindAndAreReproducible) {
+  const uint64_t n = 1 << 20;  // 4 blocks of 256 KiB
+  std::vector<uint8_t> prev(n), cur(n);
+  int none = 0, sparse = 0, whole = 0, alternate = 0;
+  for (int t = 0; t < 12; ++t) {
+    TensorSpec spec{"layer." + std::to_string(t), DType::kBF16, {static_cast<int64_t>(n / 2)}};
+    fill_synthetic(spec, 3, 1, prev.data(), n, ModelChanges::kUneven);
+    for (uint64_t v = 2; v <= 9; ++v) {
+      fill_synthetic(spec, 3, v, cur.data(), n, ModelChanges::kUneven);
+      ASSERT_EQ(verify_synthetic(spec, 3, v, cur.data(), n, ModelChanges::kUneven), -1);
+      uint64_t changed = 0, changed_in_block[4] = {0, 0, 0, 0};
+      for (uint64_t w = 0; w < n / 8; ++w)
+        if (std::memcmp(&prev[w * 8], &cur[w * 8], 8) != 0) {
+          ++changed;
+          ++changed_in_block[w * 8 / (256 << 10)];
+        }
+      const uint64_t words = n / 8, block = words / 4;
+      if (v == 9) {
+        EXPECT_GT(changed, words * 99 / 100) << "every 8th version is new wholesale";
+      }
+      if (changed == 0) ++none;
+      else if (changed < words / 20) ++sparse;
+      else if (changed > words * 99 / 100) ++whole;
+      else if (changed_in_block[0] > block * 99 / 100 && changed_in_block[1] == 0 &&
+               changed_in_block[2] > block * 99 / 100 && changed_in_block[3] == 0)
+        ++alternate;
+      else
+        ADD_FAILURE() << spec.name << " v" << v << ": " << changed << " of " << words << " words changed";
+      prev.swap(cur);
+    }
+  }
+  EXPECT_GT(none, 5);
+  EXPECT_GT(sparse, 5);
+  EXPECT_GT(whole, 5);
+  EXPECT_GT(alternate, 5);
+  // The default is every byte new at every version, as before.
+  TensorSpec spec{"x", DType::kU8, {1001}};
+  std::vector<uint8_t> a(1001);
+  fill_synthetic(spec, 1, 5, a.data(), a.size(), ModelChanges::kEvery);
+  EXPECT_EQ(verify_synthetic(spec, 1, 5, a.data(), a.size()), -1);
 }
 
 }  // namespace

@@ -62,8 +62,8 @@ std::vector<TensorView> HostTensors::views() {
   return v;
 }
 
-void HostTensors::fill(uint64_t version, uint64_t seed) {
-  for (size_t i = 0; i < specs.size(); ++i) fill_synthetic(specs[i], seed, version, bytes[i].data(), bytes[i].size());
+void HostTensors::fill(uint64_t version, uint64_t seed, ModelChanges changes) {
+  for (size_t i = 0; i < specs.size(); ++i) fill_synthetic(specs[i], seed, version, bytes[i].data(), bytes[i].size(), changes);
 }
 
 }  // namespace paramcast::test

@@ -26,7 +26,7 @@ struct HostTensors {
   std::vector<TensorSpec> specs;
   std::vector<std::vector<uint8_t>> bytes;
   std::vector<TensorView> views();
-  void fill(uint64_t version, uint64_t seed = 1);
+  void fill(uint64_t version, uint64_t seed = 1, ModelChanges changes = ModelChanges::kEvery);
 };
 HostTensors make_tensors(const std::vector<TensorSpec>& specs);
 

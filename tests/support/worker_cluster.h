@@ -58,7 +58,7 @@ class WorkerClusterTest : public ::testing::Test {
     if (model_.specs.empty())
       model_ = make_tensors(synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers,
                                                  config_.trainer.dtype));
-    model_.fill(version, config_.trainer.seed);
+    model_.fill(version, config_.trainer.seed, config_.trainer.changes);
     return pub_->weight_update(model_.views(), version);
   }
 
