@@ -12,6 +12,11 @@
 //
 // Each named message is lost once. The publisher is expected to notice from
 // heartbeats (docs/protocol.md, "Lost control messages").
+//
+//   PARAMCAST_FAULT_REFUSE_DELTA=1         refuse every delta plan while Hello and heartbeats
+//                                          go on claiming this engine takes deltas (a lying member)
+//   PARAMCAST_FAULT_CLAIM_VERSION=N        claim to hold version N in Hello and heartbeats
+//   PARAMCAST_FAULT_CLAIM_VERSION=+1       once it holds a version, claim one above it
 #pragma once
 
 #include <cstdint>
@@ -36,10 +41,17 @@ class ControlFaults {
       if (colon == std::string::npos) continue;
       f.lose_.insert({item.substr(0, colon), std::strtoull(item.c_str() + colon + 1, nullptr, 10)});
     }
+    const char* refuse = std::getenv("PARAMCAST_FAULT_REFUSE_DELTA");
+    f.refuse_delta_ = refuse && std::string(refuse) == "1";
+    if (const char* claim = std::getenv("PARAMCAST_FAULT_CLAIM_VERSION")) {
+      f.claim_relative_ = claim[0] == '+';
+      f.claim_ = std::strtoull(claim + (f.claim_relative_ ? 1 : 0), nullptr, 10);
+    }
     return f;
   }
   ControlFaults() = default;
-  ControlFaults(const ControlFaults& o) : lose_(o.lose_) {}
+  ControlFaults(const ControlFaults& o)
+      : lose_(o.lose_), refuse_delta_(o.refuse_delta_), claim_(o.claim_), claim_relative_(o.claim_relative_) {}
 
   // Whether to lose `what` ("plan", "commit", "answer", "applied") of `version`; true once.
   bool loses(const std::string& what, uint64_t version) {
@@ -47,10 +59,21 @@ class ControlFaults {
     std::lock_guard<std::mutex> lock(mu_);
     return lose_.erase({what, version}) > 0;
   }
+  // Whether to refuse every delta plan (PARAMCAST_FAULT_REFUSE_DELTA=1).
+  bool refuses_delta() const { return refuse_delta_; }
+  // The version to claim instead of `held` (PARAMCAST_FAULT_CLAIM_VERSION).
+  uint64_t claimed_version(uint64_t held) const {
+    if (!claim_) return held;
+    if (claim_relative_) return held ? held + claim_ : held;
+    return claim_;
+  }
 
  private:
   std::mutex mu_;
   std::set<std::pair<std::string, uint64_t>> lose_;
+  bool refuse_delta_ = false;
+  uint64_t claim_ = 0;
+  bool claim_relative_ = false;
 };
 
 }  // namespace paramcast

@@ -185,7 +185,7 @@ void SubscriberImpl::on_refused(const Status& why) {
 
 control::WeightReport SubscriberImpl::weight_report() {
   const WeightState st = state();
-  control::WeightReport w{st.version, to_proto(st.kind), st.dirty_version};
+  control::WeightReport w{lost_.claimed_version(st.version), to_proto(st.kind), st.dirty_version};
   w.plan_version = plan_seen_;
   w.answered_version = answered_;
   w.commit_version = commit_seen_;
@@ -284,7 +284,7 @@ std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
     std::lock_guard<std::mutex> lock(mu_);
     const bool holds = state_.kind == WeightStateKind::kConsistent && state_.version == plan.delta_base;
     const bool copy = !keeps_copies() || (copy_version_ == plan.delta_base && copy_manifest_ == plan.manifest_hash);
-    if (!holds || !copy || delta_base_locked() != plan.delta_base)
+    if (!holds || !copy || delta_base_locked() != plan.delta_base || lost_.refuses_delta())
       out.push_back({Mismatch::Kind::kOther, "<delta>", "v" + std::to_string(plan.delta_base) + ", consistent" +
                                                             (keeps_copies() ? ", with its copy for the callback" : ""),
                      state_.to_string() + (holds && !copy ? ", its copy for the callback at another version" : "") +

@@ -144,12 +144,20 @@ void PublisherImpl::log_result(const UpdateResult& r) {
 StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorSpec>& specs, const UpdateOptions& options,
                                               bool streamed, UpdateResult& r) {
   // Versions never go backwards, also across publisher restarts: the floor is
-  // the highest version a live subscriber reports holding or having tried.
+  // the highest version a live subscriber reports holding or having tried,
+  // of the versions a member can hold (refuse_impossible_versions).
+  refuse_impossible_versions();
   std::string holder;
   const uint64_t held = highest_member_version(holder);
   const uint64_t floor = std::max(last_version_, held);
   r.version = options.version.value_or(floor + 1);
   r.tensors = specs.size();
+  if (options.version && *options.version > kMaxVersion)
+    return invalid_argument("version " + std::to_string(*options.version) + " exceeds the largest version, " +
+                            std::to_string(kMaxVersion));
+  if (floor >= kMaxVersion)
+    return invalid_argument("no version is left above v" + std::to_string(floor) + " (the largest is " +
+                            std::to_string(kMaxVersion) + ")");
   if (options.version && *options.version <= floor)
     return invalid_argument("version " + std::to_string(*options.version) + " does not exceed " +
                             (held > last_version_ ? "version " + std::to_string(held) + " held by subscriber '" +
@@ -185,12 +193,41 @@ uint64_t PublisherImpl::next_version() {
   return std::max(last_version_, highest_member_version(who)) + 1;
 }
 
+// A member may hold (or have tried) any version this publisher issued. A
+// publisher that has issued none yet (a restarted one) takes what its
+// members hold as its floor, up to kMaxVersion, and counts on from there.
+uint64_t PublisherImpl::version_bound() const { return last_version_ ? last_version_ : kMaxVersion; }
+
+// A member that claims a version above version_bound() lies (or is confused):
+// it is named with the value, quarantined, and the next group forms without
+// it; its claim never sets the next version.
+void PublisherImpl::refuse_impossible_versions() {
+  const uint64_t bound = version_bound();
+  const auto excluded = groups_.excluded();
+  for (const auto& id : server_.live_ids()) {
+    auto m = server_.member(id);
+    if (!m || excluded.count(id)) continue;
+    const uint64_t v = std::max(m->weight_version, m->dirty_version);
+    if (v <= bound) continue;
+    const std::string why = "claims version " + std::to_string(v) + ", which this publisher never issued (" +
+                            (last_version_ ? "its last is v" + std::to_string(last_version_)
+                                           : "the largest is " + std::to_string(kMaxVersion)) +
+                            ")";
+    PC_WARN("publisher: refusing subscriber '" << id << "': it " << why);
+    groups_.quarantine(id, why);
+    std::lock_guard<std::mutex> lock(mu_);
+    needs_reform_ = true;
+  }
+}
+
 uint64_t PublisherImpl::highest_member_version(std::string& who) const {
   uint64_t highest = 0;
+  const uint64_t bound = version_bound();
   for (const auto& id : server_.live_ids()) {
     auto m = server_.member(id);
     if (!m) continue;
     const uint64_t v = std::max(m->weight_version, m->dirty_version);
+    if (v > bound) continue;  // impossible: refused (refuse_impossible_versions)
     if (v > highest) {
       highest = v;
       who = id;
@@ -367,6 +404,8 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
                                           waited("apply_timeout", cfg_.publisher.apply_timeout, until) +
                                               " after the data plane finished");
   if (shedding) apply_shed(r, data, code);
+  const auto strike = apply_delta_refusals(plan, r, data, code);
+  if (!strike.empty()) needs_reform_ = true;  // without them once quarantined
   set_link_rates(r);
   if (!r.shed.empty()) needs_reform_ = true;  // their communicators are gone: a new group next time
   if (code == Code::kOk) {
@@ -375,12 +414,15 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
     validated_ = ValidatedManifest{groups_.epoch(), plan.manifest_hash, plan.checksum, plan.partial};
     if (baseline_fresh_) baseline_.set_version(plan.version);
     round_.end();
+    lock.unlock();
+    strike_delta_refusers(strike);
     return;
   }
   needs_reform_ = true;
   abandon_locked(r.version, "update failed");
   round_.end();
   lock.unlock();
+  strike_delta_refusers(strike);
   comm_.reset();
   r.status = summarize_outcomes(r.subscribers, code,
                                 "update v" + std::to_string(r.version) + " failed" +
@@ -419,9 +461,7 @@ void PublisherImpl::apply_shed(UpdateResult& r, const Status& data, Code& code) 
     r.shed.push_back(o.worker_id);
   }
   if (!data.ok()) return;
-  code = Code::kOk;  // what the others say
-  for (const auto& o : r.subscribers)
-    if (!o.shed && !o.status.ok() && (code == Code::kOk || o.status.code() == Code::kPeerLost)) code = o.status.code();
+  code = others_code(r.subscribers);
 }
 
 // Each member's inbound link rate, from its parent's figures (the

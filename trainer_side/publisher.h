@@ -49,6 +49,10 @@ struct SubscriberOutcome {
   // below the floor; it is dirty, and back in the group for the next update.
   // Its status says so; it does not fail the update.
   bool shed = false;
+  // Refused the delta plan it had claimed it could take (a precommitted
+  // plan: the others applied it). Its status says so; it does not fail the
+  // update, and it gets dense updates until it applied one.
+  bool refused_delta = false;
 };
 
 struct UpdateResult {
@@ -68,6 +72,10 @@ struct UpdateResult {
   std::vector<SubscriberOutcome> subscribers;
   std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
   std::vector<std::string> shed;     // cut from this update for a slow link (on_slow_member: shed)
+  // Refused the delta plan they had claimed they could take: the update went
+  // on for the others; each is named in `subscribers`, did not apply this
+  // version, and gets dense updates until it applied one (docs/errors.md).
+  std::vector<std::string> refused_delta;
   // The plan went out without an accept round (publisher.reuse_validated_plan).
   bool precommitted = false;
   // The member whose inbound link was slowest (link_rate, followed down the
@@ -80,6 +88,11 @@ struct UpdateResult {
   bool ok() const { return status.ok(); }
 };
 
+
+// The largest version an update may have. A member that claims a version
+// above this, or, once this publisher has published, above the last version
+// it issued, is refused (named with the value and quarantined).
+inline constexpr uint64_t kMaxVersion = (uint64_t{1} << 63) - 1;
 
 // Options of one weight_update.
 struct UpdateOptions {

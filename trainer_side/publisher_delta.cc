@@ -53,7 +53,16 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& id : group_) {
       auto m = server_.member(id);
+      // A member that refused a delta it claimed has no claim until it
+      // applied a dense version after that and holds the baseline again.
+      auto refusal = delta_refusals_.find(id);
+      if (m && refusal != delta_refusals_.end() && refusal->second.dropped && m->state == proto::WeightState::CONSISTENT &&
+          m->weight_version > refusal->second.version && m->weight_version == base && m->delta_base == base)
+        refusal->second.dropped = false;
       if (!m) why = id + " gone";
+      else if (refusal != delta_refusals_.end() && refusal->second.dropped)
+        why = id + " refused the delta of v" + std::to_string(refusal->second.version) +
+              " it had claimed it could take (dense until it applied a dense version)";
       else if (!m->delta)
         why = id + " cannot apply deltas (a callback engine without subscriber.delta_baseline, or a CUDA engine "
                    "with a callback or without CUDA in its build)";
@@ -102,6 +111,59 @@ void PublisherImpl::ready_baseline(const UpdatePlan& plan) {
   }
 }
 
+namespace {
+// A member whose only objection to a plan is that it cannot take it as a
+// delta (check_plan's "<delta>" mismatch).
+bool refused_only_the_delta(const SubscriberOutcome& o) {
+  if (o.status.ok() || o.mismatches.empty()) return false;
+  for (const auto& m : o.mismatches)
+    if (m.name != "<delta>") return false;
+  return true;
+}
+}  // namespace
+
+bool PublisherImpl::note_delta_refusal(const std::string& id, uint64_t version) {
+  auto m = server_.member(id);
+  if (!m || !m->delta) return false;  // it never claimed it could: no lie
+  DeltaRefusal& d = delta_refusals_[id];
+  d.version = version;
+  d.dropped = true;
+  ++d.count;
+  PC_WARN("publisher: subscriber '" << id << "' refused the delta of v" << version
+                                    << " it had claimed it could take (refusal " << d.count
+                                    << "); dense updates for it until it applied one");
+  return d.count >= 2;
+}
+
+void PublisherImpl::strike_delta_refusers(const std::vector<std::string>& ids) {
+  for (const auto& id : ids)
+    groups_.quarantine(id, "refused deltas it claimed it could take, twice (control-plane lie)");
+}
+
+// A precommitted delta plan that members refused although they claimed they
+// could take it: its buckets went out, the others applied them. The update
+// succeeds for those (the refusers named, not at this version), unless
+// nobody applied it or something else failed too.
+std::vector<std::string> PublisherImpl::apply_delta_refusals(const UpdatePlan& plan, UpdateResult& r,
+                                                             const Status& data, Code& code) {
+  std::vector<std::string> strike;
+  if (!plan.delta_base || code == Code::kOk) return strike;
+  bool applied_any = false;
+  for (const auto& o : r.subscribers) applied_any = applied_any || o.status.ok();
+  for (auto& o : r.subscribers) {
+    if (!refused_only_the_delta(o)) continue;
+    if (note_delta_refusal(o.worker_id, plan.version)) strike.push_back(o.worker_id);
+    if (!data.ok() || !applied_any) continue;
+    o.status = rejected("subscriber '" + o.worker_id + "' refused the delta of v" + std::to_string(plan.version) +
+                        " onto v" + std::to_string(plan.delta_base) + " it had claimed it could take (" +
+                        o.mismatches.front().to_string() + "); it did not apply v" + std::to_string(plan.version));
+    o.refused_delta = true;
+    r.refused_delta.push_back(o.worker_id);
+  }
+  if (!r.refused_delta.empty()) code = others_code(r.subscribers);
+  return strike;
+}
+
 bool PublisherImpl::plan_round(UpdatePlan& plan, UpdateResult& r) {
   if (send_plan(plan, r) || check_plan(plan, r)) {
     ready_baseline(plan);
@@ -113,12 +175,18 @@ bool PublisherImpl::plan_round(UpdatePlan& plan, UpdateResult& r) {
   std::string who;
   for (const auto& o : r.subscribers) {
     if (o.status.ok()) continue;
-    if (o.mismatches.empty()) return false;
-    for (const auto& m : o.mismatches)
-      if (m.name != "<delta>") return false;
+    if (!refused_only_the_delta(o)) return false;
     who += (who.empty() ? "" : ", ") + o.worker_id;
   }
   if (who.empty()) return false;
+  std::vector<std::string> strike;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& o : r.subscribers)
+      if (!o.status.ok() && note_delta_refusal(o.worker_id, plan.version)) strike.push_back(o.worker_id);
+  }
+  // A second lie: out of the next group (this call goes on with this one).
+  strike_delta_refusers(strike);
   // Refused only as a delta (its heartbeat had not said so yet): the same
   // version again, dense; the members took the Abandon of the first plan.
   for (const auto& o : r.subscribers)

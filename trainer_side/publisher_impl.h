@@ -129,6 +129,15 @@ class PublisherImpl : public control::ControlServer::Listener {
   // on_slow_member: shed: the shed members' outcomes, and the update's code
   // without them. Called with mu_ held.
   void apply_shed(UpdateResult& r, const Status& data, Code& code);
+  // Members that refused a delta they claimed (precommitted plans): named
+  // in `r`, the update goes on for the others. Returns those to strike.
+  std::vector<std::string> apply_delta_refusals(const UpdatePlan& plan, UpdateResult& r, const Status& data,
+                                                Code& code);
+  // A refusal of v's delta by `id`: its claim is dropped until it applied a
+  // dense version; a second one is a strike. Returns whether to strike. mu_ held.
+  bool note_delta_refusal(const std::string& id, uint64_t version);
+  // Quarantines members that refused a delta twice (without mu_).
+  void strike_delta_refusers(const std::vector<std::string>& ids);
   void abandon_locked(uint64_t version, const std::string& reason);
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }
@@ -136,6 +145,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::string waited(const char* name, Millis phase, Deadline until) const;
   std::vector<std::string> absent() const;
   uint64_t highest_member_version(std::string& who) const;
+  uint64_t version_bound() const;
+  void refuse_impossible_versions();
 
   const Config cfg_;
   Reaper reaper_;  // releases communicators off the control thread and the caller (declared first: outlives them)
@@ -179,6 +190,15 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::string metrics_url_;  // set once by init()
   delta::Baseline baseline_;  // the last version every member applied (publisher.delta)
   bool baseline_fresh_ = false;  // the update in flight writes the baseline
+  // Members that refused a delta they claimed they could take (guarded by
+  // mu_): the version refused, how often, and whether their claim is
+  // dropped (until they applied a dense version after it).
+  struct DeltaRefusal {
+    uint64_t version = 0;
+    int count = 0;
+    bool dropped = false;
+  };
+  std::map<std::string, DeltaRefusal> delta_refusals_;
 };
 
 }  // namespace paramcast

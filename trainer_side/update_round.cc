@@ -206,6 +206,17 @@ std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live,
   return out;
 }
 
+// The update's code from the members that were not shed and did not refuse
+// a delta they claimed: what the others say.
+Code others_code(const std::vector<SubscriberOutcome>& outcomes) {
+  Code code = Code::kOk;
+  for (const auto& o : outcomes) {
+    if (!o.shed && !o.refused_delta && !o.status.ok() && (code == Code::kOk || o.status.code() == Code::kPeerLost))
+      code = o.status.code();
+  }
+  return code;
+}
+
 Status summarize_outcomes(const std::vector<SubscriberOutcome>& outcomes, Code code, const std::string& head) {
   std::string msg = head;
   int failed = 0;

@@ -105,5 +105,7 @@ class UpdateRound {
 
 // "<head>: <first failure>; <second failure>..." with `code`.
 Status summarize_outcomes(const std::vector<SubscriberOutcome>& outcomes, Code code, const std::string& head);
+// The code of an update whose shed and delta-refusing members do not fail it.
+Code others_code(const std::vector<SubscriberOutcome>& outcomes);
 
 }  // namespace paramcast

@@ -21,7 +21,8 @@ using test::WorkerClusterTest;
 
 class DeltaLandingTest : public WorkerClusterTest {
  protected:
-  void start_engines(const std::string& extra_data_plane = "") {
+  void start_engines(const std::string& extra_data_plane = "", const std::string& extra_publisher = "",
+                     const std::vector<std::string>& env3 = {}) {
     make_publisher(
         "control:\n"
         "  endpoint: tcp://127.0.0.1:*\n"
@@ -36,7 +37,8 @@ class DeltaLandingTest : public WorkerClusterTest {
         "  init_timeout: 30s\n" +
         extra_data_plane +
         "publisher:\n"
-        "  subscribers: 3\n"
+        "  subscribers: 3\n" +
+        extra_publisher +
         "subscriber:\n"
         "  delta_baseline: host\n"
         "trainer:\n"
@@ -46,7 +48,7 @@ class DeltaLandingTest : public WorkerClusterTest {
     ASSERT_EQ(config_.publisher.delta, DeltaMode::kAuto);  // the default: deltas on
     spawn_worker("worker-1", {}, {"--mode", "callback"});
     spawn_worker("worker-2", {}, {"--mode", "registered"});
-    spawn_worker("worker-3", {}, {"--mode", "arena"});
+    spawn_worker("worker-3", env3, {"--mode", "arena"});
     Status s = pub_->start();
     ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
   }
@@ -101,6 +103,55 @@ TEST_F(DeltaLandingTest, MixedBucketsAreBitExactInEveryLandingMode) {
 TEST_F(DeltaLandingTest, MixedBucketsAreBitExactWhenStreamedAndWithChecksums) {
   start_engines("  checksum: xxh64\n");
   run_updates(12, /*streamed_too=*/true);
+}
+
+// A member that claims it takes deltas and then refuses them (its Hello
+// and heartbeats say it can): the first refusal costs it that version (the
+// others apply it; it is named), its claim is dropped until it applied a
+// dense version; the second is a strike, and the group goes on without it,
+// as deltas again. No update fails for the honest members.
+TEST_F(DeltaLandingTest, AMemberThatRefusesDeltasItClaimedCostsNoUpdateOfTheOthers) {
+  start_engines("", "  on_member_loss: continue\n", {"PARAMCAST_FAULT_REFUSE_DELTA=1"});
+  auto verified_by = [&](const std::string& id, uint64_t v) {
+    return workers_[id]->wait_for_output(id + ": v" + std::to_string(v) + " verified", std::chrono::seconds(30));
+  };
+  UpdateResult r = publish(1);  // dense: no baseline yet
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_FALSE(r.delta);
+  r = publish(2);  // a precommitted delta plan: worker-3 refuses it, the others apply it
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_TRUE(r.precommitted);
+  EXPECT_TRUE(r.delta);
+  ASSERT_EQ(r.refused_delta, std::vector<std::string>{"worker-3"});
+  for (const auto& o : r.subscribers) {
+    if (o.worker_id != "worker-3") {
+      EXPECT_TRUE(o.status.ok()) << o.status.to_string();
+      continue;
+    }
+    EXPECT_TRUE(o.refused_delta);
+    EXPECT_NE(o.status.message().find("worker-3' refused the delta of v2 onto v1 it had claimed it could take"),
+              std::string::npos)
+        << o.status.message();
+  }
+  EXPECT_TRUE(verified_by("worker-1", 2) && verified_by("worker-2", 2)) << outputs();
+  r = publish(3);  // dense, for everyone: worker-3 has no delta claim
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_FALSE(r.delta);
+  EXPECT_NE(r.dense_because.find("worker-3 refused the delta of v2"), std::string::npos) << r.dense_because;
+  EXPECT_TRUE(r.refused_delta.empty());
+  EXPECT_TRUE(verified_by("worker-3", 3)) << outputs();
+  r = publish(4);  // its claim is back; it refuses again: a strike
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_TRUE(r.delta);
+  EXPECT_EQ(r.refused_delta, std::vector<std::string>{"worker-3"});
+  for (uint64_t v = 5; v <= 7; ++v) {  // without it, deltas again
+    r = publish(v);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status.to_string() << outputs();
+    EXPECT_TRUE(r.delta) << "v" << v << ": " << r.dense_because;
+    EXPECT_EQ(r.subscribers.size(), 2u);
+    EXPECT_EQ(r.missing, std::vector<std::string>{"worker-3"});
+    EXPECT_TRUE(verified_by("worker-1", v) && verified_by("worker-2", v)) << outputs();
+  }
 }
 
 }  // namespace

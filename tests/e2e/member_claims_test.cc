@@ -1,0 +1,60 @@
+// Members that claim versions the publisher never issued (real processes):
+// each is refused, named with the value, and the updates go on without it;
+// next_version() never wraps.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/support/worker_cluster.h"
+
+namespace paramcast {
+namespace {
+
+using test::WorkerClusterTest;
+
+class MemberClaimsTest : public WorkerClusterTest {
+ protected:
+  void start_three(const std::string& claim) {
+    make_publisher(test::test_config_yaml(3, "  on_member_loss: continue\n"));
+    spawn_worker("worker-1");
+    spawn_worker("worker-2");
+    spawn_worker("worker-3", {"PARAMCAST_FAULT_CLAIM_VERSION=" + claim});
+    Status s = pub_->start();
+    ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
+  }
+
+  void expect_goes_on_without_worker3(uint64_t from, uint64_t to) {
+    for (uint64_t v = from; v <= to; ++v) {
+      EXPECT_EQ(pub_->next_version(), v);
+      UpdateResult r = publish(v);
+      ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status.to_string() << outputs();
+      EXPECT_EQ(r.version, v);
+      EXPECT_EQ(r.subscribers.size(), 2u);
+      EXPECT_EQ(r.missing, std::vector<std::string>{"worker-3"});
+    }
+  }
+};
+
+// 2^64-1 in Hello and every heartbeat: next_version() would wrap to 0 and
+// every update would fail "does not exceed" until the member left.
+TEST_F(MemberClaimsTest, AMemberClaimingTheLargestVersionIsRefusedAndUpdatesGoOn) {
+  start_three("18446744073709551615");
+  EXPECT_EQ(pub_->next_version(), 1u);  // its claim does not set the floor
+  expect_goes_on_without_worker3(1, 3);
+}
+
+// Once it holds a version, it claims the next one, which the publisher has
+// not issued: refused at the next update, which goes on without it.
+TEST_F(MemberClaimsTest, AMemberClaimingAVersionJustAboveTheLastIsRefused) {
+  start_three("+1");
+  UpdateResult r = publish(1);
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_EQ(r.subscribers.size(), 3u);
+  ASSERT_TRUE(workers_["worker-3"]->wait_for_output("worker-3: v1 verified", std::chrono::seconds(30))) << outputs();
+  // Its heartbeats now claim v2 (heartbeat_interval 100 ms).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  expect_goes_on_without_worker3(2, 4);
+}
+
+}  // namespace
+}  // namespace paramcast
