@@ -370,10 +370,20 @@ TEST_F(WeightUpdateTest, ArenaLayoutsMoveInPlaceWithoutStaging) {
     UpdateResult r = pub_->weight_update(views);
     ASSERT_TRUE(r.ok()) << r.status.to_string();
     EXPECT_GT(r.buckets, 2u);
-    for (int w = 0; w < 2; ++w)
+    for (int w = 0; w < 2; ++w) {
+      // As an engine does: its weights are read once its subscriber says
+      // they are consistent at v. That read (under the subscriber's lock)
+      // orders this thread after the data thread's receive; the publisher's
+      // OK alone reached this thread through sockets, which ThreadSanitizer
+      // cannot see (it then reported the arena's bytes as a race, taking
+      // minutes over a report on this large range: the "hang" under TSan).
+      const WeightState st = workers_[w]->sub->state();
+      ASSERT_EQ(st.kind, WeightStateKind::kConsistent);
+      ASSERT_EQ(st.version, v);
       for (size_t i = 0; i < specs.size(); ++i)
         ASSERT_EQ(verify_synthetic(specs[i], 1, v, arenas[w].data() + offsets[i], specs[i].nbytes().value()), -1)
             << specs[i].name << " in worker-" << w + 1 << " at v" << v;
+    }
   }
   EXPECT_EQ(pub_->stats().staging_peak_bytes, 0u);
   for (auto& w : workers_) EXPECT_EQ(w->sub->staging_peak_bytes(), 0u);
