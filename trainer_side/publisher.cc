@@ -1,6 +1,7 @@
 #include "trainer_side/publisher.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/control/messages.h"
 #include "common/log.h"
@@ -44,7 +45,8 @@ Status PublisherImpl::init() {
   auto mem = create_device_memory(cfg_.publisher.device);
   if (!mem.ok()) return mem.status();
   mem_ = std::move(mem.value());
-  sender_ = std::make_unique<transfer::BucketSender>(mem_.get(), transfer::FaultInjection::from_env());
+  faults_ = transfer::FaultInjection::from_env();
+  sender_ = std::make_unique<transfer::BucketSender>(mem_.get(), faults_);
   if (cfg_.publisher.delta != DeltaMode::kOff) {
     // Where the codec cannot run (CUDA tensors in a build without CUDA),
     // updates go dense, saying why (decide_delta).
@@ -242,6 +244,10 @@ void PublisherImpl::run(UpdatePlan& plan, const std::vector<TensorView>& tensors
     r.status = s;
     return;
   }
+  if (faults_.pause_version == plan.version) {  // test hook: membership may change meanwhile
+    PC_WARN("publisher: fault injection: pausing v" << plan.version << " for " << faults_.pause_ms << " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(faults_.pause_ms));
+  }
   decide_delta(plan, r);
   if (!plan_round(plan, r)) return;  // 3. check
   Status data = move(plan, tensors, options.after_stream, r);  // 4. move
@@ -250,9 +256,20 @@ void PublisherImpl::run(UpdatePlan& plan, const std::vector<TensorView>& tensors
 
 // Sends the plan to every member; returns whether it went out precommitted
 // (every member of this epoch accepted this manifest already: no round trip).
+// Sends nothing (r.status says why) when a member left the group since it
+// formed.
 bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t epoch = groups_.epoch();
+  if (!departed_.empty()) {
+    // The group changed after it was checked (ensure_group) and before this
+    // plan: a member that left it would never take these broadcasts, and
+    // waiting for it would last stall_timeout. The next update re-forms.
+    r.epoch = epoch;
+    r.status = aborted("update v" + std::to_string(r.version) + " abandoned before any byte moved: " + departed_ +
+                       "; the next update forms a new group");
+    return false;
+  }
   const bool precommitted = cfg_.publisher.reuse_validated_plan && validated_ && validated_->epoch == epoch &&
                             validated_->hash == plan.manifest_hash && validated_->checksum == plan.checksum &&
                             validated_->partial == plan.partial;
@@ -285,9 +302,16 @@ bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
   const auto live = [this](const std::string& id) { return is_live(id); };
   // Bounded by plan_timeout (an answer takes one round trip) and the cap.
   const auto until = std::min(cap_, Clock::now() + cfg_.publisher.plan_timeout);
-  cv_.wait_until(lock, until, [&] { return round_.plan_answered(live) || stopped_; });
+  cv_.wait_until(lock, until, [&] { return round_.plan_answered(live) || stopped_ || !departed_.empty(); });
   Code code;
   r.subscribers = round_.plan_outcomes(live, silence(), code, waited("plan_timeout", cfg_.publisher.plan_timeout, until));
+  if (code == Code::kOk && !departed_.empty()) {  // it will not take the broadcasts: none start
+    abandon_locked(plan.version, departed_);
+    round_.end();
+    r.status = aborted("update v" + std::to_string(r.version) + " abandoned before any byte moved: " + departed_ +
+                       "; the next update forms a new group");
+    return false;
+  }
   if (code != Code::kOk) {
     abandon_locked(plan.version, code == Code::kRejected   ? "plan rejected"
                                  : code == Code::kPeerLost ? "a member was lost before the update started"
@@ -592,6 +616,10 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     // take this broadcast, and waiting for it would last stall_timeout.
     const bool left_group = gone || event.kind == MemberEvent::Kind::kRejoined;
     if (left_group && rank > 0 && !round_.applied_ok(event.worker_id)) to_abort = active_comm_;
+    // No later update starts on this group, even one past its group check.
+    if (left_group && rank > 0 && !seen && departed_.empty())
+      departed_ = "subscriber '" + event.worker_id + "' " + member_event_name(event.kind) + " (it left the group of epoch " +
+                  std::to_string(groups_.epoch()) + ")";
   }
   cv_.notify_all();
   groups_.on_member_gone(event.worker_id);

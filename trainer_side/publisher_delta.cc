@@ -165,7 +165,7 @@ std::vector<std::string> PublisherImpl::apply_delta_refusals(const UpdatePlan& p
 }
 
 bool PublisherImpl::plan_round(UpdatePlan& plan, UpdateResult& r) {
-  if (send_plan(plan, r) || check_plan(plan, r)) {
+  if (send_plan(plan, r) || (r.status.ok() && check_plan(plan, r))) {
     ready_baseline(plan);
     return true;
   }
@@ -199,7 +199,7 @@ bool PublisherImpl::plan_round(UpdatePlan& plan, UpdateResult& r) {
   r.status = Status();
   r.subscribers.clear();
   if (baseline_fresh_ && !baseline_.prepare(plan).ok()) baseline_fresh_ = false;
-  if (send_plan(plan, r) || check_plan(plan, r)) {
+  if (send_plan(plan, r) || (r.status.ok() && check_plan(plan, r))) {
     ready_baseline(plan);
     return true;
   }

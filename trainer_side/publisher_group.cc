@@ -92,6 +92,7 @@ Status PublisherImpl::form_group(Deadline cap, bool retry_without_culprits) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     group_ = members;
+    departed_.clear();  // the new group is formed of those live now
     formed_generation_ = live.generation;  // what on_member_event need not act on again
     const auto ids = server_.live_ids();   // figures of members gone are dropped: bounded
     for (auto it = link_rate_.begin(); it != link_rate_.end();)

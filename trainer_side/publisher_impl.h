@@ -199,6 +199,11 @@ class PublisherImpl : public control::ControlServer::Listener {
     bool dropped = false;
   };
   std::map<std::string, DeltaRefusal> delta_refusals_;
+  // A member of the current group left it (lost, left, or rejoined on a new
+  // connection) since the group formed: why, naming it (guarded by mu_;
+  // cleared by each formation). No update starts on that group.
+  std::string departed_;
+  transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)
 };
 
 }  // namespace paramcast

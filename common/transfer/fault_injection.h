@@ -6,6 +6,9 @@
 //   PARAMCAST_FAULT_STALL_AFTER_BUCKET=V:K   ... of version V only
 //   PARAMCAST_FAULT_CORRUPT_BUCKET=K         flip one received bit of bucket K, once
 //   PARAMCAST_FAULT_CORRUPT_BUCKET=V:K       ... of version V
+//   PARAMCAST_FAULT_PAUSE_BEFORE_PLAN=V:MS   the publisher's update of version V pauses MS
+//                                            milliseconds after its group was checked and
+//                                            before its plan goes out (membership may change)
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,8 @@ struct FaultInjection {
   uint64_t stall_version = 0;  // 0: any version
   int64_t corrupt_bucket = -1;
   uint64_t corrupt_version = 0;  // 0: the first update that has bucket K
+  uint64_t pause_version = 0;
+  uint64_t pause_ms = 0;
 
   bool corrupts(uint64_t version, size_t bucket) const {
     return corrupt_bucket == static_cast<int64_t>(bucket) && (corrupt_version == 0 || corrupt_version == version);
@@ -39,6 +44,13 @@ struct FaultInjection {
       const char* colon = std::strchr(v, ':');
       f.corrupt_version = colon ? std::strtoull(v, nullptr, 10) : 0;
       f.corrupt_bucket = std::atoll(colon ? colon + 1 : v);
+    }
+    if (const char* v = std::getenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN")) {
+      const char* colon = std::strchr(v, ':');
+      if (colon) {
+        f.pause_version = std::strtoull(v, nullptr, 10);
+        f.pause_ms = std::strtoull(colon + 1, nullptr, 10);
+      }
     }
     return f;
   }

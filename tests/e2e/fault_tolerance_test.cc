@@ -118,3 +118,58 @@ TEST_F(FaultToleranceTest, PublisherKilledMidUpdateSubscribersStayAndRejoinANewO
 
 }  // namespace
 }  // namespace paramcast
+
+namespace paramcast {
+namespace {
+
+// A member that leaves the group and rejoins on a new connection after an
+// update checked its group but before its plan went out (the window a
+// trainer stopped and resumed opens: SIGSTOP, a GC pause, a debugger): the
+// update must not start on that group, whose member would never take its
+// broadcasts (the publisher would wait out stall_timeout, 20 s here). It
+// fails at once naming the member, and the next update forms a new group.
+// The window is held open by PARAMCAST_FAULT_PAUSE_BEFORE_PLAN.
+TEST_F(WorkerClusterTest, AMemberThatRejoinsBeforeThePlanFailsTheUpdateAtOnceAndTheNextFormsAgain) {
+  setenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN", "2:4000", 1);
+  make_publisher(test::test_config_yaml(2));
+  unsetenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN");
+  spawn_worker("worker-1");
+  Process& w2 = spawn_worker("worker-2");
+  ASSERT_TRUE(pub_->start().ok()) << outputs();
+  ASSERT_TRUE(publish(1).ok()) << outputs();
+  model_.fill(2, config_.trainer.seed);
+  auto fut = pub_->weight_update_async(model_.views(), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // v2 is in its pause
+  // Silent past heartbeat_timeout (1.5 s): lost, then back on a new connection.
+  w2.kill(SIGSTOP);
+  ASSERT_TRUE(wait_event(MemberEvent::Kind::kLost, "worker-2", std::chrono::seconds(10))) << outputs();
+  w2.kill(SIGCONT);
+  // Back on a new connection (its second join) while v2 still pauses: the
+  // plan of epoch 1 would not reach it, and its idle communicator would
+  // take nothing.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto joins = [&] {
+    const std::string out = w2.output();
+    size_t n = 0;
+    for (size_t at = out.find("joined publisher"); at != std::string::npos; at = out.find("joined publisher", at + 1)) ++n;
+    return n;
+  };
+  while (joins() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(joins(), 2u) << outputs();
+  UpdateResult r = fut.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kAborted) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("abandoned before any byte moved: subscriber 'worker-2'"), std::string::npos)
+      << r.status.message();
+  // The pause (4 s) and the loss, not stall_timeout (20 s).
+  EXPECT_LT(r.seconds, 10.0) << r.status.to_string();
+  UpdateResult next = publish(3);
+  ASSERT_TRUE(next.ok()) << next.status.to_string() << outputs();
+  EXPECT_EQ(next.subscribers.size(), 2u);
+  EXPECT_LT(next.seconds, 10.0);
+  for (auto& [id, p] : workers_)
+    EXPECT_TRUE(p->wait_for_output(id + ": v3 verified", std::chrono::seconds(30))) << outputs();
+}
+
+}  // namespace
+}  // namespace paramcast
