@@ -1,0 +1,94 @@
+#include "common/reshard/region.h"
+
+#include <algorithm>
+
+namespace paramcast::reshard {
+
+Region Region::whole(const std::vector<int64_t>& shape) {
+  return Region{std::vector<int64_t>(shape.size(), 0), shape};
+}
+
+Region Region::slice(const std::vector<int64_t>& shape, int dim, int64_t start, int64_t length) {
+  Region r = whole(shape);
+  if (dim >= 0 && static_cast<size_t>(dim) < shape.size()) {
+    r.offsets[static_cast<size_t>(dim)] = start;
+    r.lengths[static_cast<size_t>(dim)] = length;
+  }
+  return r;
+}
+
+uint64_t Region::elements() const {
+  uint64_t n = 1;
+  for (int64_t l : lengths) {
+    if (l <= 0) return 0;
+    n *= static_cast<uint64_t>(l);
+  }
+  return n;
+}
+
+bool Region::inside(const std::vector<int64_t>& shape) const {
+  if (offsets.size() != shape.size() || lengths.size() != shape.size()) return false;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (offsets[d] < 0 || lengths[d] < 0 || offsets[d] > shape[d] || lengths[d] > shape[d] - offsets[d]) return false;
+  return true;
+}
+
+bool Region::contiguous_in(const std::vector<int64_t>& shape) const {
+  // Whole in every dimension after the first that is not a single index.
+  size_t d = 0;
+  while (d < lengths.size() && lengths[d] == 1) ++d;
+  for (size_t e = d + 1; e < lengths.size(); ++e)
+    if (offsets[e] != 0 || lengths[e] != shape[e]) return false;
+  return true;
+}
+
+std::string Region::to_string() const {
+  std::string s = "[";
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    if (d) s += ", ";
+    s += std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + lengths[d]);
+  }
+  return s + "]";
+}
+
+std::optional<Region> intersect(const Region& a, const Region& b) {
+  if (a.rank() != b.rank()) return std::nullopt;
+  Region r;
+  for (size_t d = 0; d < a.rank(); ++d) {
+    const int64_t lo = std::max(a.offsets[d], b.offsets[d]);
+    const int64_t hi = std::min(a.offsets[d] + a.lengths[d], b.offsets[d] + b.lengths[d]);
+    if (hi <= lo) return std::nullopt;
+    r.offsets.push_back(lo);
+    r.lengths.push_back(hi - lo);
+  }
+  return r;
+}
+
+std::vector<Region> subtract(const Region& a, const Region& b) {
+  auto common = intersect(a, b);
+  if (!common) return a.empty() ? std::vector<Region>{} : std::vector<Region>{a};
+  // Peel off, dimension by dimension, the slabs of `rest` below and above
+  // the common part; what remains of `rest` is the common part itself.
+  std::vector<Region> out;
+  Region rest = a;
+  for (size_t d = 0; d < a.rank(); ++d) {
+    const int64_t lo = common->offsets[d], hi = lo + common->lengths[d];
+    const int64_t rlo = rest.offsets[d], rhi = rlo + rest.lengths[d];
+    if (lo > rlo) {
+      Region below = rest;
+      below.lengths[d] = lo - rlo;
+      out.push_back(below);
+    }
+    if (hi < rhi) {
+      Region above = rest;
+      above.offsets[d] = hi;
+      above.lengths[d] = rhi - hi;
+      out.push_back(above);
+    }
+    rest.offsets[d] = lo;
+    rest.lengths[d] = hi - lo;
+  }
+  return out;
+}
+
+}  // namespace paramcast::reshard
