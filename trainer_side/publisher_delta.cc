@@ -54,10 +54,11 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
     for (const auto& id : group_) {
       auto m = server_.member(id);
       // A member that refused a delta it claimed has no claim until it
-      // applied a dense version after that and holds the baseline again.
+      // applied a dense version (that one, planned again, or a later one)
+      // and holds the baseline again.
       auto refusal = delta_refusals_.find(id);
       if (m && refusal != delta_refusals_.end() && refusal->second.dropped && m->state == proto::WeightState::CONSISTENT &&
-          m->weight_version > refusal->second.version && m->weight_version == base && m->delta_base == base)
+          m->weight_version >= refusal->second.version && m->weight_version == base && m->delta_base == base)
         refusal->second.dropped = false;
       if (!m) why = id + " gone";
       else if (refusal != delta_refusals_.end() && refusal->second.dropped)
@@ -147,7 +148,14 @@ void PublisherImpl::strike_delta_refusers(const std::vector<std::string>& ids) {
 std::vector<std::string> PublisherImpl::apply_delta_refusals(const UpdatePlan& plan, UpdateResult& r,
                                                              const Status& data, Code& code) {
   std::vector<std::string> strike;
-  if (!plan.delta_base || code == Code::kOk) return strike;
+  if (!plan.delta_base) return strike;
+  // A member that applied a delta after its claim came back refused
+  // honestly (a buffer registered just before the plan, say): forgiven.
+  for (const auto& o : r.subscribers)
+    if (o.status.ok())
+      if (auto d = delta_refusals_.find(o.worker_id); d != delta_refusals_.end() && !d->second.dropped)
+        delta_refusals_.erase(d);
+  if (code == Code::kOk) return strike;
   bool applied_any = false;
   for (const auto& o : r.subscribers) applied_any = applied_any || o.status.ok();
   for (auto& o : r.subscribers) {
