@@ -234,6 +234,7 @@ void bind_results(py::module_& m) {
       .def_property_readonly("rate", &SubscriberOutcome::rate)
       .def_readonly("link_rate", &SubscriberOutcome::link_rate)
       .def_readonly("shed", &SubscriberOutcome::shed)
+      .def_readonly("refused_delta", &SubscriberOutcome::refused_delta)
       .def("__repr__", [](const SubscriberOutcome& o) {
         return "<SubscriberOutcome " + o.worker_id + " " + (o.status.ok() ? "applied" : o.status.to_string()) + ">";
       });
@@ -254,6 +255,7 @@ void bind_results(py::module_& m) {
       .def_readonly("subscribers", &UpdateResult::subscribers)
       .def_readonly("missing", &UpdateResult::missing)
       .def_readonly("shed", &UpdateResult::shed)
+      .def_readonly("refused_delta", &UpdateResult::refused_delta)
       .def_readonly("precommitted", &UpdateResult::precommitted)
       .def_readonly("slowest", &UpdateResult::slowest)
       .def_property_readonly("mismatches", [](const UpdateResult& r) {
