@@ -305,7 +305,7 @@ bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
   cv_.wait_until(lock, until, [&] { return round_.plan_answered(live) || stopped_ || !departed_.empty(); });
   Code code;
   r.subscribers = round_.plan_outcomes(live, silence(), code, waited("plan_timeout", cfg_.publisher.plan_timeout, until));
-  if (code == Code::kOk && !departed_.empty()) {  // it will not take the broadcasts: none start
+  if (!departed_.empty()) {  // it will not take the broadcasts: none start (and it is why answers are missing)
     abandon_locked(plan.version, departed_);
     round_.end();
     r.status = aborted("update v" + std::to_string(r.version) + " abandoned before any byte moved: " + departed_ +
@@ -617,7 +617,7 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     const bool left_group = gone || event.kind == MemberEvent::Kind::kRejoined;
     if (left_group && rank > 0 && !round_.applied_ok(event.worker_id)) to_abort = active_comm_;
     // No later update starts on this group, even one past its group check.
-    if (left_group && rank > 0 && !seen && departed_.empty())
+    if (left_group && rank > 0 && in_group && !seen && departed_.empty())
       departed_ = "subscriber '" + event.worker_id + "' " + member_event_name(event.kind) + " (it left the group of epoch " +
                   std::to_string(groups_.epoch()) + ")";
   }

@@ -123,22 +123,29 @@ bool refused_only_the_delta(const SubscriberOutcome& o) {
 }
 }  // namespace
 
-bool PublisherImpl::note_delta_refusal(const std::string& id, uint64_t version) {
-  auto m = server_.member(id);
+bool PublisherImpl::note_delta_refusal(const SubscriberOutcome& o, const UpdatePlan& plan) {
+  auto m = server_.member(o.worker_id);
   if (!m || !m->delta) return false;  // it never claimed it could: no lie
-  DeltaRefusal& d = delta_refusals_[id];
-  d.version = version;
+  DeltaRefusal& d = delta_refusals_[o.worker_id];
+  d.version = plan.version;
   d.dropped = true;
-  ++d.count;
-  PC_WARN("publisher: subscriber '" << id << "' refused the delta of v" << version
-                                    << " it had claimed it could take (refusal " << d.count
+  // Its own answer says why: another version, dirty, a buffer registered
+  // just before the plan, its callback's copy elsewhere (an honest race with
+  // its heartbeat: no strike). Holding exactly the base, consistent, and
+  // refusing it contradicts the claim: that counts.
+  const std::string got = o.mismatches.front().got;
+  const bool unexplained = got == "version " + std::to_string(plan.delta_base) + ", consistent";
+  if (unexplained) ++d.count;
+  PC_WARN("publisher: subscriber '" << o.worker_id << "' refused the delta of v" << plan.version
+                                    << " it had claimed it could take (" << control::printable(got)
+                                    << (unexplained ? "; unexplained refusal " + std::to_string(d.count) : "")
                                     << "); dense updates for it until it applied one");
   return d.count >= 2;
 }
 
 void PublisherImpl::strike_delta_refusers(const std::vector<std::string>& ids) {
   for (const auto& id : ids)
-    groups_.quarantine(id, "refused deltas it claimed it could take, twice (control-plane lie)");
+    groups_.quarantine(id, "refused twice, without a reason, deltas it claimed it could take (control-plane lie)");
 }
 
 // A precommitted delta plan that members refused although they claimed they
@@ -160,7 +167,7 @@ std::vector<std::string> PublisherImpl::apply_delta_refusals(const UpdatePlan& p
   for (const auto& o : r.subscribers) applied_any = applied_any || o.status.ok();
   for (auto& o : r.subscribers) {
     if (!refused_only_the_delta(o)) continue;
-    if (note_delta_refusal(o.worker_id, plan.version)) strike.push_back(o.worker_id);
+    if (note_delta_refusal(o, plan)) strike.push_back(o.worker_id);
     if (!data.ok() || !applied_any) continue;
     o.status = rejected("subscriber '" + o.worker_id + "' refused the delta of v" + std::to_string(plan.version) +
                         " onto v" + std::to_string(plan.delta_base) + " it had claimed it could take (" +
@@ -191,7 +198,7 @@ bool PublisherImpl::plan_round(UpdatePlan& plan, UpdateResult& r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& o : r.subscribers)
-      if (!o.status.ok() && note_delta_refusal(o.worker_id, plan.version)) strike.push_back(o.worker_id);
+      if (!o.status.ok() && note_delta_refusal(o, plan)) strike.push_back(o.worker_id);
   }
   // A second lie: out of the next group (this call goes on with this one).
   strike_delta_refusers(strike);

@@ -133,9 +133,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   // in `r`, the update goes on for the others. Returns those to strike.
   std::vector<std::string> apply_delta_refusals(const UpdatePlan& plan, UpdateResult& r, const Status& data,
                                                 Code& code);
-  // A refusal of v's delta by `id`: its claim is dropped until it applied a
-  // dense version; a second one is a strike. Returns whether to strike. mu_ held.
-  bool note_delta_refusal(const std::string& id, uint64_t version);
+  // A refusal of `plan`'s delta: the member's claim is dropped until it
+  // applied a dense version; a second refusal without a reason is a
+  // strike. Returns whether to strike. mu_ held.
+  bool note_delta_refusal(const SubscriberOutcome& o, const UpdatePlan& plan);
   // Quarantines members that refused a delta twice (without mu_).
   void strike_delta_refusers(const std::vector<std::string>& ids);
   void abandon_locked(uint64_t version, const std::string& reason);

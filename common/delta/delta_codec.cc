@@ -203,7 +203,7 @@ Status check_header(const Header& h, uint64_t bucket_bytes, size_t pieces, const
 }
 
 Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
-             const std::string& what, std::vector<uint8_t*>& targets) {
+             const std::string& what, std::vector<uint8_t>& indices) {
   PC_RETURN_IF_ERROR(check_header(h, bucket_bytes, segments.size(), what));
   if (h.kind != Kind::kIndices && h.kind != Kind::kBitmask) return Status();
   for (const auto& seg : segments)
@@ -212,15 +212,18 @@ Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const 
                           std::to_string(seg.length) + " bytes is not whole units of " + std::to_string(h.unit));
   const uint64_t units = bucket_bytes / h.unit;
   const uint8_t* values = wire;
-  const uint8_t* tail = wire + h.changed * h.unit;
-  // The wire is read once: pass 1 decodes and validates every index (in
-  // range, increasing, inside a piece) into `targets`; pass 2 copies the
-  // values there. Nothing is written unless all of them are valid, and no
-  // byte of the wire is read twice (a second read could see other bytes).
+  // The index stream (gaps or bitmask) is copied once into `indices`, and
+  // both passes read the copy; the values are read once, in pass 2. So no
+  // byte of the wire is read twice: a second read could see other bytes.
+  // The copy is at most the encoding's own size (wire_bytes).
+  indices.assign(wire + h.changed * h.unit, wire + h.wire_bytes);
+  const uint8_t* tail = indices.data();
+  // Pass 1 validates every index (in range, increasing, inside a piece);
+  // pass 2 writes: nothing is written unless all of them are valid.
   auto visit = [&](auto&& each) -> Status {
     if (h.kind == Kind::kIndices) {
       const uint8_t* at = tail;
-      const uint8_t* end = wire + h.wire_bytes;
+      const uint8_t* end = indices.data() + indices.size();
       uint64_t next = 0;
       for (uint64_t k = 0; k < h.changed; ++k) {
         uint64_t gap = 0;
@@ -269,22 +272,22 @@ Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const 
       return nullptr;
     return segments[seg].base + (at - segments[seg].bucket_offset);
   };
-  targets.clear();
-  targets.reserve(h.changed);
   PC_RETURN_IF_ERROR(visit([&](uint64_t, uint64_t i) -> Status {
-    uint8_t* at = locate(i);
-    if (!at) return data_corrupt("delta of " + what + ": unit " + std::to_string(i) + " lies between the bucket's tensors");
-    targets.push_back(at);
+    if (!locate(i))
+      return data_corrupt("delta of " + what + ": unit " + std::to_string(i) + " lies between the bucket's tensors");
     return Status();
   }));
-  for (uint64_t k = 0; k < targets.size(); ++k) std::memcpy(targets[k], values + k * h.unit, h.unit);
-  return Status();
+  seg = 0;
+  return visit([&](uint64_t k, uint64_t i) -> Status {
+    std::memcpy(locate(i), values + k * h.unit, h.unit);
+    return Status();
+  });
 }
 
 Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
              const std::string& what) {
-  std::vector<uint8_t*> targets;
-  return apply(h, wire, bucket_bytes, segments, what, targets);
+  std::vector<uint8_t> indices;
+  return apply(h, wire, bucket_bytes, segments, what, indices);
 }
 
 }  // namespace paramcast::delta

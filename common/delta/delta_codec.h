@@ -73,9 +73,10 @@ Header encode(const std::vector<Segment>& segments, uint64_t bucket_bytes, uint3
 // Applies a delta `h` (kIndices or kBitmask) received in `wire` to the
 // segments' destinations (`base`), which hold the baseline. `what` names
 // the bucket in errors. Nothing is written unless the encoding is valid,
-// and each byte of `wire` is read once. `targets` is scratch, reused.
+// and each byte of `wire` is read once (the index stream is copied into
+// `indices`, scratch, reused: at most the encoding's size).
 Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
-             const std::string& what, std::vector<uint8_t*>& targets);
+             const std::string& what, std::vector<uint8_t>& indices);
 Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
              const std::string& what);
 

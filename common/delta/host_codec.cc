@@ -23,7 +23,7 @@ class HostCodec : public DeltaCodec {
   }
   Status apply(const Header& h, const uint8_t* wire, uint64_t bucket_bytes, const std::vector<Segment>& segments,
                const std::string& what) override {
-    return delta::apply(h, wire, bucket_bytes, segments, what, targets_);
+    return delta::apply(h, wire, bucket_bytes, segments, what, indices_);
   }
   StatusOr<std::vector<uint64_t>> hash_pieces(const std::vector<Piece>& pieces) override {
     std::vector<uint64_t> out;
@@ -36,7 +36,7 @@ class HostCodec : public DeltaCodec {
 
  private:
   std::vector<uint8_t> mask_;       // encoding scratch, reused
-  std::vector<uint8_t*> targets_;  // decoding scratch, reused
+  std::vector<uint8_t> indices_;   // decoding scratch (the index stream), reused
 };
 
 }  // namespace
