@@ -134,6 +134,18 @@ class Communicator {
   // the returned Work completes. Zero bytes completes at once.
   virtual std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) = 0;
 
+  // Point-to-point, beside broadcast (the many-sender plan's moves,
+  // common/reshard/): sends `bytes` at `data` to rank `peer`, or receives
+  // them from `peer` into `data`. A send and a receive meet by their pair and
+  // `tag`, which must be unique among the operations in flight between two
+  // ranks; their sizes must agree. Asynchronous: the Work completes once the
+  // bytes left (a send: the buffer may be reused) or landed (a receive);
+  // operations on one pair and direction complete in issue order, those on
+  // different pairs run at once. Bounded by the wait's deadline and by the
+  // communicator's failure (a broken connection, abort()), as broadcasts are.
+  // A backend without them returns a Work failed with kUnavailable.
+  virtual std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag);
+  virtual std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag);
   // Orders later broadcasts after everything queued so far on `stream` (a
   // cudaStream_t; nullptr = the legacy default stream), on the device,
   // without a host wait. Host backends have no streams: no-op.

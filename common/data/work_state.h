@@ -45,12 +45,14 @@ class WorkState {
 // collective is half done on every rank) and says so.
 class DeadlineWork : public Work {
  public:
-  DeadlineWork(Communicator* comm, uint64_t epoch, int rank) : comm_(comm), epoch_(epoch), rank_(rank) {}
+  // `what` names the operation in errors ("broadcast", "send to rank 3").
+  DeadlineWork(Communicator* comm, uint64_t epoch, int rank, std::string what = "broadcast")
+      : comm_(comm), epoch_(epoch), rank_(rank), what_(std::move(what)) {}
   Status wait(Deadline deadline) override {
     Status s = state->wait_until(deadline);
     if (s.code() == Code::kTimeout && !state->done()) {  // the deadline, not a stalled link
-      comm_->abort("broadcast deadline passed");
-      return timeout_error("broadcast did not finish before its deadline (epoch " + std::to_string(epoch_) +
+      comm_->abort(what_ + " deadline passed");
+      return timeout_error(what_ + " did not finish before its deadline (epoch " + std::to_string(epoch_) +
                            ", rank " + std::to_string(rank_) + "); communicator aborted");
     }
     return s;
@@ -61,6 +63,7 @@ class DeadlineWork : public Work {
   Communicator* const comm_;
   const uint64_t epoch_;
   const int rank_;
+  const std::string what_;
 };
 
 }  // namespace paramcast::data_internal

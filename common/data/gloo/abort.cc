@@ -39,6 +39,12 @@ void GlooCommunicator::fail(const Status& why, Notify mode, int blame, NoticeKin
       op->done = true;  // it stays in ops_: kicks must reach its buffers
       failed.emplace_back(op->state, op->started ? cause : pending);
     }
+    for (auto& [key, queue] : p2p_)
+      for (auto& op : queue) {
+        if (op->done) continue;
+        op->done = true;  // it stays queued: kicks must reach its buffer
+        failed.emplace_back(op->state, cause);
+      }
   }
   {
     std::lock_guard<std::mutex> lock(signal_mu_);
@@ -78,6 +84,8 @@ void GlooCommunicator::kick_locked() {
     if (op->in) op->in->abortWaitRecv();
     for (auto& b : op->out) b->abortWaitSend();
   }
+  for (auto& [key, queue] : p2p_)
+    for (auto& op : queue) op->send ? op->buffer->abortWaitSend() : op->buffer->abortWaitRecv();
 }
 
 Status GlooCommunicator::notice_status(const Sentinels::Notice& n) const {

@@ -43,13 +43,16 @@ GlooCommunicator::~GlooCommunicator() {
     kick_locked();
     cv_.wait_for(lock, std::chrono::milliseconds(10));
   }
-  // The drainers end at stop_: one inside a Gloo wait is kicked out of it
+  // The drainers and completers end at stop_: one inside a Gloo wait is kicked out of it
   // (the kick is sticky: one about to wait returns at once).
   kick_locked();
   std::map<int, std::thread> drainers;
   drainers.swap(drainers_);
+  std::map<P2pKey, std::thread> completers;
+  completers.swap(p2p_threads_);
   lock.unlock();
   for (auto& [child, t] : drainers) t.join();
+  for (auto& [key, t] : completers) t.join();
   runner_.join();
   watcher_.join();
 }

@@ -48,9 +48,15 @@
 // The destructor therefore ends within a few watch intervals; it is still run
 // on a reaper thread (common/data/reaper.h), never by a control thread.
 //
+//  - p2p.cc, point-to-point: send() and recv() post an unbound buffer on a
+//    slot of their own (kP2pSlotPrefix and the tag); one thread per peer
+//    and direction takes the completions in issue order. A failed pair, or
+//    the communicator's failure, fails them as it fails broadcasts.
+//
 // Threads: runner_ receives and posts sends, in stream order; one drainer per
-// child takes send completions; watcher_ polls (abort.cc); callers of
-// broadcast() post receives. mu_ guards the operations, the stream, the link
+// child takes send completions; one completer per point-to-point peer and
+// direction; watcher_ polls (abort.cc); callers of broadcast(), send() and
+// recv() post their buffers. mu_ guards the operations, the stream, the link
 // figures and the errors. mu_ may be held while posting to Gloo or calling a
 // buffer's abortWait*; Gloo never calls back into this class.
 #pragma once
@@ -87,6 +93,8 @@ class GlooCommunicator : public Communicator {
   ~GlooCommunicator() override;
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override;
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag) override;
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag) override;
   void abort(const std::string& reason) override;
   Status async_error() override;
   std::vector<LinkStats> link_stats() override;
@@ -129,6 +137,18 @@ class GlooCommunicator : public Communicator {
     }
   };
 
+  // One point-to-point send or receive (p2p.cc), until its Work completes
+  // (failed ones stay, as broadcasts do, so that kicks reach their waits).
+  struct P2p {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+    bool send = false;
+    int peer = -1;
+    size_t bytes = 0;
+    std::shared_ptr<data_internal::WorkState> state;
+    bool done = false;
+  };
+  using P2pKey = std::pair<int, bool>;  // peer, send
+
   // The stream the issued broadcasts move in: one root, its tree, and the
   // flight of chunks posted to this rank's children. A broadcast with
   // another root starts a new stream once this one drained.
@@ -167,6 +187,10 @@ class GlooCommunicator : public Communicator {
   std::vector<int> stream_peers_locked() const;
   bool busy_locked() const;
 
+  // p2p.cc
+  std::shared_ptr<Work> p2p(void* data, size_t bytes, int peer, uint32_t tag, bool send);
+  void complete_p2p(P2pKey key);
+
   // abort.cc
   void fail(const Status& why, Notify mode, int blame, NoticeKind kind = kFailed);
   void signal_pairs();
@@ -187,6 +211,10 @@ class GlooCommunicator : public Communicator {
   uint32_t next_seq_ = 0;
   std::optional<Stream> stream_;
   std::map<int, std::thread> drainers_;  // by child rank
+  // Point-to-point operations not yet complete, in issue order per peer and
+  // direction, and the thread that completes each queue's.
+  std::map<P2pKey, std::deque<std::shared_ptr<P2p>>> p2p_;
+  std::map<P2pKey, std::thread> p2p_threads_;
   std::vector<LinkStats> links_;         // by peer rank
   ShedWatch shed_;                       // which children this rank shed
   Status failure_;  // a drainer's: the pair to its child failed (the runner reports it)

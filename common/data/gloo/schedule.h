@@ -81,6 +81,9 @@ constexpr size_t chunk_bytes_for(size_t bytes, size_t max_chunk = kMaxChunkBytes
 // The slots the chunks travel on: this prefix and the broadcast's sequence
 // number, the same on every rank (no Gloo collective uses 0x7d).
 constexpr uint8_t kChunkSlotPrefix = 0x7d;
+// Point-to-point sends and receives (p2p.cc): this prefix and the caller's
+// tag (0x7e is the sentinels').
+constexpr uint8_t kP2pSlotPrefix = 0x7c;
 
 constexpr size_t chunk_count(size_t bytes, size_t chunk) { return (bytes + chunk - 1) / chunk; }
 

@@ -230,8 +230,11 @@ std::shared_ptr<GlooCommunicator::Op> GlooCommunicator::find_locked(uint32_t seq
   return nullptr;
 }
 
-// A broadcast issued and not complete.
+// A broadcast, send or receive issued and not complete.
 bool GlooCommunicator::busy_locked() const {
+  for (const auto& [key, queue] : p2p_)
+    for (const auto& op : queue)
+      if (!op->done) return true;
   return std::any_of(ops_.begin(), ops_.end(), [](const std::shared_ptr<Op>& op) { return !op->done; });
 }
 

@@ -83,6 +83,47 @@ TEST_P(CommunicatorTest, EightRanksBroadcastBitExact) {
   }
 }
 
+// Point-to-point moves (the many-sender plan's): every rank sends to and
+// receives from every other at once, bit-exact, sizes from one byte to
+// 16 MiB, several rounds on one communicator.
+TEST_P(CommunicatorTest, EveryPairSendsAndReceivesBitExact) {
+  if (GetParam() != Backend::kGloo) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
+  auto ranks = spawn(6, "1,4097,16777216", 2, 60000, {"--mode", "p2p"});
+  for (auto& p : ranks) {
+    auto code = p->wait_for(std::chrono::seconds(240));
+    ASSERT_TRUE(code.has_value()) << "rank hung; output:\n" << p->output();
+    EXPECT_EQ(*code, 0) << p->output();
+    EXPECT_NE(p->output().find("all point-to-point moves verified"), std::string::npos) << p->output();
+  }
+}
+
+// A rank killed while every rank exchanges with it: each other rank's
+// pending receive from it fails, the communicator refuses further work,
+// well before the operation's timeout.
+TEST_P(CommunicatorTest, KilledPeerFailsPointToPointMovesWithinDeadline) {
+  if (GetParam() != Backend::kGloo) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
+  const int timeout_ms = 10000;
+  auto ranks = spawn(6, "8388608", 100000, timeout_ms, {"--mode", "p2p"});
+  for (auto& p : ranks) ASSERT_TRUE(p->wait_for_output("ready", std::chrono::seconds(60))) << p->output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-exchange
+  ranks[3]->kill(SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  for (int r = 0; r < 6; ++r) {
+    if (r == 3) continue;
+    auto code = ranks[r]->wait_for(std::chrono::milliseconds(timeout_ms + 3000));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " still running " << secs << " s after the kill:\n"
+                                  << ranks[r]->output();
+    EXPECT_EQ(*code, 3) << "rank " << r << " must fail and then refuse work:\n" << ranks[r]->output();
+    const auto out = ranks[r]->output();
+    const long long ns = stamp(out, "async error at");
+    ASSERT_GE(ns, 0) << out;
+    const double failed = (ns - ns_of(killed_at)) / 1e9;
+    std::printf("[figures] rank %d: point-to-point failed %.2f s after the kill\n", r, failed);
+    EXPECT_LE(failed, timeout_ms / 2000.0) << "rank " << r << ":\n" << out;
+  }
+}
+
 TEST_P(CommunicatorTest, KilledPeerFailsOthersWithinDeadline) {
   // Gloo and shm: a long operation timeout, so that failing well before it
   // shows the abort winning (and not the operation's own timeout firing).

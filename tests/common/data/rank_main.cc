@@ -1,7 +1,7 @@
 // dataplane_rank: one rank of the data-plane conformance suite, run as its own
 // process. Forms a communicator (FileStore rendezvous in --store), runs
 // broadcasts of the given sizes from rank 0, verifies every byte.
-// Flags: --stall-ms (stall_timeout), --silent-rank, --abort-rank (below).
+// Flags: --stall-ms (stall_timeout), --silent-rank, --abort-rank, --mode p2p (below).
 // Exit: 0 ok, 1 wrong bytes, 2 usage, 3 broadcast failed (and the
 // communicator then refused further work as it must), 4 it did not.
 #include <unistd.h>
@@ -115,6 +115,60 @@ int main(int argc, char** argv) {
       if (m.joinable()) m.join();
     }
   } joiner{aborter, monitor, done};
+  // --mode p2p: instead of broadcasts, every rank sends each size to every other
+  // rank and receives it from each (point-to-point, host memory), verifying
+  // every byte; "first exchange issued at" stamps the start.
+  if (f.get("mode") == "p2p") {
+    const int w = g.world_size;
+    auto payload = [](int from, int to, uint64_t size, int rep, uint64_t i) {
+      return static_cast<uint8_t>(pattern(size, rep, i) ^ (from * 17 + to * 5));
+    };
+    bool first_exchange = true;
+    for (uint64_t size : sizes)
+      for (int rep = 0; rep < repeat; ++rep) {
+        std::vector<std::vector<uint8_t>> out(static_cast<size_t>(w)), in(static_cast<size_t>(w));
+        std::vector<std::shared_ptr<Work>> works;
+        for (int q = 0; q < w; ++q) {
+          if (q == g.rank) continue;
+          auto& o = out[static_cast<size_t>(q)];
+          o.resize(size);
+          for (uint64_t i = 0; i < size; ++i) o[i] = payload(g.rank, q, size, rep, i);
+          in[static_cast<size_t>(q)].assign(size, 0xAB);
+        }
+        if (first_exchange) {
+          std::printf("rank %d: first exchange issued at %lld ns\n", g.rank, monotonic_ns());
+          std::fflush(stdout);
+          first_exchange = false;
+        }
+        for (int q = 0; q < w; ++q) {
+          if (q == g.rank) continue;
+          works.push_back(comm.value()->recv(in[static_cast<size_t>(q)].data(), size, q,
+                                             static_cast<uint32_t>(rep * w + q)));
+          works.push_back(comm.value()->send(out[static_cast<size_t>(q)].data(), size, q,
+                                             static_cast<uint32_t>(rep * w + g.rank)));
+        }
+        for (auto& work : works) {
+          Status st = work->wait(Clock::now() + g.op_timeout + std::chrono::seconds(1));
+          if (st.ok()) continue;
+          std::printf("rank %d: exchange of %llu bytes failed: %s\n", g.rank, static_cast<unsigned long long>(size),
+                      st.to_string().c_str());
+          uint8_t byte = 0;
+          Status again = comm.value()->send(&byte, 1, (g.rank + 1) % w, 999999)->wait(Clock::now() + std::chrono::seconds(1));
+          std::printf("rank %d: next send: %s\n", g.rank, again.to_string().c_str());
+          std::fflush(stdout);
+          return again.code() == Code::kAborted ? 3 : 4;
+        }
+        for (int q = 0; q < w; ++q)
+          for (uint64_t i = 0; q != g.rank && i < size; ++i)
+            if (in[static_cast<size_t>(q)][i] != payload(q, g.rank, size, rep, i)) {
+              std::printf("rank %d: from rank %d, size %llu rep %d: byte %llu is wrong\n", g.rank, q,
+                          static_cast<unsigned long long>(size), rep, static_cast<unsigned long long>(i));
+              return 1;
+            }
+      }
+    std::printf("rank %d: all point-to-point moves verified\n", g.rank);
+    return 0;
+  }
   // Prints when the first broadcast is issued, so a test can time a failure
   // from it (filling the buffers below takes seconds with 8 ranks of a
   // sanitizer build sharing 2 cores).
