@@ -1,0 +1,50 @@
+// run_reshard(): one rank's part of a many-sender plan, over a
+// Communicator's point-to-point moves.
+//
+// Every rank of the job computes the same plan (plan_reshard) and its rounds
+// (schedule_rounds) from the same manifests, then runs its own transfers
+// round by round: in each, its one send and its one receive (the schedule
+// gives a rank at most one of each) are posted together and waited for; a
+// forward is sent from where it landed in an earlier round. A region that
+// is contiguous in the rank's buffer (a row range) moves straight from and
+// into it; any other (a column slice: a row-parallel weight's dim-1 cut) is
+// packed into staging by the sender and unpacked by the receiver, row by
+// row. Each transfer's tag is its index in the plan, the same on every rank.
+// Host memory (the CPU data plane); bounded by `deadline` and by the
+// communicator's failure, which names the peer.
+//
+// Thread-safety: one call at a time per communicator.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "common/data/communicator.h"
+#include "common/reshard/reshard_plan.h"
+#include "common/reshard/schedule.h"
+
+namespace paramcast::reshard {
+
+// Where this rank keeps a region of a tensor: `data` holds the box `box`
+// of it, row-major (the rank's shard, or its slice, or the whole tensor).
+struct LocalBuffer {
+  uint8_t* data = nullptr;
+  Region box;
+};
+
+struct RankBuffers {
+  // The buffer holding (for a sender) or receiving (for a receiver) the
+  // region of plan tensor `tensor` that contains `region`; data null if none.
+  std::function<LocalBuffer(uint32_t tensor, const Region& region)> find;
+};
+
+// Copies `region` (inside both boxes) from a row-major buffer of box `from`
+// to one of box `to`, `element` bytes per element, run by run.
+void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Region& to, const Region& region,
+                 size_t element);
+
+// Runs `rank`'s transfers of `plan` in the order of `rounds`.
+Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
+                   const RankBuffers& buffers, Deadline deadline);
+
+}  // namespace paramcast::reshard
