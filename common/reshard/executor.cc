@@ -1,6 +1,7 @@
 #include "common/reshard/executor.h"
 
 #include <cstring>
+#include <map>
 #include <optional>
 
 namespace paramcast::reshard {
@@ -59,71 +60,88 @@ void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Reg
 
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
                    const RankBuffers& buffers, Deadline deadline) {
-  for (size_t r = 0; r < rounds.size(); ++r) {
-    struct Posted {
-      size_t transfer;
-      std::shared_ptr<Work> work;
-      std::vector<uint8_t> staging;  // packed bytes (a send) or their landing (a receive) when not contiguous
-      LocalBuffer into;              // a receive to unpack
-    };
-    std::vector<Posted> posted;
-    posted.reserve(2);
-    for (size_t i : rounds[r].transfers) {
+  struct Posted {
+    size_t transfer = 0;
+    std::shared_ptr<Work> work;
+    std::vector<uint8_t> staging;  // packed bytes (a send) or their landing (a receive) when not contiguous
+    LocalBuffer at;                // this rank's buffer the region is in
+    bool direct = false;
+  };
+  // This rank's transfers, in schedule order.
+  std::vector<Posted> sends, recvs;
+  for (const auto& round : rounds)
+    for (size_t i : round.transfers) {
       const Transfer& x = plan.transfers[i];
       if (x.from != rank && x.to != rank) continue;
-      const bool sending = x.from == rank;
-      const size_t element = dtype_size(plan.tensors[x.tensor].dtype);
-      LocalBuffer at = buffers.find(x.tensor, x.region);
-      const std::string what = std::string(sending ? "sending" : "receiving") + " '" + plan.tensors[x.tensor].name +
-                               "' " + x.region.to_string() + (sending ? " to rank " : " from rank ") +
-                               std::to_string(sending ? x.to : x.from);
-      if (!at.data || !intersect(at.box, x.region) || *intersect(at.box, x.region) != x.region)
-        return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for " + what);
-      Posted p{i, nullptr, {}, {}};
-      const auto direct = contiguous_at(at.box, x.region, element);
-      const auto tag = static_cast<uint32_t>(i);
-      if (sending) {
-        const uint8_t* from = direct ? at.data + *direct : nullptr;
-        if (!direct) {
-          p.staging.resize(x.bytes);
-          copy_region(at.data, at.box, p.staging.data(), x.region, x.region, element);
-          from = p.staging.data();
-        }
-        p.work = comm.send(from, x.bytes, x.to, tag);
-      } else {
-        uint8_t* into = direct ? at.data + *direct : nullptr;
-        if (!direct) {
-          p.staging.resize(x.bytes);
-          p.into = at;
-          into = p.staging.data();
-        }
-        p.work = comm.recv(into, x.bytes, x.from, tag);
-      }
-      posted.push_back(std::move(p));
+      Posted p;
+      p.transfer = i;
+      p.at = buffers.find(plan.tensors[x.tensor], x.region);
+      if (!p.at.data || intersect(p.at.box, x.region) != x.region)
+        return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" +
+                              plan.tensors[x.tensor].name + "' " + x.region.to_string());
+      (x.from == rank ? sends : recvs).push_back(std::move(p));
     }
-    for (auto& p : posted) {
-      const Transfer& x = plan.transfers[p.transfer];
-      Status s = p.work->wait(deadline);
-      if (!s.ok()) {
-        // The others may still touch their memory: abort, and let each
-        // settle (an aborted communicator completes its Works once no I/O
-        // is left on them) before this frame's staging goes; staging whose
-        // Work does not settle is let go, never freed under a write.
-        comm.abort(s.message());
-        for (auto& q : posted) {
-          Status settled = q.work->wait(Clock::now() + kSettleTimeout);
-          if (settled.code() == Code::kTimeout || !q.work->settled())
-            new std::vector<uint8_t>(std::move(q.staging));  // deliberately leaked
-        }
-        return s.with_context("many-sender plan, round " + std::to_string(r) + ": '" + plan.tensors[x.tensor].name +
-                              "' " + x.region.to_string() + " from rank " + std::to_string(x.from) + " to rank " +
-                              std::to_string(x.to));
-      }
-      if (p.into.data)
-        copy_region(p.staging.data(), x.region, p.into.data, p.into.box, x.region,
-                    dtype_size(plan.tensors[x.tensor].dtype));
+  std::vector<Posted*> all;
+  for (auto& p : sends) all.push_back(&p);
+  for (auto& p : recvs) all.push_back(&p);
+  auto element = [&](const Transfer& x) { return dtype_size(plan.tensors[x.tensor].dtype); };
+  auto post_send = [&](Posted& p) {
+    const Transfer& x = plan.transfers[p.transfer];
+    const auto at = contiguous_at(p.at.box, x.region, element(x));
+    const uint8_t* from = at ? p.at.data + *at : nullptr;
+    if (!at) {
+      p.staging.resize(x.bytes);
+      copy_region(p.at.data, p.at.box, p.staging.data(), x.region, x.region, element(x));
+      from = p.staging.data();
     }
+    p.work = comm.send(from, x.bytes, x.to, static_cast<uint32_t>(p.transfer));
+  };
+  // A failure: abort, and let every posted Work settle (an aborted
+  // communicator completes them once no I/O is left on them) before the
+  // staging goes; staging whose Work does not settle is let go, never
+  // freed under a write.
+  auto fail = [&](const Posted& p, Status s) {
+    comm.abort(s.message());
+    for (Posted* q : all) {
+      if (!q->work) continue;
+      Status settled = q->work->wait(Clock::now() + kSettleTimeout);
+      if (settled.code() == Code::kTimeout || !q->work->settled())
+        new std::vector<uint8_t>(std::move(q->staging));  // deliberately leaked
+    }
+    const Transfer& x = plan.transfers[p.transfer];
+    return s.with_context("many-sender plan: '" + plan.tensors[x.tensor].name + "' " + x.region.to_string() +
+                          " from rank " + std::to_string(x.from) + " to rank " + std::to_string(x.to));
+  };
+  // Every receive is posted at once, in schedule order, into its place (or
+  // staging); every send that needs no receive first, too: each link then
+  // carries its bytes back to back, with no barrier between rounds. A
+  // forward goes out once the receive that brings its bytes landed.
+  for (auto& p : recvs) {
+    const Transfer& x = plan.transfers[p.transfer];
+    const auto at = contiguous_at(p.at.box, x.region, element(x));
+    p.direct = at.has_value();
+    uint8_t* into = at ? p.at.data + *at : nullptr;
+    if (!at) {
+      p.staging.resize(x.bytes);
+      into = p.staging.data();
+    }
+    p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
   }
+  std::map<size_t, std::vector<Posted*>> forwards;  // by the transfer that brings their bytes
+  for (auto& p : sends) {
+    const Transfer& x = plan.transfers[p.transfer];
+    if (x.after >= 0) forwards[static_cast<size_t>(x.after)].push_back(&p);
+    else post_send(p);
+  }
+  for (auto& p : recvs) {
+    const Transfer& x = plan.transfers[p.transfer];
+    if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
+    if (!p.direct) copy_region(p.staging.data(), x.region, p.at.data, p.at.box, x.region, element(x));
+    for (Posted* f : forwards[p.transfer]) post_send(*f);
+  }
+  for (auto& p : sends)
+    if (Status s = p.work ? p.work->wait(deadline) : internal_error("a forward whose bytes never came"); !s.ok())
+      return fail(p, s);
   return Status();
 }
 

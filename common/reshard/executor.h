@@ -2,14 +2,16 @@
 // Communicator's point-to-point moves.
 //
 // Every rank of the job computes the same plan (plan_reshard) and its rounds
-// (schedule_rounds) from the same manifests, then runs its own transfers
-// round by round: in each, its one send and its one receive (the schedule
-// gives a rank at most one of each) are posted together and waited for; a
-// forward is sent from where it landed in an earlier round. A region that
-// is contiguous in the rank's buffer (a row range) moves straight from and
+// (schedule_rounds) from the same manifests, then runs its own transfers:
+// every receive posted at once, in schedule order; every send that needs
+// no receive first, too; a forward once the receive that brings its bytes
+// landed. Each link then carries its bytes back to back, with no barrier
+// between rounds (the rounds only order each rank's work). A region that is
+// contiguous in the rank's buffer (a row range) moves straight from and
 // into it; any other (a column slice: a row-parallel weight's dim-1 cut) is
 // packed into staging by the sender and unpacked by the receiver, row by
-// row. Each transfer's tag is its index in the plan, the same on every rank.
+// row (staging: at most the rank's own bytes). Each transfer's tag is its
+// index in the plan, the same on every rank.
 // Host memory (the CPU data plane); bounded by `deadline` and by the
 // communicator's failure, which names the peer.
 //
@@ -34,8 +36,8 @@ struct LocalBuffer {
 
 struct RankBuffers {
   // The buffer holding (for a sender) or receiving (for a receiver) the
-  // region of plan tensor `tensor` that contains `region`; data null if none.
-  std::function<LocalBuffer(uint32_t tensor, const Region& region)> find;
+  // region of `tensor` that contains `region`; data null if none.
+  std::function<LocalBuffer(const TensorSpec& tensor, const Region& region)> find;
 };
 
 // Copies `region` (inside both boxes) from a row-major buffer of box `from`
@@ -43,7 +45,8 @@ struct RankBuffers {
 void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Region& to, const Region& region,
                  size_t element);
 
-// Runs `rank`'s transfers of `plan` in the order of `rounds`.
+// Runs `rank`'s transfers of `plan` in the order of `rounds`. Plan ranks
+// are the communicator's ranks.
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
                    const RankBuffers& buffers, Deadline deadline);
 

@@ -17,6 +17,7 @@ struct Job {
   std::string layout;
   int senders, replicas, tp;
   bool forward = true;
+  std::string mode = "plan";  // or "funnel": gather on rank 0, then publish from it (the baseline)
 };
 
 // Runs the job; returns each rank's output.
@@ -29,7 +30,8 @@ std::vector<std::string> run(const Job& job) {
     ranks.push_back(Process::start(test::binary("reshard_rank"),
                                    {"--rank", std::to_string(r), "--senders", std::to_string(job.senders),
                                     "--replicas", std::to_string(job.replicas), "--tp", std::to_string(job.tp),
-                                    "--layout", job.layout, "--forward", job.forward ? "1" : "0", "--store", dir,
+                                    "--layout", job.layout, "--forward", job.forward ? "1" : "0", "--mode", job.mode,
+                                    "--store", dir,
                                     "--bootstrap", prefix}));
   std::vector<std::string> out;
   for (auto& p : ranks) {
@@ -86,6 +88,13 @@ TEST(ReshardExecTest, WithoutForwardingEverySenderFeedsEveryReplica) {
     auto [got, want] = received_wanted(out[r]);
     EXPECT_EQ(got, want) << out[r];
   }
+}
+
+// The benchmark's baseline (bench/reshard_bench.py): rank 0 gathers every
+// tensor, then sends it whole to each engine; bit-exact too.
+TEST(ReshardExecTest, GatherThenPublishBaselineIsBitExact) {
+  auto out = run({"fsdp", 3, 2, 1, false, "funnel"});
+  EXPECT_NE(out[0].find("link out"), std::string::npos) << out[0];
 }
 
 }  // namespace

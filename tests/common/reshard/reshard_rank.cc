@@ -29,8 +29,8 @@ struct Layer {
   int tp_dim;  // -1: whole on every engine rank
 };
 
-std::vector<Layer> model() {
-  const int64_t H = 64, I = 172, V = 1000;
+std::vector<Layer> model(int64_t H) {
+  const int64_t I = H * 43 / 16, V = H * 16;
   std::vector<Layer> m = {{{"model.embed_tokens.weight", DType::kBF16, {V, H}}, 0}};
   for (int l = 0; l < 2; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -89,11 +89,12 @@ int main(int argc, char** argv) {
   g.bootstrap = f.get("bootstrap");
   g.device = Device::cpu();
   g.init_timeout = std::chrono::seconds(60);
+  g.gloo_hostname = f.get("host", "127.0.0.1");
   for (int r = 0; r < g.world_size; ++r)
     g.members.push_back(r < senders ? "trainer-" + std::to_string(r) : "engine-" + std::to_string(r - senders));
 
   // The same manifests on every rank.
-  const auto layers = model();
+  const auto layers = model(std::atoll(f.get("hidden", "64").c_str()));
   std::vector<TensorSpec> specs;
   for (const auto& l : layers) specs.push_back(l.spec);
   std::vector<RankManifest> ranks;
@@ -129,20 +130,48 @@ int main(int argc, char** argv) {
     }
     ranks.push_back(m);
   }
-  auto plan = plan_reshard(ranks, ReshardOptions{f.get("forward", "1") == "1"});
-  if (!plan.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", g.rank, plan.status().to_string().c_str());
+  // --mode funnel: today's path for a sharded trainer, as a baseline: rank 0
+  // gathers every tensor (full_tensor()), then sends each whole tensor to
+  // every engine (with 2 engines, what the binomial broadcast's root sends).
+  const bool funnel = f.get("mode") == "funnel";
+  std::vector<RankManifest> gather = ranks, publish = ranks;
+  if (funnel) {
+    for (auto& m : gather) m.wants.clear();
+    for (const auto& t : specs) gather[0].wants.push_back({t.name, Region::whole(t.shape)});
+    for (size_t r = 0; r < publish.size(); ++r) {
+      publish[r].holds.clear();
+      if (static_cast<int>(r) >= senders) {
+        publish[r].wants.clear();
+        for (const auto& t : specs) publish[r].wants.push_back({t.name, Region::whole(t.shape)});
+      }
+    }
+    for (const auto& t : specs) publish[0].holds.push_back({t.name, Region::whole(t.shape)});
+  }
+  auto plan = plan_reshard(funnel ? gather : ranks, ReshardOptions{!funnel && f.get("forward", "1") == "1"});
+  auto second = plan_reshard(funnel ? publish : ranks, ReshardOptions{false});
+  if (!plan.ok() || !second.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", g.rank, (plan.ok() ? second : plan).status().to_string().c_str());
     return 2;
   }
   const auto rounds = schedule_rounds(*plan);
+  const auto second_rounds = schedule_rounds(*second);
   if (g.rank == 0)
     std::printf("plan: %zu transfers in %zu rounds; busiest link %llu bytes, least possible %llu, schedule %llu\n",
                 plan->transfers.size(), rounds.size(), static_cast<unsigned long long>(plan->busiest_bytes()),
                 static_cast<unsigned long long>(plan->least_busiest_bytes),
                 static_cast<unsigned long long>(schedule_bytes(rounds)));
+  // Per rank: what its link carries each way (both phases for the funnel).
+  auto link = [&](const ReshardPlan& p, int r, bool out) -> uint64_t {
+    const auto& m = out ? p.sent : p.received;
+    return m.count(r) ? m.at(r) : 0;
+  };
+  const uint64_t link_out = link(*plan, g.rank, true) + (funnel ? link(*second, g.rank, true) : 0);
+  const uint64_t link_in = link(*plan, g.rank, false) + (funnel ? link(*second, g.rank, false) : 0);
 
   // This rank's buffers: what it holds, filled; what it wants, to fill.
   const RankManifest& me = ranks[static_cast<size_t>(g.rank)];
+  // The funnel's rank 0 gathers whole tensors; its engines want them whole.
+  const RankManifest& my_wants = funnel ? (g.rank == 0 ? gather[0] : publish[static_cast<size_t>(g.rank)]) : me;
   std::map<std::string, std::pair<Region, std::vector<uint8_t>>> held, wanted;
   std::map<std::string, const TensorSpec*> by_name;
   for (const auto& t : specs) by_name[t.name] = &t;
@@ -152,14 +181,17 @@ int main(int argc, char** argv) {
     bytes.resize(box.elements() * dtype_size(by_name[h.tensor]->dtype));
     fill_or_check(*by_name[h.tensor], box, bytes.data(), true);
   }
-  for (const auto& w : me.wants) {
+  for (const auto& w : my_wants.wants) {
     auto& [box, bytes] = wanted[w.tensor];
     box = w.region;
     bytes.assign(box.elements() * dtype_size(by_name[w.tensor]->dtype), 0xEE);
   }
+  auto wanted_funnel = [&](const std::string& name) -> std::pair<Region, std::vector<uint8_t>>& {
+    return wanted[name];
+  };
   RankBuffers buffers;
-  buffers.find = [&](uint32_t t, const Region& region) -> LocalBuffer {
-    const std::string& name = plan->tensors[t].name;
+  buffers.find = [&](const TensorSpec& t, const Region& region) -> LocalBuffer {
+    const std::string& name = t.name;
     for (auto* m : {&held, &wanted}) {
       auto it = m->find(name);
       if (it != m->end() && intersect(it->second.first, region) == region)
@@ -174,11 +206,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: %s\n", g.rank, comm.status().to_string().c_str());
     return 3;
   }
-  Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, Clock::now() + std::chrono::seconds(120));
+  const auto t0 = Clock::now();
+  const Deadline deadline = t0 + std::chrono::seconds(std::atoi(f.get("timeout-s", "120").c_str()));
+  Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline);
+  if (s.ok() && funnel) {
+    if (g.rank == 0)  // full_tensor(): its own shard joins the gathered bytes
+      for (auto& [name, hb] : held) {
+        auto& whole = wanted_funnel(name);
+        copy_region(hb.second.data(), hb.first, whole.second.data(), whole.first, hb.first,
+                    dtype_size(by_name[name]->dtype));
+      }
+    s = run_reshard(*second, second_rounds, g.rank, *comm.value(), buffers, deadline);
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!s.ok()) {
     std::printf("rank %d: %s\n", g.rank, s.to_string().c_str());
     return 3;
   }
+  std::printf("rank %d: moved in %.3f s; link out %llu, in %llu bytes\n", g.rank, took,
+              static_cast<unsigned long long>(link_out), static_cast<unsigned long long>(link_in));
   uint64_t want_bytes = 0;
   for (auto& [name, bw] : wanted) {
     want_bytes += bw.second.size();
