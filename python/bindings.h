@@ -15,5 +15,6 @@ Config config_from_dict(const py::dict& d);
 void bind_config(py::module_& m);
 void bind_publisher(py::module_& m);
 void bind_subscriber(py::module_& m);
+void bind_reshard(py::module_& m);
 
 }  // namespace paramcast::python

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
   paramcast::python::bind_config(m);
   paramcast::python::bind_publisher(m);
   paramcast::python::bind_subscriber(m);
+  paramcast::python::bind_reshard(m);
 }

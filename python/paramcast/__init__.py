@@ -15,7 +15,7 @@
 See docs/python.md.
 """
 
-from . import _core
+from . import _core, reshard
 from ._config import load_config
 from ._core import Config, Mismatch, SubscriberOutcome, UpdateResult
 from ._tensors import manifest
@@ -26,5 +26,5 @@ from .subscriber import Subscriber
 
 __all__ = [
     "Config", "ConfigError", "DeadlineExceeded", "Error", "PeerLostError", "RejectedError", "UnavailableError", "Mismatch", "Publisher", "Stream", "Subscriber", "SubscriberOutcome",
-    "UpdateError", "UpdateResult", "load_config", "manifest",
+    "UpdateError", "UpdateResult", "load_config", "manifest", "reshard",
 ]

@@ -2,7 +2,8 @@
 // decoder and dispatcher of both the publisher (as if from a subscriber) and
 // the subscriber (as if from the publisher), and of a second publisher in
 // auth.mode curve, whose frames claim a matching, a foreign or no key (the
-// User-Id the ZAP handler would attach). Any crash, sanitizer report or
+// User-Id the ZAP handler would attach), and to the plan decoder alone.
+// Any crash, sanitizer report or
 // hang is a bug; each one found becomes a test in tests/fuzz/regressions/.
 #include <unistd.h>
 
@@ -14,6 +15,8 @@
 #include <memory>
 
 #include "common/control/auth.h"
+#include "common/control/codec.h"
+#include "common/plan_proto.h"
 
 #include "common/log.h"
 #include "inference_side/subscriber.h"
@@ -77,5 +80,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* users[] = {"worker-1", "worker-2", "", "status:ops"};
   t->curve_publisher->inject_control_frame(peer, data, size, users[size > 0 ? (data[0] >> 1) & 3 : 0]);
   t->subscriber->inject_control_frame(data, size);
+  // The plan decoder on its own, whatever state the subscriber is in (it
+  // reads plans only once joined): every size a peer sends is checked and
+  // summed with overflow checks (common/plan_proto.cc).
+  auto decoded = control::decode(data, size, control::DecodeLimits{});
+  if (decoded.ok()) {
+    try {
+      auto body = decoded.value()->envelope().getBody();
+      if (body.isPlan()) (void)plan_from_proto(body.getPlan());
+    } catch (const kj::Exception&) {
+    }
+  }
   return 0;
 }
