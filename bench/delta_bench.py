@@ -23,11 +23,13 @@ Needs the paramcast package (build/python, or installed) and transformers.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns_lab  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -109,44 +111,6 @@ def run_engine(args):
         sub.wait_for_version(args.steps, timeout=1800)
 
 
-class Lab:
-    """Two namespaces on a bridge: the trainer's (10.78.0.1) and the engines' (10.78.0.2),
-    with the traffic towards the engines shaped to `rate`."""
-
-    def __init__(self, rate):
-        self.tag = f"pcd{os.getpid() % 100000}"
-        self.ns = [f"{self.tag}-t", f"{self.tag}-e"]
-        self.sh(f"ip link add {self.tag}b type bridge && ip link set {self.tag}b up")
-        for i, ns in enumerate(self.ns):
-            port = f"{self.tag}v{i}"
-            self.sh(f"ip netns add {ns} && ip link add {port} type veth peer name pc0 netns {ns}"
-                    f" && ip link set {port} master {self.tag}b && ip link set {port} up"
-                    f" && ip netns exec {ns} ip addr add 10.78.0.{i + 1}/24 dev pc0"
-                    f" && ip netns exec {ns} ip link set pc0 up && ip netns exec {ns} ip link set lo up")
-        self.sh(f"tc qdisc replace dev {self.tag}v1 root tbf rate {rate} burst 256kb latency 400ms")
-
-    @staticmethod
-    def sh(cmd):
-        subprocess.run(cmd, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def prefix(self, i):
-        return ["ip", "netns", "exec", self.ns[i]]
-
-    def close(self):
-        for i, ns in enumerate(self.ns):
-            subprocess.run(f"ip link del {self.tag}v{i}; ip netns del {ns}", shell=True, stderr=subprocess.DEVNULL)
-        subprocess.run(f"ip link del {self.tag}b", shell=True, stderr=subprocess.DEVNULL)
-
-
-def lab_unavailable():
-    if os.geteuid() != 0:
-        return "needs root"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"needs {tool} (iproute2)"
-    return None
-
-
 def one_run(args, mode, lab):
     me = [sys.executable, os.path.abspath(__file__)]
     common = ["--layers", str(args.layers), "--steps", str(args.steps), "--engines", str(args.engines),
@@ -193,11 +157,13 @@ def main():
     for link in args.links.split(","):
         lab = None
         if link == "shaped":
-            why = lab_unavailable()
+            why = netns_lab.unavailable()
             if why:
                 print(f"{link} ({args.rate}): skipped: {why}")
                 continue
-            lab = Lab(args.rate)
+            # The trainer's namespace (10.78.0.1) and the engines' (10.78.0.2), the
+            # traffic towards the engines shaped to the rate.
+            lab = netns_lab.Lab(2, "10.78.0", args.rate, shaped=[1], prefix="pcd")
         try:
             runs = {mode: one_run(args, mode, lab) for mode in ("off", "auto")}
         finally:

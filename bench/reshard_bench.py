@@ -28,43 +28,15 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns_lab  # noqa: E402
+
 
 def rate_bytes(rate):
     m = re.fullmatch(r"(\d+)(k|m|g)?bit", rate)
     if not m:
         raise SystemExit(f"--rate {rate}: expected e.g. 400mbit")
     return int(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
-
-
-class Lab:
-    """`n` namespaces on one bridge; node i at 10.79.0.(i+1), both directions of its link shaped to `rate`."""
-
-    def __init__(self, n, rate):
-        self.tag = f"pcr{os.getpid() % 100000}"
-        self.ns = [f"{self.tag}-{i}" for i in range(n)]
-        self.sh(f"ip link add {self.tag}b type bridge && ip link set {self.tag}b up")
-        for i, ns in enumerate(self.ns):
-            port = f"{self.tag}v{i}"
-            self.sh(f"ip netns add {ns} && ip link add {port} type veth peer name pc0 netns {ns}"
-                    f" && ip link set {port} master {self.tag}b && ip link set {port} up"
-                    f" && ip netns exec {ns} ip addr add {self.address(i)}/24 dev pc0"
-                    f" && ip netns exec {ns} ip link set pc0 up && ip netns exec {ns} ip link set lo up")
-            # Towards the node (its inbound link) and from it (its outbound link).
-            self.sh(f"tc qdisc replace dev {port} root tbf rate {rate} burst 256kb latency 400ms")
-            self.sh(f"ip netns exec {ns} tc qdisc replace dev pc0 root tbf rate {rate} burst 256kb latency 400ms")
-
-    @staticmethod
-    def address(i):
-        return f"10.79.0.{i + 1}"
-
-    @staticmethod
-    def sh(cmd):
-        subprocess.run(cmd, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def close(self):
-        for i, ns in enumerate(self.ns):
-            subprocess.run(f"ip link del {self.tag}v{i}; ip netns del {ns}", shell=True, stderr=subprocess.DEVNULL)
-        subprocess.run(f"ip link del {self.tag}b", shell=True, stderr=subprocess.DEVNULL)
 
 
 def one_run(args, lab, mode, senders, engines):
@@ -97,11 +69,12 @@ def main():
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    if os.geteuid() != 0 or shutil.which("tc") is None:
-        raise SystemExit("needs root and iproute2 (ip, tc)")
+    why = netns_lab.unavailable()
+    if why:
+        raise SystemExit(why)
     L = rate_bytes(args.rate)
     cases = [("funnel", 4), ("plan", 2), ("plan", 4)]
-    lab = Lab(max(m for _, m in cases) + args.engines, args.rate)
+    lab = netns_lab.Lab(max(m for _, m in cases) + args.engines, "10.79.0", args.rate, both_ways=True, prefix="pcr")
     results = []
     try:
         for mode, m in cases:
