@@ -240,18 +240,43 @@ uint64_t PublisherImpl::highest_member_version(std::string& who) const {
 
 void PublisherImpl::run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
                         UpdateResult& r) {
+  if (!run_once(plan, tensors, options, r)) return;
+  // A precommitted delta that every member refused although each claimed it
+  // could take it: nothing was applied, and their claims are dropped now.
+  // The same version again, dense, in this call.
+  const std::string refused = refused_by_every_member(plan, r);
+  if (refused.empty()) return;
+  PC_WARN("publisher: update v" << r.version << ": every member refused the delta (" << refused
+                                << "); sending it again, dense");
+  UpdateResult again;
+  again.version = r.version;
+  again.tensors = r.tensors;
+  again.bytes = r.bytes;
+  again.buckets = r.buckets;
+  r = std::move(again);
+  run_once(plan, tensors, options, r);
+  if (r.dense_because.empty() || r.dense_because.find("refused") == std::string::npos)
+    r.dense_because = "every member refused the delta (" + refused + ")" +
+                      (r.dense_because.empty() ? "" : "; " + r.dense_because);
+}
+
+// Steps 2-5 of one update. Returns whether the data plane carried it
+// (even if members then failed it).
+bool PublisherImpl::run_once(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
+                             UpdateResult& r) {
   if (Status s = ensure_group(); !s.ok()) {  // 2. group
     r.status = s;
-    return;
+    return false;
   }
   if (faults_.pause_version == plan.version) {  // test hook: membership may change meanwhile
     PC_WARN("publisher: fault injection: pausing v" << plan.version << " for " << faults_.pause_ms << " ms");
     std::this_thread::sleep_for(std::chrono::milliseconds(faults_.pause_ms));
   }
   decide_delta(plan, r);
-  if (!plan_round(plan, r)) return;  // 3. check
+  if (!plan_round(plan, r)) return false;  // 3. check
   Status data = move(plan, tensors, options.after_stream, r);  // 4. move
   collect_applied(plan, data, r);     // 5. applied
+  return data.ok();
 }
 
 // Sends the plan to every member; returns whether it went out precommitted

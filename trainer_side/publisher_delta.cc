@@ -123,6 +123,16 @@ bool refused_only_the_delta(const SubscriberOutcome& o) {
 }
 }  // namespace
 
+std::string PublisherImpl::refused_by_every_member(const UpdatePlan& plan, const UpdateResult& r) const {
+  if (!plan.delta_base || r.ok() || r.subscribers.empty()) return "";
+  std::string who;
+  for (const auto& o : r.subscribers) {
+    if (!refused_only_the_delta(o)) return "";
+    who += (who.empty() ? "" : ", ") + o.worker_id;
+  }
+  return who;
+}
+
 bool PublisherImpl::note_delta_refusal(const SubscriberOutcome& o, const UpdatePlan& plan) {
   auto m = server_.member(o.worker_id);
   if (!m || !m->delta) return false;  // it never claimed it could: no lie

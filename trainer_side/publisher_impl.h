@@ -129,6 +129,12 @@ class PublisherImpl : public control::ControlServer::Listener {
   // on_slow_member: shed: the shed members' outcomes, and the update's code
   // without them. Called with mu_ held.
   void apply_shed(UpdateResult& r, const Status& data, Code& code);
+  // Steps 2-5 of weight_update; whether the data plane carried the update.
+  bool run_once(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
+                UpdateResult& r);
+  // Who refused `plan`'s delta when every member did and nothing else
+  // failed (a failed result); "" otherwise.
+  std::string refused_by_every_member(const UpdatePlan& plan, const UpdateResult& r) const;
   // Members that refused a delta they claimed (precommitted plans): named
   // in `r`, the update goes on for the others. Returns those to strike.
   std::vector<std::string> apply_delta_refusals(const UpdatePlan& plan, UpdateResult& r, const Status& data,

@@ -154,5 +154,24 @@ TEST_F(DeltaLandingTest, AMemberThatRefusesDeltasItClaimedCostsNoUpdateOfTheOthe
   }
 }
 
+// Every member refuses a precommitted delta it claimed: nothing was applied,
+// so the same version goes again, dense, in the same call, and succeeds.
+TEST_F(DeltaLandingTest, ADeltaEveryMemberRefusesIsSentAgainDenseInTheSameCall) {
+  make_publisher(test::test_config_yaml(2));
+  for (const char* id : {"worker-1", "worker-2"}) spawn_worker(id, {"PARAMCAST_FAULT_REFUSE_DELTA=1"});
+  ASSERT_TRUE(pub_->start().ok()) << outputs();
+  UpdateResult r = publish(1);
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  r = publish(2);  // a delta plan (every member claims the baseline), precommitted
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_FALSE(r.delta);
+  EXPECT_NE(r.dense_because.find("every member refused the delta (worker-1, worker-2)"), std::string::npos)
+      << r.dense_because;
+  EXPECT_EQ(r.subscribers.size(), 2u);
+  for (auto& [id, p] : workers_)
+    EXPECT_TRUE(p->wait_for_output(id + ": v2 verified", std::chrono::seconds(30))) << outputs();
+}
+
 }  // namespace
 }  // namespace paramcast
