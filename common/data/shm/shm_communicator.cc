@@ -337,7 +337,7 @@ class ShmCommunicator : public Communicator {
         current_ = op.state;
         busy_ = true;
       }
-      const bool ok = root ? send(op) : receive(op);
+      const bool ok = root ? write_op(op) : receive(op);
       std::lock_guard<std::mutex> lock(mu_);
       current_.reset();
       busy_ = false;
@@ -350,7 +350,7 @@ class ShmCommunicator : public Communicator {
   }
 
   // Root: copies op's chunks into the ring as slots free up.
-  bool send(const Op& op) {
+  bool write_op(const Op& op) {
     const uint64_t slot = seg_->slot_bytes();
     ++op_seq_;
     for (size_t off = 0; off < op.bytes; off += slot) {
