@@ -46,16 +46,18 @@ std::shared_ptr<Work> GlooCommunicator::p2p(void* data, size_t bytes, int peer, 
     return work;
   }
   const uint64_t slot = ::gloo::Slot::build(kP2pSlotPrefix, tag);
+  const P2pKey key{peer, send};
+  p2p_[key].push_back(op);
   try {
     if (send) op->buffer->send(peer, slot, 0, bytes);
     else op->buffer->recv(peer, slot, 0, bytes);
   } catch (const std::exception& e) {
-    work->state->complete(peer_lost(group() + what + " failed: " + e.what()));
+    // The pair is broken: the runner fails the communicator, and only then
+    // does this Work complete (with the others), so that the caller's next
+    // operation finds the communicator failed (kAborted), as the interface says.
     report_failure_locked(peer_lost(group() + what + " failed: " + e.what()));
     return work;
   }
-  const P2pKey key{peer, send};
-  p2p_[key].push_back(op);
   if (!p2p_threads_.count(key)) p2p_threads_.emplace(key, std::thread([this, key] { complete_p2p(key); }));
   cv_.notify_all();
   return work;
