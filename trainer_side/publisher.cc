@@ -302,7 +302,15 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
   r.epoch = epoch;
   r.precommitted = precommitted;
   r.missing = absent();
-  round_.begin(epoch, r.version, group_, plan.total_bytes);
+  // Another attempt at the version of the last round (a dense re-plan of a
+  // refused delta): the markers its members' heartbeats carry may be the
+  // earlier attempt's, so none counts as evidence of a lost message in this
+  // one (its phase deadlines still hold).
+  std::map<std::string, UpdateRound::Markers> before;
+  if (r.version == last_round_version_)
+    for (const auto& id : group_) before[id] = {r.version, r.version, r.version, r.version};
+  last_round_version_ = r.version;
+  round_.begin(epoch, r.version, group_, plan.total_bytes, std::move(before));
   capnp::MallocMessageBuilder builder;
   auto env = builder.initRoot<proto::Envelope>();
   env.setEpoch(epoch);

@@ -210,6 +210,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // connection) since the group formed: why, naming it (guarded by mu_;
   // cleared by each formation). No update starts on that group.
   std::string departed_;
+  uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
   transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)
 };
 

@@ -7,7 +7,9 @@
 
 namespace paramcast {
 
-void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::string> group, uint64_t total_bytes) {
+void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::string> group, uint64_t total_bytes,
+                        std::map<std::string, Markers> before) {
+  before_ = std::move(before);
   epoch_ = epoch;
   version_ = version;
   total_bytes_ = total_bytes;
@@ -22,14 +24,19 @@ void UpdateRound::begin(uint64_t epoch, uint64_t version, std::vector<std::strin
 std::string UpdateRound::observe(const std::string& id, const control::Member& m) {
   if (version_ == 0 || missed_.count(id) || std::find(group_.begin(), group_.end(), id) == group_.end()) return "";
   const std::string v = std::string("v") + std::to_string(version_);
+  // A marker at this version counts only if it was not already there when
+  // the round began (an earlier attempt at the same version left it).
+  const Markers was = before_.count(id) ? before_.at(id) : Markers{};
+  const bool answered = m.answered_version >= version_ && was.answered < version_;
+  const bool applied = m.applied_version >= version_ && was.applied < version_;
   std::string what;
   if (!committed_ && !plan_.count(id)) {
     if (m.ack_seq > plan_seq_ && m.plan_version < version_) what = "did not receive the plan of " + v;
-    else if (m.answered_version >= version_) what = "answered the plan of " + v + " but the answer never arrived";
+    else if (answered) what = "answered the plan of " + v + " but the answer never arrived";
   } else if (committed_ && !applied_.count(id)) {
     if (m.ack_seq > commit_seq_ && m.commit_version < version_) {
       what = "did not receive the commit of " + v;
-    } else if (m.applied_version >= version_) {
+    } else if (applied) {
       // Its Applied was lost; its heartbeat says what the update left behind.
       if (m.weight_version >= version_ && m.state == proto::WeightState::CONSISTENT) {
         applied_[id] = AppliedAnswer{};

@@ -25,8 +25,16 @@ class UpdateRound {
  public:
   using IsLive = std::function<bool(const std::string& id)>;
 
+  // What a member's heartbeats said of its control messages (the highest
+  // version whose Plan arrived, whose answer, Commit and Applied it queued).
+  struct Markers {
+    uint64_t plan = 0, answered = 0, commit = 0, applied = 0;
+  };
   // `total_bytes`: the plan's, the most any member can have moved.
-  void begin(uint64_t epoch, uint64_t version, std::vector<std::string> group, uint64_t total_bytes);
+  // `before`: markers that are no evidence in this round (another attempt
+  // at the same version may have left them): a marker counts only above them.
+  void begin(uint64_t epoch, uint64_t version, std::vector<std::string> group, uint64_t total_bytes,
+             std::map<std::string, Markers> before = {});
   void end() { version_ = 0; }
   // The Plan / the Commit (or precommitted Plan) left after heartbeat `seq`
   // (ControlServer::send_to).
@@ -98,6 +106,7 @@ class UpdateRound {
   uint64_t plan_seq_ = 0, commit_seq_ = 0;
   bool committed_ = false;
   std::map<std::string, std::string> missed_;  // lost control messages, per member
+  std::map<std::string, Markers> before_;       // markers when the round began
   std::vector<std::string> group_;
   std::map<std::string, PlanAnswer> plan_;
   std::map<std::string, AppliedAnswer> applied_;

@@ -85,5 +85,26 @@ TEST_F(UpdateRoundTest, FiguresOfAnotherVersionOrEpochAreNotTaken) {
   EXPECT_TRUE(other.reported_links().empty());
 }
 
+// A heartbeat whose Applied marker is at this version names a lost Applied,
+// unless the marker was already there when the round began: an earlier
+// attempt at the same version (a dense retry of a refused delta) left it.
+TEST(UpdateRoundMarkersTest, AMarkerLeftByAnEarlierAttemptAtTheVersionIsNoEvidence) {
+  control::Member hb;
+  hb.applied_version = kVersion;
+  hb.commit_version = kVersion;
+  hb.ack_seq = 10;
+  UpdateRound fresh;
+  fresh.begin(kEpoch, kVersion, {"a"}, kTotal);
+  fresh.sent_plan(1);
+  fresh.sent_commit(1);
+  EXPECT_NE(fresh.observe("a", hb).find("reported v" + std::to_string(kVersion) + " done but its Applied never arrived"),
+            std::string::npos);
+  UpdateRound retry;
+  retry.begin(kEpoch, kVersion, {"a"}, kTotal, {{"a", UpdateRound::Markers{kVersion, kVersion, kVersion, kVersion}}});
+  retry.sent_plan(1);
+  retry.sent_commit(1);
+  EXPECT_EQ(retry.observe("a", hb), "");
+}
+
 }  // namespace
 }  // namespace paramcast
