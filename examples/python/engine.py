@@ -9,7 +9,6 @@ while an update is applied (on_update_begin / on_update_end).
 """
 
 import argparse
-import hashlib
 import threading
 
 import example_env  # noqa: F401 - names a missing PyTorch or paramcast first
@@ -54,7 +53,7 @@ def main():
             sub.wait_for_version(version, timeout=300)
             with serving:
                 print(f"{args.id}: v{sub.version} generates {generate(model)}", flush=True)
-        digest = hashlib.sha256(tinylm.logits(model).float().numpy().tobytes()).hexdigest()[:16]
+        digest = tinylm.digest(tinylm.logits(model).float())
         print("logits", digest, flush=True)
 
 

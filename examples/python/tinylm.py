@@ -110,6 +110,14 @@ def _device(model):
     return next(model.parameters()).device
 
 
+def digest(tensor):
+    """A short sha256 of a tensor's bytes, without numpy (PyTorch from PyPI does not bring it)."""
+    import hashlib
+
+    raw = tensor.detach().cpu().contiguous().view(torch.uint8).flatten().tolist()
+    return hashlib.sha256(bytes(raw)).hexdigest()[:16]
+
+
 def logits(model):
     """The model's logits for PROMPT, on the host."""
     with torch.no_grad():

@@ -7,7 +7,6 @@ step, and finally "logits <sha256>" of its logits on a fixed prompt.
 """
 
 import argparse
-import hashlib
 
 import example_env  # noqa: F401 - names a missing PyTorch or paramcast first
 import torch
@@ -28,7 +27,7 @@ def config(engines, endpoint="tcp://127.0.0.1:*"):
 
 
 def logits_digest(model):
-    return hashlib.sha256(tinylm.logits(model).float().numpy().tobytes()).hexdigest()[:16]
+    return tinylm.digest(tinylm.logits(model).float())
 
 
 def main():
