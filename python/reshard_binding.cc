@@ -13,7 +13,11 @@ using reshard::Region;
 Region region_of(const py::handle& h) {
   auto t = h.cast<py::tuple>();
   if (t.size() != 2) throw py::value_error("a region is (offsets, lengths)");
-  return Region{t[0].cast<std::vector<int64_t>>(), t[1].cast<std::vector<int64_t>>()};
+  Region r{t[0].cast<std::vector<int64_t>>(), t[1].cast<std::vector<int64_t>>()};
+  if (r.offsets.size() != r.lengths.size())
+    throw py::value_error("a region has " + std::to_string(r.offsets.size()) + " offsets and " +
+                          std::to_string(r.lengths.size()) + " lengths");
+  return r;
 }
 
 std::vector<reshard::Holding> regions(const py::dict& rank, const char* key) {

@@ -255,9 +255,9 @@ void PublisherImpl::run(UpdatePlan& plan, const std::vector<TensorView>& tensors
   again.buckets = r.buckets;
   r = std::move(again);
   run_once(plan, tensors, options, r);
-  if (r.dense_because.empty() || r.dense_because.find("refused") == std::string::npos)
-    r.dense_because = "every member refused the delta (" + refused + ")" +
-                      (r.dense_because.empty() ? "" : "; " + r.dense_because);
+  // Why it is dense (the retry's own reason, a baseline the refused attempt
+  // used up, follows from this).
+  r.dense_because = "every member refused the delta (" + refused + ")";
 }
 
 // Steps 2-5 of one update. Returns whether the data plane carried it

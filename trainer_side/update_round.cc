@@ -36,13 +36,16 @@ std::string UpdateRound::observe(const std::string& id, const control::Member& m
   } else if (committed_ && !applied_.count(id)) {
     if (m.ack_seq > commit_seq_ && m.commit_version < version_) {
       what = "did not receive the commit of " + v;
-    } else if (applied) {
-      // Its Applied was lost; its heartbeat says what the update left behind.
+    } else if (m.applied_version >= version_) {
+      // Its Applied was lost; its heartbeat says what the update left behind
+      // (consistent at v: applied, whichever attempt's marker this is, since
+      // an earlier attempt at v applied nothing or the round would not repeat).
       if (m.weight_version >= version_ && m.state == proto::WeightState::CONSISTENT) {
         applied_[id] = AppliedAnswer{};
         return "";
       }
-      what = "reported " + v + " done but its Applied never arrived, and its weights are not consistent at " + v;
+      if (applied)
+        what = "reported " + v + " done but its Applied never arrived, and its weights are not consistent at " + v;
     }
   }
   if (what.empty()) return "";

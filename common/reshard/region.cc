@@ -43,6 +43,14 @@ bool Region::contiguous_in(const std::vector<int64_t>& shape) const {
 }
 
 std::string Region::to_string() const {
+  if (offsets.size() != lengths.size()) {  // built with += (GCC 12's bogus -Wrestrict on operator+, bug 105329)
+    std::string s = "(";
+    s += std::to_string(offsets.size());
+    s += " offsets, ";
+    s += std::to_string(lengths.size());
+    s += " lengths)";
+    return s;
+  }
   std::string s = "[";
   for (size_t d = 0; d < lengths.size(); ++d) {
     if (d) s += ", ";

@@ -30,7 +30,7 @@ struct Region {
   bool inside(const std::vector<int64_t>& shape) const;
   // The rows [a, b) of a row-major tensor: contiguous in memory.
   bool contiguous_in(const std::vector<int64_t>& shape) const;
-  std::string to_string() const;  // "[0:64, 0:4096]"
+  std::string to_string() const;  // "[0:64, 0:4096]" (a malformed region says so)
   bool operator==(const Region&) const = default;
   bool operator<(const Region& o) const {
     return offsets != o.offsets ? offsets < o.offsets : lengths < o.lengths;

@@ -49,6 +49,8 @@ def test_plain_tensors_are_held_whole_and_the_plan_names_a_gap():
     engine = {"rank": 1, "name": "engine-1", "tensors": specs, "wants": [("w", reshard.whole([6, 4]))]}
     with pytest.raises(paramcast.ConfigError, match=r"tensor 'w': engine-1 wants \[4:6, 0:4\], which no rank holds"):
         reshard.plan([trainer, engine])
+    with pytest.raises(ValueError, match="a region has 1 offsets and 2 lengths"):
+        reshard.plan([dict(trainer, holds=[("w", ([0], [6, 4]))]), engine])
     trainer["holds"] = [("w", reshard.whole([6, 4]))]
     p = reshard.plan([trainer, engine])
     assert p["received"] == {1: 48} and p["sent"] == {0: 48}

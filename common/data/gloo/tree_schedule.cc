@@ -238,12 +238,21 @@ bool GlooCommunicator::busy_locked() const {
   return std::any_of(ops_.begin(), ops_.end(), [](const std::shared_ptr<Op>& op) { return !op->done; });
 }
 
-// The stream's parent and children, less the children this rank shed
-// (their connections end on purpose). Called with mu_ held.
+// The peers this rank's pending work depends on: the stream's parent and
+// children, less the children this rank shed (their connections end on
+// purpose), and the peers of its pending sends and receives (p2p.cc). A
+// connection to one of them that ends without a word is that peer's
+// failure (the watcher, cause_of). Called with mu_ held.
 std::vector<int> GlooCommunicator::stream_peers_locked() const {
-  if (!stream_) return {};
-  std::vector<int> peers = stream_->tree.peers();
-  std::erase_if(peers, [&](int p) { return shed_.shed(p); });
+  std::vector<int> peers;
+  if (stream_) {
+    peers = stream_->tree.peers();
+    std::erase_if(peers, [&](int p) { return shed_.shed(p); });
+  }
+  for (const auto& [key, queue] : p2p_)
+    if (std::any_of(queue.begin(), queue.end(), [](const std::shared_ptr<P2p>& op) { return !op->done; }) &&
+        std::find(peers.begin(), peers.end(), key.first) == peers.end())
+      peers.push_back(key.first);
   return peers;
 }
 

@@ -67,6 +67,22 @@ TEST(RegionTest, IntersectSubtractAndBounds) {
   EXPECT_FALSE(b.contiguous_in(shape));
 }
 
+// A region whose offsets and lengths disagree in rank is refused with words,
+// never read past its end.
+TEST(RegionTest, AMalformedRegionIsRefusedNotRead) {
+  Region bad{{0}, {6, 4}};
+  EXPECT_EQ(bad.to_string(), "(1 offsets, 2 lengths)");
+  EXPECT_FALSE(bad.inside({6, 4}));
+  RankManifest a = rank(0, "trainer-0", {spec("w", {6, 4})});
+  a.holds.push_back({"w", bad});
+  RankManifest e = rank(1, "worker-1", {spec("w", {6, 4})});
+  e.wants.push_back({"w", Region::whole({6, 4})});
+  auto plan = plan_reshard({a, e});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("trainer-0 holds (1 offsets, 2 lengths), outside it"), std::string::npos)
+      << plan.status().message();
+}
+
 // FSDP2 on 4 ranks, uneven last shard, to 2 engines that want whole
 // tensors: each shard leaves its rank once and is forwarded between the
 // engines; every engine gets every element exactly once.
