@@ -206,6 +206,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: %s\n", g.rank, comm.status().to_string().c_str());
     return 3;
   }
+  // Every rank formed before any moves: a rank whose transfers end early
+  // must not leave while another still connects its pair to it (the mesh is
+  // full). Each tells rank 0, which then releases them all.
+  {
+    uint8_t byte = 1;
+    Communicator& c = *comm.value();
+    Status formed;
+    const Deadline by = Clock::now() + std::chrono::seconds(60);
+    if (g.rank == 0) {
+      std::vector<uint8_t> from(static_cast<size_t>(g.world_size));
+      std::vector<std::shared_ptr<Work>> works;
+      for (int r = 1; r < g.world_size; ++r)
+        works.push_back(c.recv(&from[static_cast<size_t>(r)], 1, r, 0x7fff0000u + static_cast<uint32_t>(r)));
+      for (auto& w : works)
+        if (formed.ok()) formed = w->wait(by);
+    } else {
+      formed = c.send(&byte, 1, 0, 0x7fff0000u + static_cast<uint32_t>(g.rank))->wait(by);
+    }
+    if (formed.ok()) formed = c.broadcast(&byte, 1, 0)->wait(by);
+    if (!formed.ok()) {
+      std::printf("rank %d: %s\n", g.rank, formed.to_string().c_str());
+      return 3;
+    }
+  }
   const auto t0 = Clock::now();
   const Deadline deadline = t0 + std::chrono::seconds(std::atoi(f.get("timeout-s", "120").c_str()));
   Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline);
