@@ -368,11 +368,24 @@ int status(const Flags& flags) {
   s.set(zmq::sockopt::routing_id, "status-" + std::to_string(getpid()));
   s.set(zmq::sockopt::linger, 0);
   s.connect(endpoint);
-  s.send(control::make_message(0, control::new_incarnation(), [](auto b) { b.initStatusRequest().setRequestId(1); }),
-         zmq::send_flags::none);
+  // Test hook: the request goes out this long after connect, so a test can
+  // make the publisher refuse the handshake first (see below).
+  if (const char* ms = std::getenv("PARAMCAST_FAULT_STATUS_SEND_AFTER_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::strtoull(ms, nullptr, 10)));
+  // Never a blocking send: a publisher that refuses our key (CURVE) ends the
+  // connection's pipe, and a DEALER without a pipe blocks a send forever. A
+  // request that cannot be queued is tried again until the deadline.
+  zmq::message_t request =
+      control::make_message(0, control::new_incarnation(), [](auto b) { b.initStatusRequest().setRequestId(1); });
+  bool sent = false;
   zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0}};
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
+    if (!sent) {
+      zmq::message_t copy;
+      copy.copy(request);
+      sent = s.send(copy, zmq::send_flags::dontwait).has_value();
+    }
     zmq::poll(items, 1, std::chrono::milliseconds(50));
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     zmq::message_t msg;

@@ -63,10 +63,10 @@ class SecurityTest : public test::WorkerClusterTest {
   }
 
   // `paramcast status` against the publisher; returns exit code and output.
-  std::pair<int, std::string> status(const std::vector<std::string>& extra) {
+  std::pair<int, std::string> status(const std::vector<std::string>& extra, const std::vector<std::string>& env = {}) {
     std::vector<std::string> args = {"status", pub_->endpoint(), "--timeout", "1500ms"};
     args.insert(args.end(), extra.begin(), extra.end());
-    auto p = Process::start(test::binary("paramcast"), args);
+    auto p = Process::start(test::binary("paramcast"), args, env);
     auto code = p->wait_for(20s);
     return {code.value_or(-1), p->output()};
   }
@@ -117,6 +117,28 @@ TEST_F(SecurityTest, UnauthorizedKeyGetsNoJoinNoStatusNoBootstrap) {
   auto [code_plain, out_plain] = status({});  // no key at all
   EXPECT_EQ(code_plain, 1) << out_plain;
   EXPECT_NE(out_plain.find("no answer"), std::string::npos) << out_plain;
+}
+
+// A refused key ends the connection at its handshake, which can come before
+// the status request is queued: the request then has nowhere to go, and the
+// command must still end at its timeout (it hung, seen once in CI).
+TEST_F(SecurityTest, StatusWithARefusedKeyEndsAtItsTimeoutEvenWhenTheRefusalComesFirst) {
+  REQUIRE_CURVE();
+  keys_ = keygen({"publisher", "worker-1", "status", "intruder"});
+  make_publisher(curve_yaml(1, {"worker-1"}));
+  spawn_worker("worker-1");
+  Status s = pub_->start();
+  ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
+  for (int i = 0; i < 3; ++i) {
+    auto [code, out] = status({"--key", dir_ + "/keys/intruder.key", "--config", yaml_path_},
+                              {"PARAMCAST_FAULT_STATUS_SEND_AFTER_MS=400"});
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("no answer"), std::string::npos) << out;
+  }
+  auto [code_ok, out_ok] = status({"--key", dir_ + "/keys/status.key", "--config", yaml_path_},
+                                  {"PARAMCAST_FAULT_STATUS_SEND_AFTER_MS=400"});
+  EXPECT_EQ(code_ok, 0) << out_ok;
+  EXPECT_NE(out_ok.find("worker-1"), std::string::npos) << out_ok;
 }
 
 TEST_F(SecurityTest, KeyBoundToWorker1CannotActAsWorker3) {
