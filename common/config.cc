@@ -272,6 +272,7 @@ void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p,
         }
       }},
       {"device", [&](N v, P q) { c.publisher.device = L.device(v, q); }},
+      {"ranks", [&](N v, P q) { c.publisher.ranks = static_cast<int>(L.integer(v, q, 1, 4096)); }},
       {"on_member_loss", [&](N v, P q) {
         c.publisher.on_member_loss = L.choice<MemberLossPolicy>(
             v, q, {{"fail", MemberLossPolicy::kFail}, {"continue", MemberLossPolicy::kContinue}});

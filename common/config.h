@@ -98,6 +98,10 @@ struct PublisherOptions {
   // Default: 1 subscriber, any id.
   std::vector<std::string> subscriber_ids;
   int subscriber_count = 1;
+  // Trainer ranks of a many-sender job (Publisher::weight_update_sharded):
+  // the publisher is rank 0, ranks 1..ranks-1 join it as members
+  // "trainer-1".. (PublisherRank) beside the subscribers. Default: 1
+  int ranks = 1;
   // Device holding the trainer's tensors. Default: cpu
   Device device;
   // What weight_update does after a member is lost. Default: fail
@@ -250,6 +254,10 @@ struct Config {
   // Device of the worker with this id (see SubscriberOptions::devices).
   Device device_for_worker(const std::string& id) const;
 };
+
+// The worker id of trainer rank r > 0 of a many-sender job ("trainer-1").
+inline std::string trainer_rank_id(int rank) { return "trainer-" + std::to_string(rank); }
+
 
 StatusOr<Config> load_config_file(const std::string& path);
 // `name` stands in for the file name in error messages.

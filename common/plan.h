@@ -56,6 +56,17 @@ struct UpdatePlan {
   uint64_t bucket_bytes = 0;  // streamed: no bucket is larger
   bool partial = false;       // a subset of the engines' tensors
   uint64_t delta_base = 0;    // non-zero: a delta update against this version (common/delta/)
+  // A many-sender update (common/reshard/sharded_update.h): no buckets; the
+  // trainer ranks listed here hold the tensors' bytes between them (a rank
+  // with no region is listed too: it sends nothing), every other rank of the
+  // group receives every tensor whole.
+  struct Holding {
+    int rank = 0;
+    int64_t tensor = -1;  // -1: none (a trainer rank that holds nothing of this update)
+    std::vector<int64_t> offsets, lengths;
+  };
+  bool sharded = false;
+  std::vector<Holding> holders;
   // The unit a delta of bucket k compares in: its tensors' smallest element size.
   uint32_t bucket_unit(size_t k) const;
   // Streamed plans: checks bucket `b` against the tensors (pieces inside

@@ -14,6 +14,8 @@ namespace paramcast {
 // A streamed plan's buckets are at most this large on the wire: a receiver
 // stages two of them, so a hostile size must not make it allocate more.
 inline constexpr uint64_t kMaxStreamedBucketBytes = 16ull << 30;
+// The highest data-plane rank a sharded plan's holders may name.
+inline constexpr uint32_t kMaxShardedRank = 65535;
 
 void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out);
 // One bucket's layout, as the Plan lists it or BucketLayouts announces it

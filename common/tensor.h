@@ -69,6 +69,20 @@ struct TensorView {
   Device device;
 };
 
+// The part of a tensor one trainer rank holds, for a many-sender update
+// (Publisher::weight_update_sharded, PublisherRank::weight_update): `local`
+// is a row-major buffer of the box whose first index is `offsets` and whose
+// lengths are local.spec.shape, inside the full tensor of `full_shape`
+// (local.spec.name and dtype are the full tensor's). A whole tensor is a
+// box at offset 0 with the full shape (`offsets` empty and `full_shape`
+// empty mean that too). An FSDP2 Shard(0) is the rows [a, b); a
+// Megatron-style Shard(1) the columns.
+struct ShardView {
+  TensorView local;
+  std::vector<int64_t> full_shape;
+  std::vector<int64_t> offsets;
+};
+
 // Checked a * b and a + b on sizes.
 std::optional<uint64_t> checked_mul(uint64_t a, uint64_t b);
 std::optional<uint64_t> checked_add(uint64_t a, uint64_t b);

@@ -50,7 +50,7 @@ bool delta_capable(const Config& cfg, Device device, bool callback) {
 }
 
 control::ClientOptions client_options(const Config& cfg, const std::string& id, Device device, bool callback,
-                                      control::ClientAuth auth = {}) {
+                                      bool source, control::ClientAuth auth = {}) {
   control::ClientOptions o;
   o.auth = std::move(auth);
   o.control = cfg.control;
@@ -61,7 +61,8 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
   // Deltas are applied in place (host or CUDA buffers, the latter on the
   // device), or onto the engine's own copy of the last version for its
   // callback (host memory only; kept only when configured).
-  if (delta_capable(cfg, device, callback)) o.capabilities.push_back("delta");
+  if (delta_capable(cfg, device, callback) && !source) o.capabilities.push_back("delta");
+  if (source) o.capabilities.push_back("source");  // a trainer rank (PublisherRank): it sends, never receives
   // data_plane.local: this member may read the publisher's shared memory.
   if (cfg.data_plane.local && !device.is_cuda()) o.host_identity = shm_backend::host_identity();
   if (const char* v = std::getenv("PARAMCAST_TEST_PROTOCOL_VERSION"))
@@ -70,11 +71,12 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
 }
 }  // namespace
 
-SubscriberImpl::SubscriberImpl(const Config& cfg, std::string id)
+SubscriberImpl::SubscriberImpl(const Config& cfg, std::string id, bool source)
     : cfg_(cfg),
       id_(std::move(id)),
-      device_(resolve_device_or_keep(cfg.device_for_worker(id_))),  // a GPU named by UUID
-      client_(std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, false), this)),
+      source_(source),
+      device_(source ? Device{} : resolve_device_or_keep(cfg.device_for_worker(id_))),  // a GPU named by UUID
+      client_(std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, false, source), this)),
       group_(std::make_unique<group::GroupMember>(id_, *client_)),
       faults_(transfer::FaultInjection::from_env()),
       lost_(ControlFaults::from_env()) {}
@@ -106,6 +108,10 @@ uint64_t SubscriberImpl::delta_base_locked() const {
 }
 
 Status SubscriberImpl::start() {
+  if (cfg_.control.endpoint.find('*') != std::string::npos)
+    return invalid_argument("control.endpoint '" + cfg_.control.endpoint +
+                            "' has a wildcard: a member connects to the endpoint the publisher bound "
+                            "(Publisher::endpoint(), or paramcast-worker --endpoint)");
   auto mem = create_device_memory(device_);
   if (!mem.ok()) return mem.status();
   mem_ = std::move(mem.value());
@@ -113,7 +119,8 @@ Status SubscriberImpl::start() {
   auto auth = control::client_auth(cfg_.auth, id_);
   if (!auth.ok()) return auth.status();
   // The capabilities are known now that the callbacks are set.
-  client_ = std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, bool(callback_), *auth), this);
+  client_ = std::make_unique<control::ControlClient>(
+      client_options(cfg_, id_, device_, bool(callback_), source_, *auth), this);
   group_ = std::make_unique<group::GroupMember>(id_, *client_);
   PC_RETURN_IF_ERROR(start_metrics());  // before joining: a port in use fails start() with nothing begun
   data_thread_ = std::thread([this] { data_loop(); });
@@ -195,7 +202,7 @@ control::WeightReport SubscriberImpl::weight_report() {
     w.receiving_version = receiving_version_;
     w.delta_base = delta_base_locked();
   }
-  if (w.receiving_version && receiver_) w.received_bytes = receiver_->received();
+  if (w.receiving_version && receiver_) w.received_bytes = receiver_->received() + sharded_received_;
   return w;
 }
 
@@ -228,7 +235,18 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
         abandoned_version_ = std::max(abandoned_version_, a.getVersion());
         cv_.notify_all();  // a receive waiting for a layout or checksum gives up
       }
+      // A trainer rank's publish call waits for its part's outcome: an
+      // update abandoned before it ran (or, version 0, refused before its
+      // plan: holdings that did not fit) ends that call now.
+      if (source_ && (a.getVersion() == 0 || (pending_plan_ && pending_plan_->version == a.getVersion()))) {
+        std::lock_guard<std::mutex> lock(mu_);
+        reports_.push_back(UpdateReport{a.getVersion(), aborted(std::string("publisher abandoned the update: ") +
+                                                                control::printable(a.getReason().cStr(), 512)),
+                                        0, 0});
+        cv_.notify_all();
+      }
       if (pending_plan_ && pending_plan_->version == a.getVersion()) pending_plan_.reset();
+      if (a.getVersion() == 0) return;  // no update was under way
       abort_comm(std::string("publisher abandoned the update: ") + a.getReason().cStr(), a.getVersion());
       return;
     }
@@ -273,6 +291,7 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
 }
 
 std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
+  if (plan.sharded || source_) return check_sharded(plan);
   std::vector<Mismatch> out;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
@@ -435,6 +454,9 @@ void SubscriberImpl::join(const Job& job) {
   if (job.epoch == epoch_) {  // else superseded while forming
     comm_ = std::move(comm.value());
     update_cap_ = job.group.op_timeout;
+    rank_ = job.group.rank;
+    world_ = job.group.world_size;
+    rank_names_ = job.group.members;
   }
 }
 
@@ -466,7 +488,8 @@ void SubscriberImpl::receive(const Job& job) {
     Status hook = end_hook_(plan.version, s);
     if (s.ok() && !hook.ok()) s = hook.with_context("on_update_end hook");
   }
-  report(job, s, checksum, std::chrono::duration<double>(Clock::now() - t0).count(), receiver_->received(),
+  report(job, s, checksum, std::chrono::duration<double>(Clock::now() - t0).count(),
+         plan.sharded ? sharded_received_.load() : receiver_->received(),
          std::chrono::duration_cast<std::chrono::milliseconds>(received_in), links);
   // A failed update leaves the collective half-done: this communicator is finished.
   if (!collective_done && comm) comm->abort("update v" + std::to_string(plan.version) + " failed");
@@ -478,6 +501,12 @@ void SubscriberImpl::receive(const Job& job) {
 Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective_done) {
   const UpdatePlan& plan = *job.plan;
   if (!comm) return aborted("no communicator for epoch " + std::to_string(job.epoch));
+  if (!job.discard.empty() && plan.sharded) {
+    // Its senders wait for this rank: the update fails for all, naming it.
+    comm->abort(id_ + " cannot take sharded plan v" + std::to_string(plan.version) + ": " + job.discard);
+    return rejected("precommitted sharded plan v" + std::to_string(plan.version) + " does not fit this worker (" +
+                    job.discard + "); no tensor was written");
+  }
   if (!job.discard.empty()) {
     transfer::BucketReceiver::Hooks hooks;
     hooks.next_bucket = [&](size_t k, bool wait, PlanBucket& b) { return next_bucket(plan.version, k, wait, b); };
@@ -488,6 +517,7 @@ Status SubscriberImpl::move(const Job& job, Communicator* comm, bool& collective
     return rejected("precommitted plan v" + std::to_string(plan.version) + " does not fit this worker (" +
                     job.discard + "); its buckets were received and dropped, no tensor was written");
   }
+  if (plan.sharded) return move_sharded(job, comm, collective_done);
   std::vector<const TensorView*> dest(plan.tensors.size(), nullptr);
   std::map<std::string, TensorView> registry;
   {

@@ -37,10 +37,14 @@ namespace paramcast {
 
 class SubscriberImpl : public control::ControlClient::Listener {
  public:
-  SubscriberImpl(const Config& config, std::string id);
+  // `source`: a trainer rank of a many-sender job (PublisherRank), which
+  // sends its shards in sharded updates and takes no other plan.
+  SubscriberImpl(const Config& config, std::string id, bool source = false);
   ~SubscriberImpl() override;
 
   Status register_tensor(const TensorView& destination);
+  // A trainer rank's part of the next sharded update: sends Holdings.
+  Status publish(const std::vector<ShardView>& shards);
   Status start();
   void stop();
   WeightState state() const;
@@ -94,6 +98,10 @@ class SubscriberImpl : public control::ControlClient::Listener {
   void join(const Job& job);
   void receive(const Job& job);
   Status move(const Job& job, Communicator* comm, bool& collective_done);
+  // A sharded plan (many senders): this rank's transfers over point-to-point
+  // moves (inference_side/subscriber_sharded.cc).
+  Status move_sharded(const Job& job, Communicator* comm, bool& collective_done);
+  std::vector<Mismatch> check_sharded(const UpdatePlan& plan);
   StatusOr<uint64_t> expected_checksum(uint64_t version, size_t bucket);
   using Next = transfer::BucketReceiver::Hooks::Next;
   StatusOr<Next> next_bucket(uint64_t version, size_t bucket, bool wait, PlanBucket& out);
@@ -108,6 +116,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
 
   const Config cfg_;
   const std::string id_;
+  const bool source_;
   const Device device_;
   std::unique_ptr<control::ControlClient> client_;
   std::unique_ptr<group::GroupMember> group_;
@@ -133,6 +142,14 @@ class SubscriberImpl : public control::ControlClient::Listener {
 
   mutable std::mutex reg_mu_;
   std::map<std::string, TensorView> registry_;
+  std::vector<ShardView> holdings_;  // a source's shards of the update it published (reg_mu_)
+  uint64_t publish_seq_ = 0;         // reg_mu_
+  // The data-plane rank and names of the current epoch (for sharded plans;
+  // set by join(), read under mu_).
+  int rank_ = -1;
+  int world_ = 0;
+  std::vector<std::string> rank_names_;
+  std::atomic<uint64_t> sharded_received_{0};
 
   mutable std::mutex mu_;  // shared state of both threads
   std::condition_variable cv_;

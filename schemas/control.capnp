@@ -314,6 +314,39 @@ struct Plan {
   # Non-zero: a delta update against this version, which every member must
   # hold, consistent (else it rejects the plan). Each bucket's BucketDelta
   # precedes its broadcast and says how the bucket travels.
+  sharded @11 :Bool;
+  # A many-sender update (common/reshard/): `buckets` is empty; the trainer
+  # ranks in `holders` hold the tensors' bytes between them, every other
+  # member of the group receives every tensor whole, and each rank derives
+  # the same transfers from this plan (plan_reshard, schedule_rounds) and
+  # runs its own over point-to-point moves. Each transfer is followed by the
+  # xxh64 of its bytes, checked by its receiver.
+  holders @12 :List(RankHoldings);
+  # What each sending rank holds (ranks are the epoch's data-plane ranks).
+}
+
+struct HeldRegion {
+  tensor @0 :UInt32;
+  # Index into the Plan's (or the Holdings') tensors.
+  offsets @1 :List(Int64);
+  lengths @2 :List(Int64);
+  # The box held, per dimension [offset, offset + length) of the full tensor.
+}
+
+struct RankHoldings {
+  rank @0 :UInt32;
+  holds @1 :List(HeldRegion);
+}
+
+struct Holdings {
+  # A trainer rank (a member with the "source" capability) publishing its
+  # part of the next sharded update: the full specs of the tensors it holds
+  # parts of, and the regions it holds. The publisher (rank 0) plans the
+  # update once every trainer rank of the group sent its Holdings.
+  seq @0 :UInt64;
+  # Counts this rank's publish calls (1, 2, ...), for messages.
+  tensors @1 :List(TensorEntry);
+  holds @2 :List(HeldRegion);
 }
 
 enum DeltaKind {
@@ -547,5 +580,6 @@ struct Envelope {
     statusReply @22 :StatusReply;
     bucketLayouts @23 :BucketLayouts;
     bucketDelta @24 :BucketDelta;
+    holdings @25 :Holdings;
   }
 }

@@ -22,8 +22,11 @@ namespace {
 control::ServerOptions server_options(const Config& cfg) {
   control::ServerOptions o;
   o.control = cfg.control;
+  // The other trainer ranks of a many-sender job are members too.
   o.subscriber_ids = cfg.publisher.subscriber_ids;
-  o.subscriber_count = cfg.expected_count();
+  if (!o.subscriber_ids.empty())
+    for (int r = 1; r < cfg.publisher.ranks; ++r) o.subscriber_ids.push_back(trainer_rank_id(r));
+  o.subscriber_count = cfg.expected_count() + cfg.publisher.ranks - 1;
   o.backend = cfg.data_plane.backend;
   o.auth = cfg.auth;
   return o;
@@ -105,6 +108,14 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
     UpdateResult r;
     r.tensors = tensors.size();
     r.status = invalid_argument("weight_update: a streamed update is open on this thread (finish or abort it first)");
+    return r;
+  }
+  if (cfg_.publisher.ranks > 1) {  // the other trainer ranks would wait for a plan naming their part
+    UpdateResult r;
+    r.tensors = tensors.size();
+    r.status = invalid_argument("publisher.ranks is " + std::to_string(cfg_.publisher.ranks) +
+                                ": every trainer rank publishes its part (weight_update_sharded on rank 0, "
+                                "PublisherRank::weight_update on the others)");
     return r;
   }
   std::lock_guard<UpdateGate> ulock(update_mu_);
@@ -589,6 +600,7 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
   if (groups_.on_message(id, env)) return;
   using B = proto::Envelope::Body;
   if (env.getBody().which() == B::HEARTBEAT) return on_heartbeat(id);
+  if (env.getBody().which() == B::HOLDINGS) return on_holdings(id, env.getBody().getHoldings());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!round_.record(id, env)) {
@@ -717,6 +729,9 @@ UpdateResult Publisher::weight_update(const std::vector<TensorView>& tensors, st
   return impl_->weight_update(tensors, UpdateOptions{version});
 }
 
+UpdateResult Publisher::weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options) {
+  return impl_->weight_update_sharded(shards, options);
+}
 UpdateResult Publisher::weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options) {
   return impl_->weight_update(tensors, options);
 }

@@ -114,6 +114,7 @@ struct UpdateOptions {
 };
 
 class PublisherImpl;
+class SubscriberImpl;
 struct StreamState;
 
 // Update: one streamed update (Publisher::begin_update), planned from a
@@ -193,6 +194,16 @@ class Publisher {
   // one; by default it is last + 1.
   UpdateResult weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version = {});
   UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
+  // A many-sender update (publisher.ranks > 1): every trainer rank of the
+  // job publishes what it holds, at once; this is rank 0's call, the others
+  // call PublisherRank::weight_update with theirs. The plan is made once
+  // every trainer rank in the group sent its holdings (within
+  // update_timeout): each byte of each tensor from exactly one rank, to
+  // every engine, point to point (Gloo), and no rank gathers a tensor it
+  // does not hold. A gap, an overlap or a disagreement between ranks is
+  // refused before any byte moves, naming tensor, range and ranks. Dense
+  // (no delta); checksums per transfer when publisher.checksum is on.
+  UpdateResult weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options = {});
   // Same, on a background thread; the views must stay valid until the future is ready.
   std::future<UpdateResult> weight_update_async(std::vector<TensorView> tensors,
                                                 std::optional<uint64_t> version = {});
@@ -233,6 +244,41 @@ class Publisher {
  private:
   explicit Publisher(std::unique_ptr<PublisherImpl> impl);
   std::unique_ptr<PublisherImpl> impl_;
+};
+
+// PublisherRank: trainer rank r > 0 of a many-sender job (publisher.ranks >
+// 1). It joins rank 0's publisher as member "trainer-<r>" and, on each
+// weight_update, states what it holds and sends its part of the update
+// straight to the engines (point to point), as rank 0 does in
+// Publisher::weight_update_sharded: every rank of the job calls its publish
+// once per update, with the shards it holds, and no rank gathers a tensor.
+//
+//   auto rank = PublisherRank::create(config, dist_rank);   // same YAML as rank 0
+//   rank.value()->start();
+//   UpdateResult r = rank.value()->weight_update(my_shards);  // this rank's part
+//
+// Its result is this rank's: OK once its sends left and the update was
+// applied everywhere it could tell; the publisher's result on rank 0 names
+// every member. Thread-safety: one call at a time.
+class PublisherRank {
+ public:
+  static StatusOr<std::unique_ptr<PublisherRank>> create(const Config& config, int rank);
+  ~PublisherRank();
+  // Joins rank 0's publisher (connects; the group forms when rank 0 starts).
+  Status start();
+  // This rank's part of the next update: returns once it ran (its version
+  // in the result), or with why not. Bounded by publisher.update_timeout
+  // plus control.heartbeat_timeout.
+  UpdateResult weight_update(const std::vector<ShardView>& shards);
+  void stop();
+  const std::string& id() const { return id_; }
+
+ private:
+  PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string id, Millis bound);
+  std::unique_ptr<SubscriberImpl> impl_;
+  std::string id_;
+  Millis bound_;
+  uint64_t last_version_ = 0;
 };
 
 }  // namespace paramcast

@@ -35,6 +35,7 @@
 #include "common/group/group_host.h"
 #include "common/metrics/exposition.h"
 #include "common/metrics/http_server.h"
+#include "common/reshard/sharded_update.h"
 #include "common/stream/stream_sender.h"
 #include "common/transfer/bucket_sender.h"
 #include "trainer_side/publisher.h"
@@ -66,6 +67,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::string metrics_endpoint() const { return metrics_url_; }
   Status start();
   UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
+  // Many-sender updates (publisher_sharded.cc).
+  UpdateResult weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options);
   // Streamed updates (publisher_stream.cc): the update lock is held from
   // begin_stream until stream_finish or stream_abort.
   std::unique_ptr<StreamState> begin_stream(const std::vector<TensorSpec>& manifest, const UpdateOptions& options);
@@ -146,6 +149,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Quarantines members that refused a delta twice (without mu_).
   void strike_delta_refusers(const std::vector<std::string>& ids);
   void abandon_locked(uint64_t version, const std::string& reason);
+  // A trainer rank's Holdings (control thread).
+  void on_holdings(const std::string& id, proto::Holdings::Reader h);
+  Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
+                      const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r);
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }
   std::string silence() const;
@@ -210,6 +217,15 @@ class PublisherImpl : public control::ControlServer::Listener {
   // connection) since the group formed: why, naming it (guarded by mu_;
   // cleared by each formation). No update starts on that group.
   std::string departed_;
+  // Each trainer rank's part of the next sharded update, until it is taken
+  // (guarded by mu_; one entry per trainer rank).
+  struct SourceHoldings {
+    uint64_t seq = 0;
+    std::vector<TensorSpec> tensors;
+    std::vector<std::pair<uint32_t, reshard::Region>> holds;
+    std::string error;  // holdings the update cannot use, in words
+  };
+  std::map<std::string, SourceHoldings> holdings_;
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
   transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)
 };

@@ -203,6 +203,7 @@ const char* body_name(proto::Envelope::Reader envelope) {
       case B::STATUS_REPLY: return "statusReply";
       case B::BUCKET_LAYOUTS: return "bucketLayouts";
       case B::BUCKET_DELTA: return "bucketDelta";
+      case B::HOLDINGS: return "holdings";
     }
   } catch (const kj::Exception&) {
   }

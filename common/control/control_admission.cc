@@ -129,8 +129,10 @@ void ControlServer::admit_locked(const Sender& from, uint64_t inc, proto::Hello:
   m.delta_base = h.getDeltaBase();
   m.state = h.getState();
   m.dirty_version = h.getDirtyVersion();
-  for (auto cap : h.getCapabilities())
+  for (auto cap : h.getCapabilities()) {
     if (cap == "delta") m.delta = true;
+    if (cap == "source") m.source = true;
+  }
   members_[id] = m;
   const std::string who = printable(m.host) + " pid " + std::to_string(m.pid);
   PC_INFO("publisher: subscriber '" << id << "' " << member_event_name(kind) << " (" << who << ", "

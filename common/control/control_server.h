@@ -91,6 +91,7 @@ struct Member {
   int rank = -1;  // in the current group; -1 when not in it
   bool lost = false;
   bool delta = false;  // announced the "delta" capability: it can apply delta updates
+  bool source = false;  // announced "source": a trainer rank of a many-sender job (PublisherRank)
   uint64_t delta_base = 0;  // the version it can apply a delta onto now (Hello, heartbeats, Applied)
 };
 

@@ -1,5 +1,8 @@
 #include "common/reshard/executor.h"
 
+#include "common/xxhash.h"
+
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -59,10 +62,16 @@ void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Reg
 }
 
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
-                   const RankBuffers& buffers, Deadline deadline) {
+                   const RankBuffers& buffers, Deadline deadline, const RunOptions& options) {
+  if (plan.transfers.size() >= kChecksumTag)
+    return invalid_argument("many-sender plan: " + std::to_string(plan.transfers.size()) +
+                            " transfers, more than a tag can number");
   struct Posted {
     size_t transfer = 0;
     std::shared_ptr<Work> work;
+    std::shared_ptr<Work> sum_work;  // the checksum that follows it (RunOptions::checksums)
+    std::shared_ptr<uint64_t> sum = std::make_shared<uint64_t>(0);  // sent, or received
+    const uint8_t* bytes = nullptr;  // where the transfer's bytes are, contiguous (a receive: once landed)
     std::vector<uint8_t> staging;  // packed bytes (a send) or their landing (a receive) when not contiguous
     LocalBuffer at;                // this rank's buffer the region is in
     bool direct = false;
@@ -95,6 +104,10 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
       from = p.staging.data();
     }
     p.work = comm.send(from, x.bytes, x.to, static_cast<uint32_t>(p.transfer));
+    if (options.checksums) {
+      *p.sum = xxh64(from, x.bytes);
+      p.sum_work = comm.send(p.sum.get(), sizeof(uint64_t), x.to, static_cast<uint32_t>(p.transfer) | kChecksumTag);
+    }
   };
   // A failure: abort, and let every posted Work settle (an aborted
   // communicator completes them once no I/O is left on them) before the
@@ -107,6 +120,9 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
       Status settled = q->work->wait(Clock::now() + kSettleTimeout);
       if (settled.code() == Code::kTimeout || !q->work->settled())
         new std::vector<uint8_t>(std::move(q->staging));  // deliberately leaked
+      if (q->sum_work && (q->sum_work->wait(Clock::now() + kSettleTimeout).code() == Code::kTimeout ||
+                          !q->sum_work->settled()))
+        new std::shared_ptr<uint64_t>(q->sum);  // deliberately leaked
     }
     const Transfer& x = plan.transfers[p.transfer];
     return s.with_context("many-sender plan: '" + plan.tensors[x.tensor].name + "' " + x.region.to_string() +
@@ -126,6 +142,9 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
       into = p.staging.data();
     }
     p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
+    p.bytes = into;
+    if (options.checksums)
+      p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
   }
   std::map<size_t, std::vector<Posted*>> forwards;  // by the transfer that brings their bytes
   for (auto& p : sends) {
@@ -136,12 +155,26 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   for (auto& p : recvs) {
     const Transfer& x = plan.transfers[p.transfer];
     if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
+    if (p.sum_work) {
+      if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p, s);
+      const uint64_t got = xxh64(p.bytes, x.bytes);
+      if (got != *p.sum) {
+        char text[64];
+        std::snprintf(text, sizeof text, "xxh64 %016llx, the sender's %016llx", static_cast<unsigned long long>(got),
+                      static_cast<unsigned long long>(*p.sum));
+        return fail(p, data_corrupt(std::to_string(x.bytes) + " bytes arrived with " + text));
+      }
+    }
+    if (options.received) *options.received += x.bytes;
     if (!p.direct) copy_region(p.staging.data(), x.region, p.at.data, p.at.box, x.region, element(x));
     for (Posted* f : forwards[p.transfer]) post_send(*f);
   }
-  for (auto& p : sends)
+  for (auto& p : sends) {
     if (Status s = p.work ? p.work->wait(deadline) : internal_error("a forward whose bytes never came"); !s.ok())
       return fail(p, s);
+    if (p.sum_work)
+      if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p, s);
+  }
   return Status();
 }
 

@@ -11,13 +11,15 @@
 // into it; any other (a column slice: a row-parallel weight's dim-1 cut) is
 // packed into staging by the sender and unpacked by the receiver, row by
 // row (staging: at most the rank's own bytes). Each transfer's tag is its
-// index in the plan, the same on every rank.
+// index in the plan, the same on every rank; with checksums, the xxh64 of
+// its bytes follows it and its receiver checks them before they count.
 // Host memory (the CPU data plane); bounded by `deadline` and by the
 // communicator's failure, which names the peer.
 //
 // Thread-safety: one call at a time per communicator.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <vector>
 
@@ -45,9 +47,20 @@ struct RankBuffers {
 void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Region& to, const Region& region,
                  size_t element);
 
+struct RunOptions {
+  // Each transfer is followed by the xxh64 of its bytes (tag: its index |
+  // kChecksumTag), which its receiver checks before it writes them on or
+  // forwards them: a difference fails with DATA_CORRUPT naming the tensor,
+  // the range and the sender. Every rank of a plan must agree.
+  bool checksums = false;
+  // Bytes received so far (for progress), updated as receives land.
+  std::atomic<uint64_t>* received = nullptr;
+};
+inline constexpr uint32_t kChecksumTag = 0x80000000u;
+
 // Runs `rank`'s transfers of `plan` in the order of `rounds`. Plan ranks
 // are the communicator's ranks.
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
-                   const RankBuffers& buffers, Deadline deadline);
+                   const RankBuffers& buffers, Deadline deadline, const RunOptions& options = {});
 
 }  // namespace paramcast::reshard

@@ -1,0 +1,51 @@
+#include "common/reshard/sharded_update.h"
+
+#include <map>
+#include <set>
+
+namespace paramcast::reshard {
+
+StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names) {
+  const std::string where = "sharded update v" + std::to_string(plan.version);
+  if (!plan.sharded) return invalid_argument(where + ": the plan is not sharded");
+  std::map<int, RankManifest> by_rank;
+  auto manifest = [&](int rank) -> RankManifest& {
+    RankManifest& m = by_rank[rank];
+    if (m.rank < 0) {
+      m.rank = rank;
+      m.name = static_cast<size_t>(rank) < names.size() && !names[static_cast<size_t>(rank)].empty()
+                   ? names[static_cast<size_t>(rank)]
+                   : "rank " + std::to_string(rank);
+      m.tensors = plan.tensors;
+    }
+    return m;
+  };
+  for (const auto& h : plan.holders) {
+    if (h.rank < 0 || h.rank >= world)
+      return invalid_argument(where + ": holder rank " + std::to_string(h.rank) + " is not in a group of " +
+                              std::to_string(world));
+    RankManifest& m = manifest(h.rank);
+    if (h.tensor < 0) continue;
+    if (static_cast<size_t>(h.tensor) >= plan.tensors.size())
+      return invalid_argument(where + ": " + m.name + " holds tensor #" + std::to_string(h.tensor) + " of " +
+                              std::to_string(plan.tensors.size()));
+    m.holds.push_back({plan.tensors[static_cast<size_t>(h.tensor)].name, Region{h.offsets, h.lengths}});
+  }
+  if (!by_rank.count(0)) return invalid_argument(where + ": rank 0 (the publisher) is not among the holders");
+  ShardedMoves out;
+  for (int r = 0; r < world; ++r) {
+    if (by_rank.count(r)) continue;
+    RankManifest& m = manifest(r);
+    for (const auto& t : plan.tensors) m.wants.push_back({t.name, Region::whole(t.shape)});
+    out.receivers.push_back(r);
+  }
+  std::vector<RankManifest> ranks;
+  for (auto& [r, m] : by_rank) ranks.push_back(std::move(m));
+  auto p = plan_reshard(ranks);
+  if (!p.ok()) return p.status().with_context(where);
+  out.plan = std::move(p.value());
+  out.rounds = schedule_rounds(out.plan);
+  return out;
+}
+
+}  // namespace paramcast::reshard

@@ -1,0 +1,66 @@
+// PublisherRank: trainer rank r > 0 of a many-sender job. A member of rank
+// 0's group built from the inference side's member machinery (control
+// client, group member, data thread: SubscriberImpl with `source`), which
+// holds shards instead of registered buffers and sends them in sharded
+// plans (inference_side/subscriber_sharded.cc).
+#include "common/log.h"
+#include "common/units.h"
+#include "inference_side/subscriber_impl.h"
+#include "trainer_side/publisher.h"
+
+namespace paramcast {
+
+PublisherRank::PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string id, Millis bound)
+    : impl_(std::move(impl)), id_(std::move(id)), bound_(bound) {}
+
+PublisherRank::~PublisherRank() { stop(); }
+
+StatusOr<std::unique_ptr<PublisherRank>> PublisherRank::create(const Config& config, int rank) {
+  if (rank < 1 || rank >= config.publisher.ranks)
+    return invalid_argument("trainer rank " + std::to_string(rank) + " is not among ranks 1.." +
+                            std::to_string(config.publisher.ranks - 1) + " (publisher.ranks: " +
+                            std::to_string(config.publisher.ranks) + "; rank 0 runs the Publisher)");
+  const std::string id = trainer_rank_id(rank);
+  const Millis bound = config.publisher.update_timeout + config.control.heartbeat_timeout;
+  return std::unique_ptr<PublisherRank>(new PublisherRank(std::make_unique<SubscriberImpl>(config, id, true), id, bound));
+}
+
+Status PublisherRank::start() { return impl_->start(); }
+
+void PublisherRank::stop() {
+  if (impl_) impl_->stop();
+}
+
+UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards) {
+  UpdateResult r;
+  r.tensors = shards.size();
+  const auto t0 = Clock::now();
+  while (impl_->next_report(Millis(0))) {
+  }  // reports of updates no call waited for
+  if (!impl_->joined()) {
+    r.status = unavailable(id_ + " has not joined the publisher (yet)");
+    return r;
+  }
+  if (Status s = impl_->publish(shards); !s.ok()) {
+    r.status = s;
+    return r;
+  }
+  for (;;) {
+    auto report = impl_->next_report(std::chrono::duration_cast<Millis>(t0 + bound_ - Clock::now()));
+    if (!report) {
+      r.status = timeout_error(id_ + ": no update took its part within publisher.update_timeout + heartbeat_timeout (" +
+                               format_duration(bound_) + ")");
+      break;
+    }
+    if (report->version && report->version <= last_version_) continue;
+    r.version = report->version;
+    r.status = report->status;
+    r.bytes = report->bytes;
+    if (report->version) last_version_ = report->version;
+    break;
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace paramcast

@@ -1,0 +1,248 @@
+// Many-sender updates on rank 0 (Publisher::weight_update_sharded): the
+// other trainer ranks' holdings (Holdings messages from PublisherRank
+// members), one plan from all of them, checked before any byte moves
+// (common/reshard/sharded_update.h), and rank 0's own transfers. The plan,
+// answer and Applied rounds are those of every update (publisher.cc).
+#include <algorithm>
+#include <map>
+
+#include "common/control/log_guard.h"
+#include "common/control/messages.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "common/reshard/executor.h"
+#include "common/reshard/sharded_update.h"
+#include "trainer_side/publisher_impl.h"
+
+namespace paramcast {
+
+namespace {
+
+std::string spec_text(const TensorSpec& t) {
+  std::string s(dtype_name(t.dtype));
+  s += "[";
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    if (d) s += ",";
+    s += std::to_string(t.shape[d]);
+  }
+  s += "]";
+  return s;
+}
+
+// One rank's shards as the plan's tensors and holdings: the full specs
+// (agreeing with those already named), and the boxes held.
+Status add_holdings(const std::string& who, int rank, const std::vector<TensorSpec>& specs,
+                    const std::vector<std::pair<uint32_t, reshard::Region>>& holds, UpdatePlan& plan,
+                    std::map<std::string, std::pair<size_t, std::string>>& index) {
+  std::vector<int64_t> local(specs.size(), -1);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& t = specs[i];
+    auto it = index.find(t.name);
+    if (it == index.end()) {
+      it = index.emplace(t.name, std::make_pair(plan.tensors.size(), who)).first;
+      plan.tensors.push_back(t);
+    } else {
+      const TensorSpec& known = plan.tensors[it->second.first];
+      if (known.dtype != t.dtype || known.shape != t.shape)
+        return invalid_argument("tensor '" + t.name + "': " + who + " holds it as " + spec_text(t) + ", " +
+                                it->second.second + " as " + spec_text(known));
+    }
+    local[i] = static_cast<int64_t>(it->second.first);
+  }
+  bool any = false;
+  for (const auto& [t, region] : holds) {
+    if (t >= specs.size()) return invalid_argument(who + " holds tensor #" + std::to_string(t) + " of " +
+                                                   std::to_string(specs.size()) + " it named");
+    plan.holders.push_back({rank, local[t], region.offsets, region.lengths});
+    any = true;
+  }
+  if (!any) plan.holders.push_back({rank, -1, {}, {}});
+  return Status();
+}
+
+}  // namespace
+
+// A trainer rank's part of the next sharded update. Bounded: one pending
+// entry per member (a newer one replaces it), its lists by the decode limits.
+void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h) {
+  auto m = server_.member(id);
+  bool ours = false;
+  for (int r = 1; r < cfg_.publisher.ranks; ++r) ours |= id == trainer_rank_id(r);
+  if (!m || !m->source || !ours) {
+    server_.log_peer("unexpected message", "Holdings from '" + control::printable(id) +
+                                               "', which is not a trainer rank of this job (publisher.ranks: " +
+                                               std::to_string(cfg_.publisher.ranks) + "), ignored");
+    return;
+  }
+  SourceHoldings out;
+  out.seq = h.getSeq();
+  std::string bad;
+  for (auto e : h.getTensors()) {
+    TensorSpec t;
+    t.name = e.getName().cStr();
+    auto d = parse_dtype(e.getDtype().cStr());
+    for (int64_t v : e.getShape()) t.shape.push_back(v);
+    if (!d) bad = "tensor '" + control::printable(t.name) + "' has unknown dtype '" + control::printable(e.getDtype().cStr()) + "'";
+    else t.dtype = *d;
+    if (bad.empty() && !t.nbytes().ok()) bad = t.nbytes().status().message();
+    out.tensors.push_back(std::move(t));
+  }
+  for (auto r : h.getHolds()) {
+    reshard::Region region;
+    for (int64_t v : r.getOffsets()) region.offsets.push_back(v);
+    for (int64_t v : r.getLengths()) region.lengths.push_back(v);
+    if (r.getTensor() >= out.tensors.size()) bad = "a region of tensor #" + std::to_string(r.getTensor());
+    else if (!region.inside(out.tensors[r.getTensor()].shape))
+      bad = "'" + control::printable(out.tensors[r.getTensor()].name) + "' " + region.to_string() +
+            " outside its shape " + spec_text(out.tensors[r.getTensor()]);
+    out.holds.emplace_back(r.getTensor(), std::move(region));
+  }
+  if (!bad.empty()) out.error = id + " sent holdings the update cannot use: " + bad;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    holdings_[id] = std::move(out);
+  }
+  cv_.notify_all();
+}
+
+UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options) {
+  UpdateResult r;
+  r.tensors = shards.size();
+  if (update_mu_.held_by_me()) {
+    r.status = invalid_argument("weight_update_sharded: a streamed update is open on this thread");
+    return r;
+  }
+  std::lock_guard<UpdateGate> ulock(update_mu_);
+  const auto t0 = Clock::now();
+  cap_ = t0 + cfg_.publisher.update_timeout;
+  auto done = [&](UpdateResult& res) -> UpdateResult {
+    res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    log_result(res);
+    return std::move(res);
+  };
+  if (cfg_.data_plane.backend != Backend::kGloo || cfg_.data_plane.local) {
+    r.status = unavailable(
+        "weight_update_sharded moves point to point, which the Gloo data plane does (data_plane.backend: gloo, "
+        "data_plane.local: off); this deployment's plane has no point-to-point moves yet");
+    return done(r);
+  }
+  // This rank's own shards: host memory, each a box inside its tensor.
+  std::vector<TensorSpec> own_specs;
+  std::vector<std::pair<uint32_t, reshard::Region>> own_holds;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardView& s = shards[i];
+    TensorSpec full = s.local.spec;
+    if (!s.full_shape.empty()) full.shape = s.full_shape;
+    reshard::Region box{s.offsets.empty() ? std::vector<int64_t>(full.shape.size(), 0) : s.offsets,
+                        s.local.spec.shape};
+    std::string bad;
+    if (s.local.device != cfg_.publisher.device || s.local.device.is_cuda()) bad = "is not in host memory";
+    else if (!box.inside(full.shape)) bad = box.to_string() + " is not inside its shape " + spec_text(full);
+    else if (!box.empty() && !s.local.data) bad = "has no data pointer";
+    if (!bad.empty()) {
+      r.status = invalid_argument("shard of '" + s.local.spec.name + "' " + bad);
+      return done(r);
+    }
+    own_specs.push_back(full);
+    own_holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
+  }
+  if (Status s = ensure_group(); !s.ok()) {
+    r.status = s;
+    return done(r);
+  }
+  // Every trainer rank of the group states its part (within update_timeout).
+  std::vector<std::string> group;
+  std::map<std::string, SourceHoldings> taken;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    group = group_;
+    std::vector<std::string> sources;
+    for (const auto& id : group_)
+      if (auto m = server_.member(id); m && m->source) sources.push_back(id);
+    auto waiting = [&] {
+      std::vector<std::string> out;
+      for (const auto& id : sources)
+        if (!holdings_.count(id)) out.push_back(id);
+      return out;
+    };
+    cv_.wait_until(lock, cap_, [&] { return waiting().empty() || stopped_ || !departed_.empty(); });
+    const auto missing = waiting();
+    if (!departed_.empty() || !missing.empty()) {
+      r.status = !departed_.empty() ? aborted("sharded update abandoned before any byte moved: " + departed_)
+                                    : timeout_error("update_timeout (" + format_duration(cfg_.publisher.update_timeout) +
+                                                    ") passed before trainer ranks " + join_ids(missing) +
+                                                    " published their part; no byte moved");
+      if (!departed_.empty()) needs_reform_ = true;
+      return done(r);
+    }
+    for (const auto& id : sources) taken[id] = std::move(holdings_[id]);
+    for (const auto& id : sources) holdings_.erase(id);
+  }
+  // One plan from every rank's holdings; checked whole before anything moves.
+  UpdatePlan shape;
+  std::map<std::string, std::pair<size_t, std::string>> index;
+  std::vector<std::string> names = {"publisher"};
+  names.insert(names.end(), group.begin(), group.end());
+  Status held = add_holdings("publisher", 0, own_specs, own_holds, shape, index);
+  for (size_t i = 0; i < group.size() && held.ok(); ++i) {
+    auto it = taken.find(group[i]);
+    if (it == taken.end()) continue;
+    if (!it->second.error.empty()) held = invalid_argument(it->second.error);
+    else held = add_holdings(group[i], static_cast<int>(i + 1), it->second.tensors, it->second.holds, shape, index);
+  }
+  // A refusal before the plan went out ends the other ranks' calls too.
+  auto refuse = [&](Status why) {
+    r.status = why;
+    std::vector<std::string> ids;
+    for (const auto& [id, h] : taken) ids.push_back(id);
+    server_.send_to(ids, control::make_message(groups_.epoch(), server_.incarnation(), [&](auto b) {
+                      auto a = b.initAbandon();
+                      a.setVersion(0);
+                      a.setReason(why.message());
+                    }));
+    return done(r);
+  };
+  if (!held.ok()) return refuse(held.with_context("sharded update refused before any byte moved"));
+  auto plan = make_plan(shape.tensors, options, false, r);
+  if (!plan.ok()) return refuse(plan.status());
+  plan->buckets.clear();
+  plan->sharded = true;
+  plan->holders = std::move(shape.holders);
+  r.buckets = 0;
+  auto moves = reshard::sharded_moves(*plan, static_cast<int>(group.size() + 1), names);
+  if (!moves.ok()) return refuse(moves.status().with_context("refused before any byte moved"));
+  // No delta per shard yet: the update is dense, and the baseline (of the
+  // whole model, which no rank holds) is not kept.
+  plan->delta_base = 0;
+  baseline_fresh_ = false;
+  if (cfg_.publisher.delta != DeltaMode::kOff) r.dense_because = "a sharded update (no delta per shard yet)";
+  if (plan_round(*plan, r)) {
+    Status data = move_sharded(*plan, *moves, shards, own_holds, r);
+    collect_applied(*plan, data, r);
+  }
+  return done(r);
+}
+
+// Rank 0's transfers of a sharded update (its shards to the engines).
+Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves,
+                                   const std::vector<ShardView>& shards,
+                                   const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r) {
+  MoveState m = start_move();
+  reshard::RankBuffers buffers;
+  buffers.find = [&](const TensorSpec& t, const reshard::Region& region) -> reshard::LocalBuffer {
+    for (const auto& [i, box] : boxes)
+      if (shards[i].local.spec.name == t.name && reshard::intersect(box, region) == region)
+        return {static_cast<uint8_t*>(shards[i].local.data), box};
+    return {};
+  };
+  reshard::RunOptions run;
+  run.checksums = plan.checksum != Checksum::kNone;
+  Status data = reshard::run_reshard(moves.plan, moves.rounds, 0, *comm_, buffers, cap_, run);
+  const auto sent = moves.plan.sent.find(0);
+  m.sent = sent == moves.plan.sent.end() ? 0 : sent->second;
+  r.wire_bytes = 0;
+  for (const auto& [rank, bytes] : moves.plan.sent) r.wire_bytes += bytes;
+  return end_move(plan, m, data);
+}
+
+}  // namespace paramcast
