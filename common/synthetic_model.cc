@@ -85,13 +85,15 @@ bool changes_word(Change c, uint64_t salt, uint64_t w) {
   return true;
 }
 
-// Calls out(w, word) for every word of the tensor at `version`.
+// Calls out(w, word) for every word of the tensor at `version` (words
+// [first, first + count) of it when count is given).
 template <typename F>
-void generate(const TensorSpec& spec, uint64_t seed, uint64_t version, uint64_t nbytes, ModelChanges changes, F&& out) {
-  const uint64_t words = (nbytes + 7) / 8;
+void generate(const TensorSpec& spec, uint64_t seed, uint64_t version, uint64_t nbytes, ModelChanges changes, F&& out,
+              uint64_t first = 0, uint64_t count = ~uint64_t{0}) {
+  const uint64_t words = std::min((nbytes + 7) / 8, count == ~uint64_t{0} ? ~uint64_t{0} : first + count);
   if (changes == ModelChanges::kEvery) {
     const uint64_t x0 = stream_seed(spec, seed, version);
-    for (uint64_t w = 0; w < words; ++w) out(w, word_at(x0, w));
+    for (uint64_t w = first; w < words; ++w) out(w, word_at(x0, w));
     return;
   }
   // The versions since the last wholesale change, newest first: a word holds
@@ -103,7 +105,7 @@ void generate(const TensorSpec& spec, uint64_t seed, uint64_t version, uint64_t 
     steps.push_back({c, stream_seed(spec, seed, u), stream_seed(spec, seed ^ 0x5bd1e995, u)});
     if (c == Change::kWhole || u <= 1) break;
   }
-  for (uint64_t w = 0; w < words; ++w)
+  for (uint64_t w = first; w < words; ++w)
     for (const Step& s : steps)
       if (changes_word(s.change, s.salt, w)) {
         out(w, word_at(s.x0, w));
@@ -118,6 +120,28 @@ void fill_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, voi
   generate(spec, seed, version, nbytes, changes, [&](uint64_t w, uint64_t v) {
     std::memcpy(p + w * 8, &v, std::min<uint64_t>(8, nbytes - w * 8));
   });
+}
+
+void fill_synthetic_range(const TensorSpec& spec, uint64_t seed, uint64_t version, void* dst, uint64_t offset,
+                          uint64_t length, ModelChanges changes) {
+  if (length == 0) return;
+  auto total = spec.nbytes();
+  const uint64_t nbytes = total.ok() ? *total : 0;
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  const uint64_t first = offset / 8, last = (offset + length + 7) / 8;
+  generate(
+      spec, seed, version, nbytes, changes,
+      [&](uint64_t w, uint64_t v) {
+        const uint64_t begin = std::max(w * 8, offset), end = std::min({w * 8 + 8, offset + length, nbytes});
+        if (begin < end) std::memcpy(p + (begin - offset), reinterpret_cast<const uint8_t*>(&v) + (begin - w * 8), end - begin);
+      },
+      first, last - first);
+}
+
+std::pair<int64_t, int64_t> synthetic_shard_rows(int64_t rows, int rank, int ranks) {
+  const int64_t base = rows / ranks, extra = rows % ranks;
+  const int64_t first = rank * base + std::min<int64_t>(rank, extra);
+  return {first, base + (rank < extra ? 1 : 0)};
 }
 
 int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "common/config.h"
@@ -24,6 +25,15 @@ std::vector<TensorSpec> synthetic_llm_layout(uint64_t target_bytes, int layers, 
 // last 8 versions' choices), so a verifier needs no history.
 void fill_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, void* dst, uint64_t nbytes,
                     ModelChanges changes = ModelChanges::kEvery);
+// Bytes [offset, offset + length) of that content, into dst, computed
+// without the rest of the tensor: a trainer rank fills only the rows it holds.
+void fill_synthetic_range(const TensorSpec& spec, uint64_t seed, uint64_t version, void* dst, uint64_t offset,
+                          uint64_t length, ModelChanges changes = ModelChanges::kEvery);
+// The rows [first, first + count) of dim 0 that trainer rank `rank` of
+// `ranks` holds of a tensor of `rows` rows in the synthetic many-sender job
+// (paramcast-trainer --rank): even shares, one more row on each of the first
+// rows % ranks ranks. A 0-d tensor: rank 0 holds it.
+std::pair<int64_t, int64_t> synthetic_shard_rows(int64_t rows, int rank, int ranks);
 // Offset of the first byte that differs from the expected content, or -1.
 int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes,
                          ModelChanges changes = ModelChanges::kEvery);

@@ -35,8 +35,12 @@ const Tool kTool{
              "  --endpoint-file F     write the bound endpoint (real port) to F\n"
              "  --updates N           number of updates, instead of the file's trainer.updates\n"
              "  --model-size SIZE     model size, instead of the file's trainer.model_size\n"
+             "  --rank R              trainer rank R of a many-sender job (publisher.ranks > 1):\n"
+             "                        each rank holds and sends only its rows of every tensor;\n"
+             "                        rank 0 (the default) runs the publisher, R > 0 joins it at\n"
+             "                        --endpoint; update u is version u on every rank\n"
              "  -h, --help            print this and exit\n",
-    .value_flags = {"config", "endpoint", "endpoint-file", "updates", "model-size"},
+    .value_flags = {"config", "endpoint", "endpoint-file", "updates", "model-size", "rank"},
 };
 
 // stdout is shared by the update loop and the event printer: each line is
@@ -160,6 +164,47 @@ class SyntheticModel {
   uint64_t total_ = 0, largest_ = 0;
 };
 
+// One trainer rank's rows of the synthetic model (a many-sender job): host
+// buffers of its rows only, refilled from the generator's byte ranges, so no
+// rank ever holds a row it does not send.
+class ShardedModel {
+ public:
+  ShardedModel(const Config& config, int rank)
+      : job_(config.trainer), specs_(synthetic_llm_layout(job_.model_bytes, job_.layers, job_.dtype)) {
+    for (const auto& s : specs_) {
+      const int64_t rows = s.shape.empty() ? 1 : s.shape[0];
+      auto [first, count] = synthetic_shard_rows(rows, rank, config.publisher.ranks);
+      if (s.shape.empty() && rank != 0) count = 0;
+      const uint64_t row_bytes = s.nbytes().value() / static_cast<uint64_t>(std::max<int64_t>(rows, 1));
+      ShardView v;
+      v.local.spec = s;
+      if (!s.shape.empty()) v.local.spec.shape[0] = count;
+      v.full_shape = s.shape;
+      v.offsets.assign(s.shape.size(), 0);
+      if (!s.shape.empty()) v.offsets[0] = first;
+      offset_.push_back(row_bytes * static_cast<uint64_t>(first));
+      bytes_.emplace_back(row_bytes * static_cast<uint64_t>(count));
+      v.local.data = bytes_.back().data();
+      total_ += bytes_.back().size();
+      shards_.push_back(std::move(v));
+    }
+  }
+  void step(uint64_t version) {
+    for (size_t i = 0; i < specs_.size(); ++i)
+      fill_synthetic_range(specs_[i], job_.seed, version, bytes_[i].data(), offset_[i], bytes_[i].size(), job_.changes);
+  }
+  const std::vector<ShardView>& shards() const { return shards_; }
+  uint64_t total() const { return total_; }
+
+ private:
+  const TrainerJobOptions job_;
+  const std::vector<TensorSpec> specs_;
+  std::vector<std::vector<uint8_t>> bytes_;
+  std::vector<uint64_t> offset_;
+  std::vector<ShardView> shards_;
+  uint64_t total_ = 0;
+};
+
 // Progress of long updates, for people watching a terminal (directly, or
 // through `paramcast launch`, which sets PARAMCAST_PROGRESS=1 on a TTY).
 void print_progress_when_watched(Publisher& publisher) {
@@ -218,6 +263,63 @@ int fail(const Status& s) {
   return 1;
 }
 
+// Rank 0 of a many-sender job: its rows, then the publisher's plan for all.
+Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Config& config) {
+  Totals t;
+  for (int u = 1; u <= config.trainer.updates; ++u) {
+    model.step(static_cast<uint64_t>(u));
+    UpdateOptions options;
+    options.version = static_cast<uint64_t>(u);
+    UpdateResult r = publisher.weight_update_sharded(model.shards(), options);
+    if (r.ok()) {
+      t.bytes += r.bytes;
+      t.seconds += r.seconds;
+      print_line("update v%llu: %zu tensors, %s from %d trainer ranks to %zu members in %s (%.2f GB/s)\n",
+                 static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(),
+                 config.publisher.ranks, r.subscribers.size(),
+                 format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::duration<double>(r.seconds)))
+                     .c_str(),
+                 r.gbps());
+    } else {
+      ++t.failures;
+      print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
+    }
+    if (u < config.trainer.updates) std::this_thread::sleep_for(config.trainer.interval);
+  }
+  return t;
+}
+
+// Trainer rank R > 0 of a many-sender job: joins rank 0 and sends its rows.
+int run_rank(const Config& config, int rank) {
+  auto r = PublisherRank::create(config, rank);
+  if (!r.ok()) return fail(r.status());
+  PublisherRank& me = *r.value();
+  ShardedModel model(config, rank);
+  print_line("paramcast-trainer: trainer rank %d of %d (%s), %s of the model\n", rank, config.publisher.ranks,
+             me.id().c_str(), format_bytes(model.total()).c_str());
+  if (Status s = me.start(); !s.ok()) return fail(s);
+  const auto joined_by = std::chrono::steady_clock::now() + config.control.join_timeout;
+  int failures = 0;
+  for (int u = 1; u <= config.trainer.updates; ++u) {
+    model.step(static_cast<uint64_t>(u));
+    UpdateResult res = me.weight_update(model.shards());
+    // Not joined yet: rank 0 may start later; retry within join_timeout.
+    while (res.status.code() == Code::kUnavailable && std::chrono::steady_clock::now() < joined_by) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      res = me.weight_update(model.shards());
+    }
+    if (res.ok()) {
+      print_line("%s: v%llu sent\n", me.id().c_str(), static_cast<unsigned long long>(res.version));
+    } else {
+      ++failures;
+      print_line("%s: update %d FAILED: %s\n", me.id().c_str(), u, res.status.to_string().c_str());
+    }
+  }
+  me.stop();
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -230,6 +332,14 @@ int main(int argc, char** argv) {
   if (flags.has("updates")) config.trainer.updates = std::max(1, std::atoi(flags.get("updates").c_str()));
   set_log_level(config.log_level);
   set_log_format(config.log_format);
+  const int rank = std::atoi(flags.get("rank", "0").c_str());
+  if (rank < 0 || rank >= config.publisher.ranks)
+    return usage_error(kTool, "--rank " + flags.get("rank") + " is not among 0.." +
+                                  std::to_string(config.publisher.ranks - 1) + " (publisher.ranks)");
+  if (rank > 0) {
+    if (!flags.has("endpoint")) return usage_error(kTool, "--rank R > 0 needs --endpoint (rank 0's control endpoint)");
+    return run_rank(config, rank);
+  }
 
   auto pub = Publisher::create(config);
   if (!pub.ok()) return fail(pub.status());
@@ -242,6 +352,17 @@ int main(int argc, char** argv) {
   print_line("paramcast-trainer: control endpoint %s\n", publisher.endpoint().c_str());
   EventPrinter events(publisher);  // from here on, events are printed as they happen
 
+  if (config.publisher.ranks > 1) {
+    ShardedModel shard(config, 0);
+    print_line("paramcast-trainer: trainer rank 0 of %d, %s of the model\n", config.publisher.ranks,
+               format_bytes(shard.total()).c_str());
+    if (Status started = publisher.start(); !started.ok()) return fail(started);
+    const Totals t = run_sharded_updates(publisher, shard, config);
+    events.stop();
+    print_line("paramcast-trainer: %d updates, %d failed\n", config.trainer.updates, t.failures);
+    publisher.shutdown();
+    return t.failures ? 1 : 0;
+  }
   auto model = SyntheticModel::create(config);
   if (!model.ok()) return fail(model.status());
   print_line("paramcast-trainer: model of %zu tensors, %s (%s each update)\n", model.value()->tensors(),

@@ -84,6 +84,25 @@ TEST(SyntheticModelTest, LlamaLayoutWith291Tensors) {
   EXPECT_GT(total, 50ull << 20);
 }
 
+// A trainer rank fills only the rows it holds: any byte range of a tensor,
+// computed alone, equals that range of the whole tensor, in both change modes.
+TEST(SyntheticModelTest, AnyByteRangeEqualsThatRangeOfTheWholeTensor) {
+  TensorSpec t{"model.layers.3.mlp.up_proj.weight", DType::kBF16, {301, 37}};
+  const uint64_t n = t.nbytes().value();
+  for (ModelChanges c : {ModelChanges::kEvery, ModelChanges::kUneven}) {
+    std::vector<uint8_t> whole(n);
+    fill_synthetic(t, 7, 12, whole.data(), n, c);
+    for (uint64_t off : {uint64_t{0}, uint64_t{3}, uint64_t{74}, uint64_t{8}, n - 5}) {
+      for (uint64_t len : {uint64_t{1}, uint64_t{5}, uint64_t{74 * 3}, n - off}) {
+        if (off + len > n) continue;
+        std::vector<uint8_t> part(len, 0xee);
+        fill_synthetic_range(t, 7, 12, part.data(), off, len, c);
+        ASSERT_EQ(0, std::memcmp(part.data(), whole.data() + off, len)) << "offset " << off << " length " << len;
+      }
+    }
+  }
+}
+
 TEST(SyntheticModelTest, ContentIsReproducibleAndChangesPerVersion) {
   TensorSpec t{"x", DType::kU8, {1001}};
   std::vector<uint8_t> a(1001), b(1001);

@@ -7,6 +7,8 @@
 // ranks' holdings overlap or leave a gap, naming tensor, range and ranks.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <future>
 
 #include "common/synthetic_model.h"
@@ -134,6 +136,76 @@ TEST_F(ShardedUpdateTest, ABroadcastUpdateIsRefusedInAManySenderJob) {
   UpdateResult r = pub_->weight_update(model_.views());
   EXPECT_EQ(r.status.code(), Code::kInvalidArgument) << r.status.to_string();
   EXPECT_NE(r.status.message().find("weight_update_sharded"), std::string::npos) << r.status.to_string();
+}
+
+// Rank 1 as a process of its own (paramcast-trainer --rank 1), killed.
+class ShardedProcessTest : public test::WorkerClusterTest {
+ protected:
+  // Rank 0's rows of every tensor at `version`, filled from the generator
+  // alone (as paramcast-trainer's ranks do).
+  std::vector<ShardView> rank0(uint64_t version) {
+    const auto specs = synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype);
+    rows_.clear();
+    rows_.reserve(specs.size());
+    std::vector<ShardView> out;
+    for (const auto& t : specs) {
+      const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+      auto [first, count] = synthetic_shard_rows(rows, 0, config_.publisher.ranks);
+      const uint64_t row_bytes = t.nbytes().value() / static_cast<uint64_t>(rows);
+      rows_.emplace_back(row_bytes * static_cast<uint64_t>(count));
+      fill_synthetic_range(t, config_.trainer.seed, version, rows_.back().data(), row_bytes * static_cast<uint64_t>(first),
+                           rows_.back().size(), config_.trainer.changes);
+      ShardView v;
+      v.local = TensorView{t, rows_.back().data(), Device{}};
+      if (!t.shape.empty()) v.local.spec.shape[0] = count;
+      v.full_shape = t.shape;
+      v.offsets.assign(t.shape.size(), 0);
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+  std::vector<std::vector<uint8_t>> rows_;
+};
+
+TEST_F(ShardedProcessTest, AKilledTrainerRankFailsTheUpdateWithinTheHeartbeatBoundNamingIt) {
+  make_publisher(test::test_config_yaml(2, "  ranks: 2\n"));
+  auto rank1 = test::Process::start(test::binary("paramcast-trainer"),
+                                    {"--config", yaml_path_, "--rank", "1", "--endpoint", pub_->endpoint(), "--updates",
+                                     "20"});
+  spawn_worker("worker-1");
+  spawn_worker("worker-2", {}, {"--mode", "callback"});
+  Status s = pub_->start();
+  ASSERT_TRUE(s.ok()) << s.to_string() << outputs() << rank1->output();
+  UpdateOptions o;
+  o.version = 1;
+  UpdateResult r1 = pub_->weight_update_sharded(rank0(1), o);
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string() << outputs() << rank1->output();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v1 verified", 20s)) << id << p->output();
+  EXPECT_TRUE(rank1->wait_for_output("trainer-1: v1 sent", 20s)) << rank1->output();
+
+  rank1->kill(SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  o.version = 2;
+  UpdateResult r2 = pub_->weight_update_sharded(rank0(2), o);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status.message().find("trainer-1"), std::string::npos) << r2.status.to_string();
+  // heartbeat_timeout (1.5 s) + 2 s, and slack for a loaded machine.
+  EXPECT_LT(took, 1.5 + 2 + 1.5) << r2.status.to_string();
+  // Rank 1 had stated its part of v2 before it died, so v2 began: each
+  // engine either never started it (consistent at v1) or says it is dirty,
+  // naming the dead rank; none claims v2.
+  std::this_thread::sleep_for(500ms);
+  for (auto& [id, p] : workers_) {
+    const std::string out = p->output();
+    EXPECT_EQ(out.find("v2 verified"), std::string::npos) << out;
+    const auto failed = out.find(id + ": update v2 failed");
+    if (failed != std::string::npos) {
+      const std::string line = out.substr(failed, out.find('\n', failed) - failed);
+      EXPECT_NE(line.find("trainer-1"), std::string::npos) << line;
+      EXPECT_NE(line.find("dirty (v2 incomplete, last consistent v1)"), std::string::npos) << line;
+    }
+  }
 }
 
 }  // namespace
