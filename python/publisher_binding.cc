@@ -89,6 +89,78 @@ class PyUpdate {
   Device device_;
 };
 
+// (name, local tensor, dtype override or None, full shape, offsets) -> ShardView.
+void import_shards(const py::list& items, Device device, std::vector<ShardView>& shards, std::vector<py::object>& keep) {
+  shards.reserve(items.size());
+  for (auto item : items) {
+    auto t = item.cast<py::tuple>();
+    auto name = t[0].cast<std::string>();
+    auto dtype = t[2].cast<std::optional<std::string>>();
+    BorrowedTensor b = import_tensor(name, t[1], dtype, device, std::nullopt);
+    ShardView v;
+    v.local = b.view;
+    v.full_shape = t[3].cast<std::vector<int64_t>>();
+    v.offsets = t[4].cast<std::vector<int64_t>>();
+    shards.push_back(std::move(v));
+    keep.push_back(std::move(b.keepalive));
+    keep.push_back(py::reinterpret_borrow<py::object>(t[1]));
+  }
+}
+
+// paramcast._core.PublisherRank: trainer rank r > 0 of a many-sender job.
+class PyPublisherRank {
+ public:
+  PyPublisherRank(const Config& config, int rank) {
+    set_log_level(config.log_level);
+    set_log_format(config.log_format);
+    auto r = PublisherRank::create(config, rank);
+    if (!r.ok()) throw_status(r.status());
+    rank_ = std::move(r.value());
+  }
+  ~PyPublisherRank() { close(); }
+
+  std::string id() const { return rank_ ? rank_->id() : ""; }
+
+  void start() {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = live().start();
+    }
+    if (!s.ok()) throw_status(s);
+  }
+
+  std::shared_ptr<UpdateHandle> submit(const py::list& items) {
+    std::vector<ShardView> shards;
+    std::vector<py::object> keep;
+    import_shards(items, Device{}, shards, keep);
+    PublisherRank& r = live();
+    std::shared_future<UpdateResult> f;
+    {
+      py::gil_scoped_release release;
+      f = std::async(std::launch::async, [&r, shards = std::move(shards)] { return r.weight_update(shards); }).share();
+    }
+    running_ = f;
+    return std::make_shared<UpdateHandle>(std::move(f), std::move(keep));
+  }
+
+  void close() {
+    if (!rank_) return;
+    py::gil_scoped_release release;
+    rank_->stop();
+    if (running_.valid()) running_.wait();
+    rank_.reset();
+  }
+
+ private:
+  PublisherRank& live() const {
+    if (!rank_) throw_status(unavailable("the trainer rank is closed"));
+    return *rank_;
+  }
+  std::unique_ptr<PublisherRank> rank_;
+  std::shared_future<UpdateResult> running_;
+};
+
 class PyPublisher {
  public:
   explicit PyPublisher(const Config& config) : device_(config.publisher.device) {
@@ -137,6 +209,27 @@ class PyPublisher {
     {
       py::gil_scoped_release release;
       f = p.weight_update_async(std::move(views), options).share();
+    }
+    std::erase_if(running_, [](const auto& r) { return r.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    running_.push_back(f);
+    return std::make_shared<UpdateHandle>(std::move(f), std::move(keep));
+  }
+
+  // A many-sender update (publisher.ranks > 1): items are (name, local
+  // tensor, dtype override or None, full shape, offsets): this rank's shards.
+  std::shared_ptr<UpdateHandle> submit_sharded(const py::list& items, std::optional<uint64_t> version) {
+    std::vector<ShardView> shards;
+    std::vector<py::object> keep;
+    import_shards(items, device_, shards, keep);
+    UpdateOptions options;
+    options.version = version;
+    Publisher& p = live();
+    std::shared_future<UpdateResult> f;
+    {
+      py::gil_scoped_release release;
+      f = std::async(std::launch::async, [&p, shards = std::move(shards), options] {
+            return p.weight_update_sharded(shards, options);
+          }).share();
     }
     std::erase_if(running_, [](const auto& r) { return r.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
     running_.push_back(f);
@@ -283,10 +376,17 @@ void bind_publisher(py::module_& m) {
       .def("start", &PyPublisher::start)
       .def("submit", &PyPublisher::submit, py::arg("items"), py::arg("version"), py::arg("after_stream"),
            py::arg("partial") = false)
+      .def("submit_sharded", &PyPublisher::submit_sharded, py::arg("items"), py::arg("version"))
       .def("begin_update", &PyPublisher::begin_update, py::arg("manifest"), py::arg("version"), py::arg("partial"))
       .def("stats", &PyPublisher::stats)
       .def("poll_event", &PyPublisher::poll_event)
       .def("close", &PyPublisher::close);
+  py::class_<PyPublisherRank>(m, "PublisherRank")
+      .def(py::init<const Config&, int>(), py::arg("config"), py::arg("rank"))
+      .def_property_readonly("id", &PyPublisherRank::id)
+      .def("start", &PyPublisherRank::start)
+      .def("submit", &PyPublisherRank::submit, py::arg("items"))
+      .def("close", &PyPublisherRank::close);
 }
 
 }  // namespace paramcast::python

@@ -267,17 +267,20 @@ class PublisherRank {
   // Joins rank 0's publisher (connects; the group forms when rank 0 starts).
   Status start();
   // This rank's part of the next update: returns once it ran (its version
-  // in the result), or with why not. Bounded by publisher.update_timeout
-  // plus control.heartbeat_timeout.
+  // in the result), or with why not. Waits for rank 0's welcome first
+  // (control.join_timeout), then at most publisher.update_timeout plus
+  // control.heartbeat_timeout.
   UpdateResult weight_update(const std::vector<ShardView>& shards);
   void stop();
   const std::string& id() const { return id_; }
 
  private:
-  PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string id, Millis bound);
+  PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string id, const Config& config);
   std::unique_ptr<SubscriberImpl> impl_;
   std::string id_;
+  std::string endpoint_;
   Millis bound_;
+  Millis join_timeout_;
   uint64_t last_version_ = 0;
 };
 

@@ -3,6 +3,8 @@
 // client, group member, data thread: SubscriberImpl with `source`), which
 // holds shards instead of registered buffers and sends them in sharded
 // plans (inference_side/subscriber_sharded.cc).
+#include <thread>
+
 #include "common/log.h"
 #include "common/units.h"
 #include "inference_side/subscriber_impl.h"
@@ -10,8 +12,12 @@
 
 namespace paramcast {
 
-PublisherRank::PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string id, Millis bound)
-    : impl_(std::move(impl)), id_(std::move(id)), bound_(bound) {}
+PublisherRank::PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string id, const Config& config)
+    : impl_(std::move(impl)),
+      id_(std::move(id)),
+      endpoint_(config.control.endpoint),
+      bound_(config.publisher.update_timeout + config.control.heartbeat_timeout),
+      join_timeout_(config.control.join_timeout) {}
 
 PublisherRank::~PublisherRank() { stop(); }
 
@@ -21,8 +27,8 @@ StatusOr<std::unique_ptr<PublisherRank>> PublisherRank::create(const Config& con
                             std::to_string(config.publisher.ranks - 1) + " (publisher.ranks: " +
                             std::to_string(config.publisher.ranks) + "; rank 0 runs the Publisher)");
   const std::string id = trainer_rank_id(rank);
-  const Millis bound = config.publisher.update_timeout + config.control.heartbeat_timeout;
-  return std::unique_ptr<PublisherRank>(new PublisherRank(std::make_unique<SubscriberImpl>(config, id, true), id, bound));
+  return std::unique_ptr<PublisherRank>(
+      new PublisherRank(std::make_unique<SubscriberImpl>(config, id, true), id, config));
 }
 
 Status PublisherRank::start() { return impl_->start(); }
@@ -37,8 +43,12 @@ UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards) 
   const auto t0 = Clock::now();
   while (impl_->next_report(Millis(0))) {
   }  // reports of updates no call waited for
+  // The first call may come before rank 0 welcomed this rank (every rank
+  // starts at once): it waits for that within control.join_timeout.
+  while (!impl_->joined() && Clock::now() < t0 + join_timeout_) std::this_thread::sleep_for(Millis(10));
   if (!impl_->joined()) {
-    r.status = unavailable(id_ + " has not joined the publisher (yet)");
+    r.status = unavailable(id_ + " has not joined the publisher at " + endpoint_ + " within control.join_timeout (" +
+                           format_duration(join_timeout_) + ")");
     return r;
   }
   if (Status s = impl_->publish(shards); !s.ok()) {

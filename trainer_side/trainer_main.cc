@@ -299,16 +299,10 @@ int run_rank(const Config& config, int rank) {
   print_line("paramcast-trainer: trainer rank %d of %d (%s), %s of the model\n", rank, config.publisher.ranks,
              me.id().c_str(), format_bytes(model.total()).c_str());
   if (Status s = me.start(); !s.ok()) return fail(s);
-  const auto joined_by = std::chrono::steady_clock::now() + config.control.join_timeout;
   int failures = 0;
   for (int u = 1; u <= config.trainer.updates; ++u) {
     model.step(static_cast<uint64_t>(u));
     UpdateResult res = me.weight_update(model.shards());
-    // Not joined yet: rank 0 may start later; retry within join_timeout.
-    while (res.status.code() == Code::kUnavailable && std::chrono::steady_clock::now() < joined_by) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      res = me.weight_update(model.shards());
-    }
     if (res.ok()) {
       print_line("%s: v%llu sent\n", me.id().c_str(), static_cast<unsigned long long>(res.version));
     } else {

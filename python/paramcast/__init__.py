@@ -3,9 +3,9 @@
     pub = paramcast.Publisher("deploy/x.yaml")          # trainer
     pub.start()
     result = pub.weight_update(model.named_parameters())
-    with pub.stream(paramcast.manifest(model)) as u:     # a sharded trainer:
-        for name, p in model.named_parameters():          # gather one, send one
-            u.send(name, p.full_tensor())
+    pub.weight_update_sharded(model.named_parameters())  # a sharded trainer, rank 0:
+    # ranks 1..M-1: paramcast.PublisherRank(config, rank).weight_update(...)
+    # every rank sends its own shard; nothing is gathered
 
     sub = paramcast.Subscriber(config, "engine-1")        # inference engine
     sub.register(model.named_parameters())                # in place, or:
@@ -21,10 +21,10 @@ from ._core import Config, Mismatch, SubscriberOutcome, UpdateResult
 from ._tensors import manifest
 from .errors import (ConfigError, DeadlineExceeded, Error, PeerLostError, RejectedError, UnavailableError,
                      UpdateError)
-from .publisher import Publisher, Stream
+from .publisher import Publisher, PublisherRank, Stream
 from .subscriber import Subscriber
 
 __all__ = [
-    "Config", "ConfigError", "DeadlineExceeded", "Error", "PeerLostError", "RejectedError", "UnavailableError", "Mismatch", "Publisher", "Stream", "Subscriber", "SubscriberOutcome",
+    "Config", "ConfigError", "DeadlineExceeded", "Error", "PeerLostError", "RejectedError", "UnavailableError", "Mismatch", "Publisher", "PublisherRank", "Stream", "Subscriber", "SubscriberOutcome",
     "UpdateError", "UpdateResult", "load_config", "manifest", "reshard",
 ]

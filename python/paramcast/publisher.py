@@ -81,6 +81,31 @@ class Publisher:
             raise UpdateError(result)
         return result
 
+    def weight_update_sharded(self, named_tensors, version=None):
+        """Rank 0's part of a many-sender update (``publisher.ranks`` > 1): every trainer rank
+        publishes what it holds, at once, and no rank gathers a tensor.
+
+        ``named_tensors`` are this rank's parameters as they are: DTensors
+        (FSDP2's ``fully_shard``, a tensor-parallel layout) give the region
+        their placements hold, plain tensors are whole. The other ranks call
+        :meth:`PublisherRank.weight_update` with theirs. The plan is checked
+        whole before any byte moves: a gap, an overlap or a disagreement
+        between ranks raises :class:`paramcast.UpdateError` naming tensor,
+        range and ranks. Returns the :class:`paramcast.UpdateResult`.
+        """
+        self._not_inside_a_stream("weight_update_sharded")
+        with self._lock:
+            self._finish_interrupted()
+            handle = self._core.submit_sharded(shard_items(named_tensors, "weight_update_sharded"), version)
+            try:
+                result = _wait(handle)
+            except KeyboardInterrupt:
+                self._inflight = handle
+                raise
+        if not result.ok:
+            raise UpdateError(result)
+        return result
+
     def stream(self, manifest, version=None, partial=False):
         """A streamed update: ``with pub.stream(manifest) as u: u.send(name, tensor)``.
 
@@ -187,6 +212,68 @@ class Publisher:
         if self._inflight is not None:
             self.interrupted_result = _wait(self._inflight)
             self._inflight = None
+
+
+def shard_items(named_tensors, what):
+    """(name, local tensor, dtype, full shape, offsets) for each of this rank's tensors, read
+    from their placements (paramcast.reshard.region_of): the local shard only, never gathered."""
+    from .reshard import region_of
+    items = []
+    for name, tensor in named_items(named_tensors, what):
+        shape, (offsets, _) = region_of(tensor, f"'{name}'")
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        if not local.is_contiguous():
+            local = local.contiguous()  # this rank's own shard, in its row-major layout
+        obj, dtype, _ = for_dlpack(local)
+        items.append((name, obj, dtype, shape, offsets))
+    return items
+
+
+class PublisherRank:
+    """Trainer rank ``rank`` > 0 of a many-sender job (``publisher.ranks`` in the same config as
+    rank 0's, ``control.endpoint`` rank 0's address). Each :meth:`weight_update` sends this
+    rank's part of the update straight to the engines, in step with rank 0's
+    :meth:`Publisher.weight_update_sharded`.
+
+        rank = paramcast.PublisherRank(config, dist.get_rank())   # on ranks 1..M-1
+        rank.start()
+        rank.weight_update(model.named_parameters())              # every step, on every rank
+    """
+
+    def __init__(self, config, rank):
+        self.config = load_config(config)
+        self._core = _core.PublisherRank(self.config, int(rank))
+        _lifetime.track(self)
+
+    _exit_order = 1
+
+    @property
+    def id(self):
+        return self._core.id
+
+    def start(self):
+        """Connects to rank 0's publisher (the group forms when rank 0 starts)."""
+        self._core.start()
+        return self
+
+    def weight_update(self, named_tensors):
+        """This rank's part of the next update; returns its UpdateResult (its ``version``) or raises
+        :class:`paramcast.UpdateError` (an update abandoned, refused, or failed on this rank)."""
+        handle = self._core.submit(shard_items(named_tensors, "PublisherRank.weight_update"))
+        result = _wait(handle)
+        if not result.ok:
+            raise UpdateError(result)
+        return result
+
+    def close(self):
+        self._core.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 class Stream:

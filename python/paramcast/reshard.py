@@ -32,8 +32,28 @@ def slice_of(shape, dim, start, length):
     return (offsets, lengths)
 
 
+class Shard:
+    """This rank's box of a tensor it holds part of, stated without a DTensor (a Megatron-style
+    shard, a pipeline stage's slice): ``local`` holds the box starting at ``offsets`` of the full
+    tensor of ``full_shape`` (row-major, its lengths ``local.shape``)."""
+
+    def __init__(self, local, full_shape, offsets):
+        self.local = local
+        self.shape = [int(d) for d in full_shape]
+        self.offsets = [int(o) for o in offsets]
+        if len(self.offsets) != len(self.shape) or local.dim() != len(self.shape):
+            raise ValueError(f"a shard of a {len(self.shape)}-d tensor needs {len(self.shape)} offsets and a "
+                             f"{len(self.shape)}-d local tensor, got {len(self.offsets)} and {local.dim()}-d")
+        self.dtype = local.dtype
+
+    def to_local(self):
+        return self.local
+
+
 def region_of(tensor, what="tensor"):
     """(global shape, (offsets, lengths)) of what this rank holds of `tensor`."""
+    if isinstance(tensor, Shard):
+        return list(tensor.shape), (list(tensor.offsets), [int(d) for d in tensor.local.shape])
     try:
         from torch.distributed.tensor import DTensor, Partial
     except ImportError:  # PyTorch without DTensor: every tensor is whole
