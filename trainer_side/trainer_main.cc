@@ -205,6 +205,18 @@ class ShardedModel {
   uint64_t total_ = 0;
 };
 
+// The process's resident set now and at its peak (/proc/self/status), in bytes.
+std::pair<uint64_t, uint64_t> resident_memory() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  uint64_t now = 0, peak = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) now = std::stoull(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) peak = std::stoull(line.substr(6)) * 1024;
+  }
+  return {now, peak};
+}
+
 // Progress of long updates, for people watching a terminal (directly, or
 // through `paramcast launch`, which sets PARAMCAST_PROGRESS=1 on a TTY).
 void print_progress_when_watched(Publisher& publisher) {
@@ -296,6 +308,8 @@ int run_rank(const Config& config, int rank) {
   if (!r.ok()) return fail(r.status());
   PublisherRank& me = *r.value();
   ShardedModel model(config, rank);
+  model.step(1);  // its rows are resident from here on
+  const uint64_t resident = resident_memory().first;
   print_line("paramcast-trainer: trainer rank %d of %d (%s), %s of the model\n", rank, config.publisher.ranks,
              me.id().c_str(), format_bytes(model.total()).c_str());
   if (Status s = me.start(); !s.ok()) return fail(s);
@@ -311,6 +325,12 @@ int run_rank(const Config& config, int rank) {
     }
   }
   me.stop();
+  // What the updates cost this rank beyond its rows (resident after they
+  // were filled, peak since): its sends leave from the rows themselves.
+  const uint64_t peak = resident_memory().second, growth = peak > resident ? peak - resident : 0;
+  print_line("%s: resident %s with its rows, peak %s (+%s during updates; growth_bytes=%llu)\n", me.id().c_str(),
+             format_bytes(resident).c_str(), format_bytes(peak).c_str(), format_bytes(growth).c_str(),
+             static_cast<unsigned long long>(growth));
   return failures ? 1 : 0;
 }
 
