@@ -37,6 +37,12 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
                                                  "(finish or abort it first)");
     return st;
   }
+  if (cfg_.publisher.ranks > 1) {  // the other trainer ranks would wait for a plan naming their part
+    st->status = st->r.status = invalid_argument(
+        "publisher.ranks is " + std::to_string(cfg_.publisher.ranks) +
+        ": every trainer rank publishes its part (weight_update_sharded on rank 0, PublisherRank on the others)");
+    return st;
+  }
   st->lock = std::unique_lock<UpdateGate>(update_mu_);
   streaming_ = true;
   st->t0 = Clock::now();

@@ -137,6 +137,9 @@ TEST_F(ShardedUpdateTest, ABroadcastUpdateIsRefusedInAManySenderJob) {
   UpdateResult r = pub_->weight_update(model_.views());
   EXPECT_EQ(r.status.code(), Code::kInvalidArgument) << r.status.to_string();
   EXPECT_NE(r.status.message().find("weight_update_sharded"), std::string::npos) << r.status.to_string();
+  auto u = pub_->begin_update(model_.specs);
+  EXPECT_FALSE(u->ok());
+  EXPECT_NE(u->status().message().find("PublisherRank"), std::string::npos) << u->status().to_string();
 }
 
 // Rank 1 as a process of its own (paramcast-trainer --rank 1), killed.
