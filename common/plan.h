@@ -67,6 +67,10 @@ struct UpdatePlan {
   };
   bool sharded = false;
   std::vector<Holding> holders;
+  // Receiving ranks that want slices (tensor parallelism): each wants
+  // exactly its listed regions; a receiving rank not listed wants every
+  // tensor whole.
+  std::vector<Holding> wanters;
   // The unit a delta of bucket k compares in: its tensors' smallest element size.
   uint32_t bucket_unit(size_t k) const;
   // Streamed plans: checks bucket `b` against the tensors (pieces inside

@@ -51,6 +51,85 @@ void bucket_to_proto(const PlanBucket& src, proto::Bucket::Builder dst) {
   }
 }
 
+namespace {
+
+unsigned ranks_of(const std::vector<UpdatePlan::Holding>& list) {
+  std::set<int> ranks;
+  for (const auto& h : list) ranks.insert(h.rank);
+  return static_cast<unsigned>(ranks.size());
+}
+
+void holdings_to_proto(const std::vector<UpdatePlan::Holding>& list, capnp::List<proto::RankHoldings>::Builder ranks) {
+  std::map<int, std::vector<const UpdatePlan::Holding*>> by_rank;
+  for (const auto& h : list) by_rank[h.rank].push_back(&h);
+  unsigned i = 0;
+  for (const auto& [rank, holds] : by_rank) {
+    auto r = ranks[i++];
+    r.setRank(static_cast<uint32_t>(rank));
+    unsigned n = 0;
+    for (const auto* h : holds) n += h->tensor >= 0;
+    auto list = r.initHolds(n);
+    unsigned j = 0;
+    for (const auto* h : holds) {
+      if (h->tensor < 0) continue;
+      auto e = list[j++];
+      e.setTensor(static_cast<uint32_t>(h->tensor));
+      auto off = e.initOffsets(static_cast<unsigned>(h->offsets.size()));
+      for (size_t d = 0; d < h->offsets.size(); ++d) off.set(static_cast<unsigned>(d), h->offsets[d]);
+      auto len = e.initLengths(static_cast<unsigned>(h->lengths.size()));
+      for (size_t d = 0; d < h->lengths.size(); ++d) len.set(static_cast<unsigned>(d), h->lengths[d]);
+    }
+  }
+}
+
+// A sharded plan's holders: ranks in range and listed once, each region
+// of its tensor's rank (bounds, overlaps and coverage are the many-sender
+// plan's checks, common/reshard/).
+Status regions_from_proto(capnp::List<proto::RankHoldings>::Reader list, const char* what, UpdatePlan& plan,
+                          std::vector<UpdatePlan::Holding>& into) {
+  const std::string where = "plan v" + std::to_string(plan.version);
+  std::set<uint32_t> seen;
+  for (auto r : list) {
+    const std::string who = std::string(what) + " rank " + std::to_string(r.getRank());
+    if (r.getRank() > kMaxShardedRank || !seen.insert(r.getRank()).second)
+      return protocol_error(where + ": " + who + " is out of range or listed twice");
+    if (r.getHolds().size() == 0) into.push_back({static_cast<int>(r.getRank()), -1, {}, {}});
+    for (auto h : r.getHolds()) {
+      if (h.getTensor() >= plan.tensors.size())
+        return protocol_error(where + ": " + who + " names tensor #" + std::to_string(h.getTensor()) + " of " +
+                              std::to_string(plan.tensors.size()));
+      const auto& spec = plan.tensors[h.getTensor()];
+      if (h.getOffsets().size() != spec.shape.size() || h.getLengths().size() != spec.shape.size())
+        return protocol_error(where + ": " + who + " gives '" + spec.name + "' a region of another rank than its shape's");
+      UpdatePlan::Holding out{static_cast<int>(r.getRank()), h.getTensor(), {}, {}};
+      for (int64_t v : h.getOffsets()) out.offsets.push_back(v);
+      for (int64_t v : h.getLengths()) out.lengths.push_back(v);
+      into.push_back(std::move(out));
+    }
+  }
+  return Status();
+}
+
+// A sharded plan's holders and wanters: ranks in range and listed once,
+// each region of its tensor's rank (bounds, overlaps and coverage are the
+// many-sender plan's checks, common/reshard/).
+Status holders_from_proto(proto::Plan::Reader in, UpdatePlan& plan) {
+  const std::string where = "plan v" + std::to_string(plan.version);
+  if (plan.streamed || plan.delta_base || in.getBuckets().size() != 0)
+    return protocol_error(where + ": a sharded plan is neither streamed nor a delta, and lists no buckets");
+  PC_RETURN_IF_ERROR(regions_from_proto(in.getHolders(), "holder", plan, plan.holders));
+  PC_RETURN_IF_ERROR(regions_from_proto(in.getWanters(), "wanting", plan, plan.wanters));
+  bool zero = false;
+  for (const auto& h : plan.holders) zero |= h.rank == 0;
+  if (!zero) return protocol_error(where + ": a sharded plan lists no holdings of rank 0 (the publisher)");
+  for (const auto& w : plan.wanters)
+    for (const auto& h : plan.holders)
+      if (w.rank == h.rank) return protocol_error(where + ": rank " + std::to_string(w.rank) + " both holds and wants");
+  return Status();
+}
+
+}  // namespace
+
 void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
   out.setVersion(plan.version);
   out.setManifestHash(plan.manifest_hash);
@@ -76,62 +155,10 @@ void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
   out.setDeltaBase(plan.delta_base);
   out.setSharded(plan.sharded);
   if (!plan.sharded) return;
-  std::map<int, std::vector<const UpdatePlan::Holding*>> by_rank;
-  for (const auto& h : plan.holders) by_rank[h.rank].push_back(&h);
-  auto ranks = out.initHolders(static_cast<unsigned>(by_rank.size()));
-  unsigned i = 0;
-  for (const auto& [rank, holds] : by_rank) {
-    auto r = ranks[i++];
-    r.setRank(static_cast<uint32_t>(rank));
-    unsigned n = 0;
-    for (const auto* h : holds) n += h->tensor >= 0;
-    auto list = r.initHolds(n);
-    unsigned j = 0;
-    for (const auto* h : holds) {
-      if (h->tensor < 0) continue;
-      auto e = list[j++];
-      e.setTensor(static_cast<uint32_t>(h->tensor));
-      auto off = e.initOffsets(static_cast<unsigned>(h->offsets.size()));
-      for (size_t d = 0; d < h->offsets.size(); ++d) off.set(static_cast<unsigned>(d), h->offsets[d]);
-      auto len = e.initLengths(static_cast<unsigned>(h->lengths.size()));
-      for (size_t d = 0; d < h->lengths.size(); ++d) len.set(static_cast<unsigned>(d), h->lengths[d]);
-    }
-  }
+  holdings_to_proto(plan.holders, out.initHolders(ranks_of(plan.holders)));
+  holdings_to_proto(plan.wanters, out.initWanters(ranks_of(plan.wanters)));
 }
 
-namespace {
-
-// A sharded plan's holders: ranks in range and listed once, each region
-// of its tensor's rank (bounds, overlaps and coverage are the many-sender
-// plan's checks, common/reshard/).
-Status holders_from_proto(proto::Plan::Reader in, UpdatePlan& plan) {
-  const std::string where = "plan v" + std::to_string(plan.version);
-  if (plan.streamed || plan.delta_base || in.getBuckets().size() != 0)
-    return protocol_error(where + ": a sharded plan is neither streamed nor a delta, and lists no buckets");
-  std::set<uint32_t> seen;
-  for (auto r : in.getHolders()) {
-    if (r.getRank() > kMaxShardedRank || !seen.insert(r.getRank()).second)
-      return protocol_error(where + ": holder rank " + std::to_string(r.getRank()) + " is out of range or listed twice");
-    if (r.getHolds().size() == 0) plan.holders.push_back({static_cast<int>(r.getRank()), -1, {}, {}});
-    for (auto h : r.getHolds()) {
-      if (h.getTensor() >= plan.tensors.size())
-        return protocol_error(where + ": holder rank " + std::to_string(r.getRank()) + " names tensor #" +
-                              std::to_string(h.getTensor()) + " of " + std::to_string(plan.tensors.size()));
-      const auto& spec = plan.tensors[h.getTensor()];
-      if (h.getOffsets().size() != spec.shape.size() || h.getLengths().size() != spec.shape.size())
-        return protocol_error(where + ": holder rank " + std::to_string(r.getRank()) + " gives '" + spec.name +
-                              "' a region of another rank than its shape's");
-      UpdatePlan::Holding out{static_cast<int>(r.getRank()), h.getTensor(), {}, {}};
-      for (int64_t v : h.getOffsets()) out.offsets.push_back(v);
-      for (int64_t v : h.getLengths()) out.lengths.push_back(v);
-      plan.holders.push_back(std::move(out));
-    }
-  }
-  if (!seen.count(0)) return protocol_error(where + ": a sharded plan lists no holdings of rank 0 (the publisher)");
-  return Status();
-}
-
-}  // namespace
 
 StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
   UpdatePlan plan;

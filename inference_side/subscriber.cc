@@ -153,8 +153,8 @@ uint64_t SubscriberImpl::staging_peak() const { return mem_ ? mem_->peak() : 0; 
 
 std::optional<UpdateReport> SubscriberImpl::next_report(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !reports_.empty() || !fatal_.ok(); })) return std::nullopt;
-  if (reports_.empty()) return UpdateReport{0, fatal_, 0, 0};
+  if (!cv_.wait_for(lock, timeout, [&] { return !reports_.empty() || !fatal_.ok() || stopping_; })) return std::nullopt;
+  if (reports_.empty()) return UpdateReport{0, fatal_.ok() ? aborted(id_ + " stopping") : fatal_, 0, 0};
   UpdateReport r = reports_.front();
   reports_.pop_front();
   return r;
@@ -171,6 +171,7 @@ void SubscriberImpl::inject(const void* data, size_t size) {
 // ----------------------------------------------------------- control thread
 void SubscriberImpl::on_joined() {
   group_->on_joined();
+  send_wants();  // the publisher plans this engine's slices from them
   std::lock_guard<std::mutex> lock(mu_);
   PC_INFO(id_ << ": holding " << state_.to_string());
   cv_.notify_all();
@@ -202,7 +203,7 @@ control::WeightReport SubscriberImpl::weight_report() {
     w.receiving_version = receiving_version_;
     w.delta_base = delta_base_locked();
   }
-  if (w.receiving_version && receiver_) w.received_bytes = receiver_->received() + sharded_received_;
+  if (w.receiving_version && receiver_) w.received_bytes = receiving_sharded_ ? sharded_received_.load() : receiver_->received();
   return w;
 }
 
@@ -238,7 +239,14 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
       // A trainer rank's publish call waits for its part's outcome: an
       // update abandoned before it ran (or, version 0, refused before its
       // plan: holdings that did not fit) ends that call now.
-      if (source_ && (a.getVersion() == 0 || (pending_plan_ && pending_plan_->version == a.getVersion()))) {
+      uint64_t calling = 0;
+      {
+        std::lock_guard<std::mutex> lock(reg_mu_);
+        calling = active_seq_;
+      }
+      if (source_ && calling &&
+          (a.getVersion() == 0 ? a.getHoldingsSeq() == calling
+                               : pending_plan_ && pending_plan_->version == a.getVersion())) {
         std::lock_guard<std::mutex> lock(mu_);
         reports_.push_back(UpdateReport{a.getVersion(), aborted(std::string("publisher abandoned the update: ") +
                                                                 control::printable(a.getReason().cStr(), 512)),
@@ -281,6 +289,9 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     epoch_ = epoch;
+    rank_ = job.group.rank;  // a sharded plan is checked against this rank's wants on arrival
+    world_ = job.group.world_size;
+    rank_names_ = job.group.members;
     checksums_.clear();
     layouts_.clear();
     stream_end_.clear();
@@ -454,9 +465,6 @@ void SubscriberImpl::join(const Job& job) {
   if (job.epoch == epoch_) {  // else superseded while forming
     comm_ = std::move(comm.value());
     update_cap_ = job.group.op_timeout;
-    rank_ = job.group.rank;
-    world_ = job.group.world_size;
-    rank_names_ = job.group.members;
   }
 }
 
@@ -469,6 +477,7 @@ void SubscriberImpl::receive(const Job& job) {
     std::lock_guard<std::mutex> lock(mu_);
     comm = comm_;
     receiving_version_ = plan.version;
+    receiving_sharded_ = plan.sharded;
     deadline_ = t0 + update_cap_;  // the publisher's update_timeout: it gives up then too
     if (taking) {
       state_.kind = WeightStateKind::kDirty;
@@ -622,7 +631,9 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     auto a = b.initApplied();
     a.setVersion(plan.version);
     a.setOk(s.ok());
-    a.setBytes(s.ok() ? plan.total_bytes : std::min(received, plan.total_bytes));
+    // A sharded plan: what this member received (its slices, or nothing
+    // for a trainer rank), not the model's size.
+    a.setBytes(plan.sharded ? received : s.ok() ? plan.total_bytes : std::min(received, plan.total_bytes));
     a.setReceiveMs(static_cast<uint64_t>(receive_time.count()));
     a.setDeltaBase(delta_base);
     auto list = a.initLinks(static_cast<unsigned>(links.size()));
@@ -654,6 +665,7 @@ StatusOr<std::unique_ptr<Subscriber>> Subscriber::create(const Config& config, c
 }
 
 Status Subscriber::register_tensor(const TensorView& d) { return impl_->register_tensor(d); }
+Status Subscriber::register_slice(const ShardView& s) { return impl_->register_slice(s); }
 void Subscriber::on_tensor(TensorCallback cb) { impl_->callback_ = std::move(cb); }
 void Subscriber::on_update_begin(UpdateBeginHook h) { impl_->begin_hook_ = std::move(h); }
 void Subscriber::on_update_end(UpdateEndHook h) { impl_->end_hook_ = std::move(h); }

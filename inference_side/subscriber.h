@@ -76,6 +76,15 @@ class Subscriber {
   // CUDA destinations are complete (device work synchronised) before
   // on_update_end runs and before Applied is sent.
   Status register_tensor(const TensorView& destination);
+  // A slice of a tensor this engine serves (tensor parallelism): slice.local
+  // holds the box starting at slice.offsets of the full tensor of
+  // slice.full_shape (row-major; local.spec.name and dtype the full
+  // tensor's), e.g. rows [t*n/k, (t+1)*n/k) of a column-parallel weight,
+  // anywhere in the engine's memory (a row range of a fused qkv_proj). Only
+  // many-sender (sharded) updates deliver slices: each piece of the slice
+  // goes straight into it, and nothing else of the tensor reaches this
+  // engine. Host memory.
+  Status register_slice(const ShardView& slice);
   void on_tensor(TensorCallback callback);
   void on_update_begin(UpdateBeginHook hook);
   void on_update_end(UpdateEndHook hook);

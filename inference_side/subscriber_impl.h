@@ -44,7 +44,18 @@ class SubscriberImpl : public control::ControlClient::Listener {
 
   Status register_tensor(const TensorView& destination);
   // A trainer rank's part of the next sharded update: sends Holdings.
-  Status publish(const std::vector<ShardView>& shards);
+  Status publish(const std::vector<ShardView>& shards, uint64_t step);
+  // Ends a trainer rank's call `seq`: no plan may use its shards any more.
+  // `ran`: its update ran (its report came). Otherwise the publisher is told
+  // (withdrawn), and a transfer still reading the shards is aborted and
+  // waited for, so the caller may change or free them when this returns.
+  void end_publish(uint64_t seq, bool ran);
+  uint64_t publish_seq() const {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    return publish_seq_;
+  }
+  Status register_slice(const ShardView& slice);
+  void send_wants();  // the registered slices, to the publisher (any thread)
   Status start();
   void stop();
   WeightState state() const;
@@ -143,6 +154,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
   mutable std::mutex reg_mu_;
   std::map<std::string, TensorView> registry_;
   std::vector<ShardView> holdings_;  // a source's shards of the update it published (reg_mu_)
+  std::map<std::string, ShardView> slices_;  // an engine's registered slices (reg_mu_)
+  uint64_t wants_seq_ = 0;                   // reg_mu_
   uint64_t publish_seq_ = 0;         // reg_mu_
   // The data-plane rank and names of the current epoch (for sharded plans;
   // set by join(), read under mu_).
@@ -150,6 +163,10 @@ class SubscriberImpl : public control::ControlClient::Listener {
   int world_ = 0;
   std::vector<std::string> rank_names_;
   std::atomic<uint64_t> sharded_received_{0};
+  bool receiving_sharded_ = false;  // mu_
+  // A trainer rank: the publish call whose shards a plan may use now (0:
+  // none; reg_mu_). Its shards are the caller's only during that call.
+  uint64_t active_seq_ = 0;
 
   mutable std::mutex mu_;  // shared state of both threads
   std::condition_variable cv_;

@@ -6,6 +6,7 @@
 // transfers from the plan (common/reshard/sharded_update.h); each piece's
 // xxh64 travels after it and is checked before it counts.
 #include <cstring>
+#include <set>
 
 #include "common/control/messages.h"
 #include "common/log.h"
@@ -22,7 +23,7 @@ reshard::Region box_of(const ShardView& s, const std::vector<int64_t>& full) {
 }
 }  // namespace
 
-Status SubscriberImpl::publish(const std::vector<ShardView>& shards) {
+Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t step) {
   for (const auto& s : shards) {
     const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
     const reshard::Region box = box_of(s, full);
@@ -37,10 +38,12 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     holdings_ = shards;
     seq = ++publish_seq_;
+    active_seq_ = seq;
   }
   client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
     auto h = b.initHoldings();
     h.setSeq(seq);
+    h.setStep(step);
     auto tensors = h.initTensors(static_cast<unsigned>(shards.size()));
     auto holds = h.initHolds(static_cast<unsigned>(shards.size()));
     for (size_t i = 0; i < shards.size(); ++i) {
@@ -65,23 +68,165 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards) {
   return Status();
 }
 
+Status SubscriberImpl::register_slice(const ShardView& slice) {
+  const TensorSpec& local = slice.local.spec;
+  const reshard::Region box = box_of(slice, slice.full_shape);
+  TensorSpec full{local.name, local.dtype, slice.full_shape};
+  if (local.name.empty()) return invalid_argument("a slice needs its tensor's name");
+  if (!full.nbytes().ok()) return full.nbytes().status().with_context("slice of '" + local.name + "'");
+  if (!box.inside(slice.full_shape))
+    return invalid_argument("slice of '" + local.name + "' " + box.to_string() + " is not inside its shape " +
+                            full.shape_string());
+  if (!box.empty() && !slice.local.data) return invalid_argument("slice of '" + local.name + "' has no data pointer");
+  if (slice.local.device.is_cuda() || device_.is_cuda())
+    return invalid_argument("slice of '" + local.name + "': slices land in host memory (sharded updates move over Gloo)");
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    registry_.erase(local.name);  // a name is whole or a slice, the last registration wins
+    slices_[local.name] = slice;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_since_update_ = true;
+  }
+  if (client_->joined()) send_wants();
+  return Status();
+}
+
+void SubscriberImpl::send_wants() {
+  std::vector<ShardView> slices;
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (slices_.empty()) return;
+    for (const auto& [name, s] : slices_) slices.push_back(s);
+    seq = ++wants_seq_;
+  }
+  client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
+    auto h = b.initWants();
+    h.setSeq(seq);
+    auto tensors = h.initTensors(static_cast<unsigned>(slices.size()));
+    auto holds = h.initHolds(static_cast<unsigned>(slices.size()));
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const ShardView& s = slices[i];
+      const reshard::Region box = box_of(s, s.full_shape);
+      auto e = tensors[static_cast<unsigned>(i)];
+      e.setName(s.local.spec.name);
+      e.setDtype(std::string(dtype_name(s.local.spec.dtype)));
+      auto shape = e.initShape(static_cast<unsigned>(s.full_shape.size()));
+      for (size_t d = 0; d < s.full_shape.size(); ++d) shape.set(static_cast<unsigned>(d), s.full_shape[d]);
+      TensorSpec whole{s.local.spec.name, s.local.spec.dtype, s.full_shape};
+      e.setNbytes(whole.nbytes().ok() ? *whole.nbytes() : 0);
+      auto r = holds[static_cast<unsigned>(i)];
+      r.setTensor(static_cast<uint32_t>(i));
+      auto off = r.initOffsets(static_cast<unsigned>(box.offsets.size()));
+      for (size_t d = 0; d < box.offsets.size(); ++d) off.set(static_cast<unsigned>(d), box.offsets[d]);
+      auto len = r.initLengths(static_cast<unsigned>(box.lengths.size()));
+      for (size_t d = 0; d < box.lengths.size(); ++d) len.set(static_cast<unsigned>(d), box.lengths[d]);
+    }
+  }));
+}
+
+void SubscriberImpl::end_publish(uint64_t seq, bool ran) {
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (active_seq_ != seq) return;
+    active_seq_ = 0;
+    holdings_.clear();
+  }
+  if (ran) return;
+  client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
+    auto h = b.initHoldings();
+    h.setSeq(seq);
+    h.setWithdrawn(true);
+  }));
+  // A transfer of this call that is still under way reads the caller's
+  // shards: it ends now, before the call returns.
+  uint64_t running = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running = receiving_version_;
+  }
+  if (!running) return;  // nothing reads them: the group stays usable
+  abort_comm(id_ + ": its publish call ended before its update finished", running);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::seconds(30), [&] { return receiving_version_ != running; });
+}
+
 // A trainer rank takes sharded plans only, and only with its own holdings in
-// them; an engine checks the tensors as for any plan, and needs host memory.
+// them; an engine checks the tensors as for any plan, needs host memory, and
+// must be planned exactly the slices it registered (else a piece would not
+// fit its buffer): its rank's wants in the plan, region by region.
 std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
   std::vector<Mismatch> out;
   if (!plan.sharded) {
-    out.push_back({Mismatch::Kind::kOther, "<plan>", "a sharded plan (this is trainer rank " + id_ + ")",
-                   "a broadcast plan"});
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (source_)
+      out.push_back({Mismatch::Kind::kOther, "<plan>", "a sharded plan (this is trainer rank " + id_ + ")",
+                     "a broadcast plan"});
+    for (const auto& [name, s] : slices_)
+      out.push_back({Mismatch::Kind::kOther, name,
+                     "a sharded (many-sender) plan: a slice " + box_of(s, s.full_shape).to_string() + " is registered",
+                     "a broadcast plan, which carries the whole tensor"});
     return out;
   }
   if (plan.delta_base) out.push_back({Mismatch::Kind::kOther, "<delta>", "a dense sharded plan", "a delta"});
-  if (source_) return out;
+  int rank = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rank = rank_;
+  }
+  if (source_) {
+    // Only during a publish call, and only the shards of that call: a plan
+    // made from an older call's holdings would send bytes that changed.
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (!active_seq_) {
+      out.push_back({Mismatch::Kind::kOther, "<holdings>", "a publish call of " + id_ + " under way",
+                     "none (its last call ended)"});
+      return out;
+    }
+    std::set<std::pair<std::string, reshard::Region>> mine, planned;
+    for (const auto& h : holdings_) {
+      const auto& full = h.full_shape.empty() ? h.local.spec.shape : h.full_shape;
+      mine.insert({h.local.spec.name, box_of(h, full)});
+    }
+    for (const auto& h : plan.holders)
+      if (h.rank == rank && h.tensor >= 0)
+        planned.insert({plan.tensors[static_cast<size_t>(h.tensor)].name, reshard::Region{h.offsets, h.lengths}});
+    if (mine != planned)
+      out.push_back({Mismatch::Kind::kOther, "<holdings>",
+                     std::to_string(mine.size()) + " regions of publish call " + std::to_string(active_seq_),
+                     std::to_string(planned.size()) + " other regions for rank " + std::to_string(rank)});
+    return out;
+  }
   if (device_.is_cuda())
     out.push_back({Mismatch::Kind::kDevice, "<plan>", "host memory (sharded updates move over Gloo)",
                    device_.to_string()});
   std::lock_guard<std::mutex> lock(reg_mu_);
-  auto more = check_plan(plan, registry_, bool(callback_));
+  // The names and full shapes as for any plan (a slice stands for its tensor).
+  auto registry = registry_;
+  for (const auto& [name, s] : slices_)
+    registry[name] = TensorView{TensorSpec{name, s.local.spec.dtype, s.full_shape}, s.local.data, s.local.device};
+  auto more = check_plan(plan, registry, bool(callback_));
   out.insert(out.end(), more.begin(), more.end());
+  // What the plan has this rank receive, against what it registered.
+  std::map<std::string, reshard::Region> planned;
+  bool listed = false;
+  for (const auto& w : plan.wanters) {
+    if (w.rank != rank) continue;
+    listed = true;
+    if (w.tensor >= 0) planned[plan.tensors[static_cast<size_t>(w.tensor)].name] = reshard::Region{w.offsets, w.lengths};
+  }
+  for (const auto& t : plan.tensors) {
+    auto slice = slices_.find(t.name);
+    const reshard::Region mine = slice != slices_.end() ? box_of(slice->second, t.shape) : reshard::Region::whole(t.shape);
+    auto it = planned.find(t.name);
+    const std::string got = !listed ? "the whole tensor (the plan lists no slices for rank " + std::to_string(rank) + ")"
+                            : it == planned.end() ? "nothing"
+                                                  : it->second.to_string();
+    if (listed ? (it == planned.end() || !(it->second == mine)) : slice != slices_.end())
+      out.push_back({Mismatch::Kind::kOther, t.name, "the slice " + mine.to_string() + " this engine registered", got});
+  }
   return out;
 }
 
@@ -106,11 +251,13 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   reshard::RankBuffers buffers;
   std::vector<ShardView> holdings;
   std::map<std::string, TensorView> registry;
+  std::map<std::string, ShardView> slices;
   std::map<std::string, std::vector<uint8_t>> handed;  // tensors for the callback, whole
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     holdings = holdings_;
     registry = registry_;
+    slices = slices_;
   }
   if (source_) {
     buffers.find = [&](const TensorSpec& t, const reshard::Region& region) -> reshard::LocalBuffer {
@@ -122,9 +269,17 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
       return {};
     };
   } else {
-    for (const auto& t : plan.tensors)
-      if (!registry.count(t.name)) handed[t.name].resize(t.nbytes().ok() ? *t.nbytes() : 0);
+    try {
+      for (const auto& t : plan.tensors)
+        if (!registry.count(t.name) && !slices.count(t.name)) handed[t.name].resize(t.nbytes().ok() ? *t.nbytes() : 0);
+    } catch (const std::bad_alloc&) {
+      comm->abort(id_ + " has no host memory for the tensors its callback takes");
+      return unavailable("no host memory for the " + std::to_string(handed.size()) +
+                         " tensors handed to the callback (a sharded update assembles each whole first)");
+    }
     buffers.find = [&](const TensorSpec& t, const reshard::Region&) -> reshard::LocalBuffer {
+      if (auto s = slices.find(t.name); s != slices.end())
+        return {static_cast<uint8_t*>(s->second.local.data), box_of(s->second, t.shape)};
       auto it = registry.find(t.name);
       if (it != registry.end()) return {static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape)};
       auto h = handed.find(t.name);
@@ -135,9 +290,16 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;
   run.received = &sharded_received_;
+  bool unsettled = false;
+  run.unsettled = &unsettled;
   Status s = reshard::run_reshard(moves->plan, moves->rounds, rank, *comm, buffers, deadline(), run);
   collective_done = s.ok();
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    comm->abort(s.message());  // its peers stop waiting for this rank's transfers
+    // A receive that did not settle may still write into the callback's buffers.
+    if (unsettled) new std::map<std::string, std::vector<uint8_t>>(std::move(handed));  // deliberately leaked
+    return s;
+  }
   // Every piece landed: the callback gets each of its tensors whole.
   for (const auto& t : plan.tensors) {
     auto h = handed.find(t.name);

@@ -130,7 +130,7 @@ class PyPublisherRank {
     if (!s.ok()) throw_status(s);
   }
 
-  std::shared_ptr<UpdateHandle> submit(const py::list& items) {
+  std::shared_ptr<UpdateHandle> submit(const py::list& items, std::optional<uint64_t> step) {
     std::vector<ShardView> shards;
     std::vector<py::object> keep;
     import_shards(items, Device{}, shards, keep);
@@ -138,17 +138,20 @@ class PyPublisherRank {
     std::shared_future<UpdateResult> f;
     {
       py::gil_scoped_release release;
-      f = std::async(std::launch::async, [&r, shards = std::move(shards)] { return r.weight_update(shards); }).share();
+      f = std::async(std::launch::async, [&r, shards = std::move(shards), step] { return r.weight_update(shards, step); })
+              .share();
     }
-    running_ = f;
+    std::erase_if(running_, [](const auto& x) { return x.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    running_.push_back(f);
     return std::make_shared<UpdateHandle>(std::move(f), std::move(keep));
   }
 
   void close() {
     if (!rank_) return;
     py::gil_scoped_release release;
-    rank_->stop();
-    if (running_.valid()) running_.wait();
+    rank_->stop();  // a call in flight ends now
+    for (auto& r : running_) r.wait();
+    running_.clear();
     rank_.reset();
   }
 
@@ -158,7 +161,7 @@ class PyPublisherRank {
     return *rank_;
   }
   std::unique_ptr<PublisherRank> rank_;
-  std::shared_future<UpdateResult> running_;
+  std::vector<std::shared_future<UpdateResult>> running_;
 };
 
 class PyPublisher {
@@ -385,7 +388,7 @@ void bind_publisher(py::module_& m) {
       .def(py::init<const Config&, int>(), py::arg("config"), py::arg("rank"))
       .def_property_readonly("id", &PyPublisherRank::id)
       .def("start", &PyPublisherRank::start)
-      .def("submit", &PyPublisherRank::submit, py::arg("items"))
+      .def("submit", &PyPublisherRank::submit, py::arg("items"), py::arg("step") = py::none())
       .def("close", &PyPublisherRank::close);
 }
 

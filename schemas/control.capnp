@@ -323,6 +323,10 @@ struct Plan {
   # xxh64 of its bytes, checked by its receiver.
   holders @12 :List(RankHoldings);
   # What each sending rank holds (ranks are the epoch's data-plane ranks).
+  wanters @13 :List(RankHoldings);
+  # Receiving ranks that want slices (an engine with tensor parallelism):
+  # each wants exactly the regions listed. A receiving rank not listed
+  # wants every tensor whole.
 }
 
 struct HeldRegion {
@@ -347,6 +351,15 @@ struct Holdings {
   # Counts this rank's publish calls (1, 2, ...), for messages.
   tensors @1 :List(TensorEntry);
   holds @2 :List(HeldRegion);
+  withdrawn @3 :Bool;
+  # The call of `seq` ended before an update took its part (it gave up
+  # waiting): its shards may change now, and no plan may use them.
+  step @4 :UInt64;
+  # The training step this call publishes: the version its caller gave, or
+  # its count of calls that gave none. Rank 0 pairs its own call with the
+  # trainer ranks' calls of the same step only; a call of an earlier step is
+  # refused (an Abandon of version 0 naming its seq), one of a later step
+  # fails rank 0's call, which is behind.
 }
 
 enum DeltaKind {
@@ -423,6 +436,10 @@ struct Abandon {
   # The update the publisher gives up.
   reason @1 :Text;
   # Why (a rejection, a lost member, a timeout).
+  holdingsSeq @2 :UInt64;
+  # Version 0 (a many-sender update refused before its plan): the trainer
+  # rank's publish call it ends (its Holdings seq); a call of another seq
+  # goes on.
 }
 
 struct BucketChecksums {
@@ -581,5 +598,9 @@ struct Envelope {
     bucketLayouts @23 :BucketLayouts;
     bucketDelta @24 :BucketDelta;
     holdings @25 :Holdings;
+    wants @26 :Holdings;
+    # An engine's slices (Subscriber::register_slice), sent when it joins and
+    # when it registers one: the regions it serves of each tensor (a tensor
+    # it does not list it wants whole). `seq` counts its registrations.
   }
 }

@@ -601,6 +601,7 @@ void PublisherImpl::on_member_message(const std::string& id, proto::Envelope::Re
   using B = proto::Envelope::Body;
   if (env.getBody().which() == B::HEARTBEAT) return on_heartbeat(id);
   if (env.getBody().which() == B::HOLDINGS) return on_holdings(id, env.getBody().getHoldings());
+  if (env.getBody().which() == B::WANTS) return on_wants(id, env.getBody().getWants());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!round_.record(id, env)) {

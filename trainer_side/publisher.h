@@ -14,6 +14,7 @@
 // serialized. One control thread owns the ZeroMQ socket (docs/protocol.md).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -197,8 +198,9 @@ class Publisher {
   // A many-sender update (publisher.ranks > 1): every trainer rank of the
   // job publishes what it holds, at once; this is rank 0's call, the others
   // call PublisherRank::weight_update with theirs. The plan is made once
-  // every trainer rank in the group sent its holdings (within
-  // update_timeout): each byte of each tensor from exactly one rank, to
+  // every trainer rank in the group sent its holdings for the same step
+  // (options.version, given on every rank, or the count of calls without
+  // one; within update_timeout): each byte of each tensor from exactly one rank, to
   // every engine, point to point (Gloo), and no rank gathers a tensor it
   // does not hold. A gap, an overlap or a disagreement between ranks is
   // refused before any byte moves, naming tensor, range and ranks. Dense
@@ -257,9 +259,10 @@ class Publisher {
 //   rank.value()->start();
 //   UpdateResult r = rank.value()->weight_update(my_shards);  // this rank's part
 //
-// Its result is this rank's: OK once its sends left and the update was
-// applied everywhere it could tell; the publisher's result on rank 0 names
-// every member. Thread-safety: one call at a time.
+// Its result is this rank's: OK once its own sends left (and were taken);
+// rank 0's result names every member's outcome. Its shards are read only
+// during its call: when the call returns, no plan uses them any more.
+// Thread-safety: one call at a time; stop() from any thread ends a call.
 class PublisherRank {
  public:
   static StatusOr<std::unique_ptr<PublisherRank>> create(const Config& config, int rank);
@@ -270,7 +273,9 @@ class PublisherRank {
   // in the result), or with why not. Waits for rank 0's welcome first
   // (control.join_timeout), then at most publisher.update_timeout plus
   // control.heartbeat_timeout.
-  UpdateResult weight_update(const std::vector<ShardView>& shards);
+  // `step`: the version rank 0 publishes (UpdateOptions::version there);
+  // every rank gives the same, or none does (then the calls pair by count).
+  UpdateResult weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step = {});
   void stop();
   const std::string& id() const { return id_; }
 
@@ -282,6 +287,8 @@ class PublisherRank {
   Millis bound_;
   Millis join_timeout_;
   uint64_t last_version_ = 0;
+  uint64_t calls_ = 0;  // calls without a step
+  std::atomic<bool> stopped_{false};
 };
 
 }  // namespace paramcast

@@ -59,6 +59,14 @@ class PublisherImpl : public control::ControlServer::Listener {
     uint64_t sent = 0;
   };
 
+  // A trainer rank's Holdings or an engine's Wants, read and checked.
+  struct SourceHoldings {
+    uint64_t seq = 0;
+    uint64_t step = 0;
+    std::vector<TensorSpec> tensors;
+    std::vector<std::pair<uint32_t, reshard::Region>> holds;
+    std::string error;  // regions the update cannot use, in words
+  };
   explicit PublisherImpl(const Config& config);
   ~PublisherImpl() override;
 
@@ -149,8 +157,13 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Quarantines members that refused a delta twice (without mu_).
   void strike_delta_refusers(const std::vector<std::string>& ids);
   void abandon_locked(uint64_t version, const std::string& reason);
-  // A trainer rank's Holdings (control thread).
+  // A trainer rank's Holdings, an engine's Wants (control thread).
   void on_holdings(const std::string& id, proto::Holdings::Reader h);
+  void on_wants(const std::string& id, proto::Holdings::Reader h);
+  bool is_trainer_rank(const std::string& id) const;
+  // Ends trainer rank `id`'s publish call `seq` with `why` (an Abandon of
+  // version 0 naming it).
+  void end_trainer_call(const std::string& id, uint64_t seq, const std::string& why);
   Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
                       const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r);
   void on_heartbeat(const std::string& id);
@@ -219,13 +232,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::string departed_;
   // Each trainer rank's part of the next sharded update, until it is taken
   // (guarded by mu_; one entry per trainer rank).
-  struct SourceHoldings {
-    uint64_t seq = 0;
-    std::vector<TensorSpec> tensors;
-    std::vector<std::pair<uint32_t, reshard::Region>> holds;
-    std::string error;  // holdings the update cannot use, in words
-  };
   std::map<std::string, SourceHoldings> holdings_;
+  uint64_t sharded_calls_ = 0;  // weight_update_sharded calls without a version (update thread)
+  std::map<std::string, SourceHoldings> wants_;  // each engine's slices (tensor parallelism), mu_
+  SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
   transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)
 };

@@ -34,10 +34,11 @@ StatusOr<std::unique_ptr<PublisherRank>> PublisherRank::create(const Config& con
 Status PublisherRank::start() { return impl_->start(); }
 
 void PublisherRank::stop() {
+  stopped_ = true;
   if (impl_) impl_->stop();
 }
 
-UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards) {
+UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step) {
   UpdateResult r;
   r.tensors = shards.size();
   const auto t0 = Clock::now();
@@ -45,16 +46,18 @@ UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards) 
   }  // reports of updates no call waited for
   // The first call may come before rank 0 welcomed this rank (every rank
   // starts at once): it waits for that within control.join_timeout.
-  while (!impl_->joined() && Clock::now() < t0 + join_timeout_) std::this_thread::sleep_for(Millis(10));
+  while (!impl_->joined() && !stopped_ && Clock::now() < t0 + join_timeout_) std::this_thread::sleep_for(Millis(10));
   if (!impl_->joined()) {
     r.status = unavailable(id_ + " has not joined the publisher at " + endpoint_ + " within control.join_timeout (" +
                            format_duration(join_timeout_) + ")");
     return r;
   }
-  if (Status s = impl_->publish(shards); !s.ok()) {
+  if (Status s = impl_->publish(shards, step ? *step : ++calls_); !s.ok()) {
     r.status = s;
     return r;
   }
+  const uint64_t seq = impl_->publish_seq();
+  bool ran = false;
   for (;;) {
     auto report = impl_->next_report(std::chrono::duration_cast<Millis>(t0 + bound_ - Clock::now()));
     if (!report) {
@@ -67,8 +70,11 @@ UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards) 
     r.status = report->status;
     r.bytes = report->bytes;
     if (report->version) last_version_ = report->version;
+    ran = true;
     break;
   }
+  // Its shards are the caller's again: no later plan may use them.
+  impl_->end_publish(seq, ran);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }

@@ -18,6 +18,9 @@ namespace paramcast {
 
 namespace {
 
+constexpr size_t kMaxHeldTensors = 1 << 20;
+constexpr uint32_t kMaxRegionsPerTensor = 16;
+
 std::string spec_text(const TensorSpec& t) {
   std::string s(dtype_name(t.dtype));
   s += "[";
@@ -60,22 +63,94 @@ Status add_holdings(const std::string& who, int rank, const std::vector<TensorSp
   return Status();
 }
 
+// An engine's slices: for each tensor of the plan, the region it names
+// (same dtype and full shape, else a mismatch naming it), or the whole.
+Status add_wants(const std::string& who, int rank, const PublisherImpl::SourceHoldings& w, UpdatePlan& plan,
+                 const std::map<std::string, std::pair<size_t, std::string>>& index) {
+  if (!w.error.empty()) return invalid_argument(w.error);
+  std::map<size_t, const reshard::Region*> mine;
+  for (const auto& [t, region] : w.holds) {
+    const TensorSpec& spec = w.tensors[t];
+    auto it = index.find(spec.name);
+    if (it == index.end()) continue;  // not in this update: its plan check names it
+    const TensorSpec& known = plan.tensors[it->second.first];
+    if (known.dtype != spec.dtype || known.shape != spec.shape)
+      return invalid_argument("tensor '" + spec.name + "': " + who + " serves a slice of it as " + spec_text(spec) +
+                              ", " + it->second.second + " holds it as " + spec_text(known));
+    if (mine.count(it->second.first))
+      return invalid_argument(who + " registered two slices of '" + spec.name + "'");
+    mine[it->second.first] = &region;
+  }
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    auto it = mine.find(t);
+    const reshard::Region region = it != mine.end() ? *it->second : reshard::Region::whole(plan.tensors[t].shape);
+    plan.wanters.push_back({rank, static_cast<int64_t>(t), region.offsets, region.lengths});
+  }
+  return Status();
+}
+
 }  // namespace
+
+void PublisherImpl::end_trainer_call(const std::string& id, uint64_t seq, const std::string& why) {
+  server_.send_to({id}, control::make_message(groups_.epoch(), server_.incarnation(), [&](auto b) {
+                    auto a = b.initAbandon();
+                    a.setVersion(0);
+                    a.setReason(why);
+                    a.setHoldingsSeq(seq);
+                  }));
+}
+
+bool PublisherImpl::is_trainer_rank(const std::string& id) const {
+  for (int r = 1; r < cfg_.publisher.ranks; ++r)
+    if (id == trainer_rank_id(r)) return true;
+  return false;
+}
 
 // A trainer rank's part of the next sharded update. Bounded: one pending
 // entry per member (a newer one replaces it), its lists by the decode limits.
 void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h) {
   auto m = server_.member(id);
-  bool ours = false;
-  for (int r = 1; r < cfg_.publisher.ranks; ++r) ours |= id == trainer_rank_id(r);
-  if (!m || !m->source || !ours) {
+  if (!m || !m->source || !is_trainer_rank(id)) {
     server_.log_peer("unexpected message", "Holdings from '" + control::printable(id) +
                                                "', which is not a trainer rank of this job (publisher.ranks: " +
                                                std::to_string(cfg_.publisher.ranks) + "), ignored");
     return;
   }
+  SourceHoldings out = read_holdings(id, h);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (h.getWithdrawn()) {
+      // Its call ended (it gave up waiting): these shards may change or go.
+      if (auto it = holdings_.find(id); it != holdings_.end() && it->second.seq <= h.getSeq()) holdings_.erase(it);
+      return;
+    }
+    holdings_[id] = std::move(out);
+  }
+  cv_.notify_all();
+}
+
+// An engine's slices (tensor parallelism): kept until it sends others or
+// leaves; one entry per member.
+void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
+  auto m = server_.member(id);
+  if (!m || m->source) return;
+  SourceHoldings out = read_holdings(id, h);
+  std::lock_guard<std::mutex> lock(mu_);
+  wants_[id] = std::move(out);
+}
+
+PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id, proto::Holdings::Reader h) const {
   SourceHoldings out;
   out.seq = h.getSeq();
+  out.step = h.getStep();
+  // Bounded before anything is read: the plan's checks cost the square of
+  // a tensor's regions, and a rank holds one box of a tensor, or a few.
+  if (h.getTensors().size() > kMaxHeldTensors || h.getHolds().size() > kMaxHeldTensors * kMaxRegionsPerTensor) {
+    out.error = id + " sent " + std::to_string(h.getTensors().size()) + " tensors and " +
+                std::to_string(h.getHolds().size()) + " regions, more than the " + std::to_string(kMaxHeldTensors) +
+                " tensors of " + std::to_string(kMaxRegionsPerTensor) + " regions each a rank may state";
+    return out;
+  }
   std::string bad;
   for (auto e : h.getTensors()) {
     TensorSpec t;
@@ -97,12 +172,13 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
             " outside its shape " + spec_text(out.tensors[r.getTensor()]);
     out.holds.emplace_back(r.getTensor(), std::move(region));
   }
-  if (!bad.empty()) out.error = id + " sent holdings the update cannot use: " + bad;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    holdings_[id] = std::move(out);
-  }
-  cv_.notify_all();
+  std::vector<uint32_t> per_tensor(out.tensors.size(), 0);
+  for (const auto& [t, region] : out.holds)
+    if (t < per_tensor.size() && ++per_tensor[t] > kMaxRegionsPerTensor && bad.empty())
+      bad = "more than " + std::to_string(kMaxRegionsPerTensor) + " regions of '" +
+            control::printable(out.tensors[t].name) + "'";
+  if (!bad.empty()) out.error = id + " sent regions the update cannot use: " + bad;
+  return out;
 }
 
 UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options) {
@@ -146,37 +222,82 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     own_specs.push_back(full);
     own_holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
   }
-  if (Status s = ensure_group(); !s.ok()) {
-    r.status = s;
+  // The step this call publishes; every trainer rank's call of the same
+  // step is its partner.
+  const uint64_t step = options.version ? *options.version : ++sharded_calls_;
+  // Whatever ends this call before its plan went out ends the partner calls
+  // too (their shards are free again), with the same reason: those whose
+  // part arrived (taken, or still pending for this step).
+  std::map<std::string, SourceHoldings> taken;
+  auto refuse = [&](Status why) {
+    r.status = why;
+    std::map<std::string, uint64_t> partners;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = holdings_.begin(); it != holdings_.end();)
+        if (it->second.step == step) {
+          partners[it->first] = it->second.seq;
+          it = holdings_.erase(it);
+        } else {
+          ++it;
+        }
+    }
+    for (const auto& [id, h] : taken) partners[id] = h.seq;
+    for (const auto& [id, seq] : partners) end_trainer_call(id, seq, why.message());
     return done(r);
-  }
+  };
+  if (Status s = ensure_group(); !s.ok()) return refuse(s);
   // Every trainer rank of the group states its part (within update_timeout).
   std::vector<std::string> group;
-  std::map<std::string, SourceHoldings> taken;
+  std::map<std::string, SourceHoldings> wants;
   {
     std::unique_lock<std::mutex> lock(mu_);
     group = group_;
     std::vector<std::string> sources;
     for (const auto& id : group_)
-      if (auto m = server_.member(id); m && m->source) sources.push_back(id);
+      if (auto m = server_.member(id); m && m->source && is_trainer_rank(id)) sources.push_back(id);
+    // A part of an earlier step came too late for its update: that call is
+    // ended (its shards are free); one of a later step means this call is
+    // the late one.
+    std::string ahead;
     auto waiting = [&] {
       std::vector<std::string> out;
-      for (const auto& id : sources)
-        if (!holdings_.count(id)) out.push_back(id);
+      for (const auto& id : sources) {
+        auto it = holdings_.find(id);
+        if (it != holdings_.end() && it->second.step < step) {
+          end_trainer_call(id, it->second.seq,
+                           "rank 0 publishes step " + std::to_string(step) + " now; step " +
+                               std::to_string(it->second.step) + " of " + id + " came after its update ended");
+          holdings_.erase(it);
+          it = holdings_.end();
+        }
+        if (it != holdings_.end() && it->second.step > step && ahead.empty())
+          ahead = id + " publishes step " + std::to_string(it->second.step) + ", ahead of this call's step " +
+                  std::to_string(step) + " (every rank gives the same version, or none does)";
+        if (it == holdings_.end()) out.push_back(id);
+      }
       return out;
     };
-    cv_.wait_until(lock, cap_, [&] { return waiting().empty() || stopped_ || !departed_.empty(); });
+    cv_.wait_until(lock, cap_,
+                   [&] { return waiting().empty() || !ahead.empty() || stopped_ || !departed_.empty(); });
     const auto missing = waiting();
+    if (!ahead.empty()) {
+      lock.unlock();
+      return refuse(aborted("sharded update of step " + std::to_string(step) + " refused: " + ahead));
+    }
     if (!departed_.empty() || !missing.empty()) {
-      r.status = !departed_.empty() ? aborted("sharded update abandoned before any byte moved: " + departed_)
-                                    : timeout_error("update_timeout (" + format_duration(cfg_.publisher.update_timeout) +
-                                                    ") passed before trainer ranks " + join_ids(missing) +
-                                                    " published their part; no byte moved");
+      Status why = !departed_.empty() ? aborted("sharded update abandoned before any byte moved: " + departed_)
+                                      : timeout_error("update_timeout (" + format_duration(cfg_.publisher.update_timeout) +
+                                                      ") passed before trainer ranks " + join_ids(missing) +
+                                                      " published their part; no byte moved");
       if (!departed_.empty()) needs_reform_ = true;
-      return done(r);
+      lock.unlock();
+      return refuse(why);
     }
     for (const auto& id : sources) taken[id] = std::move(holdings_[id]);
     for (const auto& id : sources) holdings_.erase(id);
+    for (const auto& id : group_)
+      if (auto it = wants_.find(id); it != wants_.end()) wants[id] = it->second;
   }
   // One plan from every rank's holdings; checked whole before anything moves.
   UpdatePlan shape;
@@ -190,24 +311,25 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     if (!it->second.error.empty()) held = invalid_argument(it->second.error);
     else held = add_holdings(group[i], static_cast<int>(i + 1), it->second.tensors, it->second.holds, shape, index);
   }
-  // A refusal before the plan went out ends the other ranks' calls too.
-  auto refuse = [&](Status why) {
-    r.status = why;
-    std::vector<std::string> ids;
-    for (const auto& [id, h] : taken) ids.push_back(id);
-    server_.send_to(ids, control::make_message(groups_.epoch(), server_.incarnation(), [&](auto b) {
-                      auto a = b.initAbandon();
-                      a.setVersion(0);
-                      a.setReason(why.message());
-                    }));
-    return done(r);
-  };
   if (!held.ok()) return refuse(held.with_context("sharded update refused before any byte moved"));
-  auto plan = make_plan(shape.tensors, options, false, r);
+  // The engines' slices (tensor parallelism): each wants exactly its regions
+  // of every tensor it names, and the others whole.
+  for (size_t i = 0; i < group.size() && held.ok(); ++i) {
+    auto it = wants.find(group[i]);
+    if (it == wants.end() || taken.count(group[i])) continue;
+    held = add_wants(group[i], static_cast<int>(i + 1), it->second, shape, index);
+  }
+  if (!held.ok()) return refuse(held.with_context("sharded update refused before any byte moved"));
+  // Laid out as a streamed plan (no buckets: none is needed, and a hostile
+  // size costs nothing), then marked sharded.
+  auto plan = make_plan(shape.tensors, options, true, r);
   if (!plan.ok()) return refuse(plan.status());
-  plan->buckets.clear();
+  plan->streamed = false;
+  plan->bucket_bytes = 0;
+  plan->covered.clear();
   plan->sharded = true;
   plan->holders = std::move(shape.holders);
+  plan->wanters = std::move(shape.wanters);
   r.buckets = 0;
   auto moves = reshard::sharded_moves(*plan, static_cast<int>(group.size() + 1), names);
   if (!moves.ok()) return refuse(moves.status().with_context("refused before any byte moved"));

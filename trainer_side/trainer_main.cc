@@ -316,7 +316,7 @@ int run_rank(const Config& config, int rank) {
   int failures = 0;
   for (int u = 1; u <= config.trainer.updates; ++u) {
     model.step(static_cast<uint64_t>(u));
-    UpdateResult res = me.weight_update(model.shards());
+    UpdateResult res = me.weight_update(model.shards(), static_cast<uint64_t>(u));  // rank 0 publishes version u
     if (res.ok()) {
       print_line("%s: v%llu sent\n", me.id().c_str(), static_cast<unsigned long long>(res.version));
     } else {

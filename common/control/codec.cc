@@ -204,6 +204,7 @@ const char* body_name(proto::Envelope::Reader envelope) {
       case B::BUCKET_LAYOUTS: return "bucketLayouts";
       case B::BUCKET_DELTA: return "bucketDelta";
       case B::HOLDINGS: return "holdings";
+      case B::WANTS: return "wants";
     }
   } catch (const kj::Exception&) {
   }

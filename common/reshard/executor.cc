@@ -118,8 +118,10 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
     for (Posted* q : all) {
       if (!q->work) continue;
       Status settled = q->work->wait(Clock::now() + kSettleTimeout);
-      if (settled.code() == Code::kTimeout || !q->work->settled())
+      if (settled.code() == Code::kTimeout || !q->work->settled()) {
+        if (q->direct && options.unsettled) *options.unsettled = true;
         new std::vector<uint8_t>(std::move(q->staging));  // deliberately leaked
+      }
       if (q->sum_work && (q->sum_work->wait(Clock::now() + kSettleTimeout).code() == Code::kTimeout ||
                           !q->sum_work->settled()))
         new std::shared_ptr<uint64_t>(q->sum);  // deliberately leaked

@@ -55,6 +55,10 @@ struct RunOptions {
   bool checksums = false;
   // Bytes received so far (for progress), updated as receives land.
   std::atomic<uint64_t>* received = nullptr;
+  // Set on a failure when a receive straight into the rank's buffers did not
+  // settle: the data plane may still write there, so the caller must not
+  // free those buffers (staging is let go by run_reshard itself).
+  bool* unsettled = nullptr;
 };
 inline constexpr uint32_t kChecksumTag = 0x80000000u;
 

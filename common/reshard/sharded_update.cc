@@ -32,11 +32,28 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
     m.holds.push_back({plan.tensors[static_cast<size_t>(h.tensor)].name, Region{h.offsets, h.lengths}});
   }
   if (!by_rank.count(0)) return invalid_argument(where + ": rank 0 (the publisher) is not among the holders");
+  // Receivers: the ranks listed in `wanters` want their regions; the
+  // others every tensor whole.
+  std::map<int, std::vector<const UpdatePlan::Holding*>> wanted;
+  for (const auto& w : plan.wanters) {
+    if (w.rank < 0 || w.rank >= world || by_rank.count(w.rank))
+      return invalid_argument(where + ": wanting rank " + std::to_string(w.rank) + " is not a receiver of a group of " +
+                              std::to_string(world));
+    if (w.tensor >= 0 && static_cast<size_t>(w.tensor) >= plan.tensors.size())
+      return invalid_argument(where + ": rank " + std::to_string(w.rank) + " wants tensor #" + std::to_string(w.tensor));
+    wanted[w.rank].push_back(&w);
+  }
   ShardedMoves out;
   for (int r = 0; r < world; ++r) {
     if (by_rank.count(r)) continue;
     RankManifest& m = manifest(r);
-    for (const auto& t : plan.tensors) m.wants.push_back({t.name, Region::whole(t.shape)});
+    if (auto it = wanted.find(r); it != wanted.end()) {
+      for (const auto* w : it->second)
+        if (w->tensor >= 0)
+          m.wants.push_back({plan.tensors[static_cast<size_t>(w->tensor)].name, Region{w->offsets, w->lengths}});
+    } else {
+      for (const auto& t : plan.tensors) m.wants.push_back({t.name, Region::whole(t.shape)});
+    }
     out.receivers.push_back(r);
   }
   std::vector<RankManifest> ranks;

@@ -1,8 +1,9 @@
 // sharded_moves(): the transfers of a sharded UpdatePlan (a many-sender
 // update), as every rank of the group derives them from the plan it got.
 //
-// The plan lists what each trainer rank holds (UpdatePlan::holders); every
-// other rank of the group wants every tensor whole. From those manifests
+// The plan lists what each trainer rank holds (UpdatePlan::holders) and the
+// slices the engines with tensor parallelism want (UpdatePlan::wanters);
+// every other rank of the group wants every tensor whole. From those manifests
 // plan_reshard() picks the transfers (one sender per byte, replicas sharing
 // the sending, pieces several engines want forwarded along them) and
 // schedule_rounds() orders them. Both are deterministic, so the publisher
@@ -24,7 +25,7 @@ namespace paramcast::reshard {
 struct ShardedMoves {
   ReshardPlan plan;
   std::vector<Round> rounds;
-  std::vector<int> receivers;  // the ranks that want every tensor whole
+  std::vector<int> receivers;  // the ranks that receive (every rank but the holders)
 };
 
 // `names[r]` names rank r in messages ("publisher", worker ids); ranks

@@ -243,6 +243,8 @@ class PublisherRank:
     def __init__(self, config, rank):
         self.config = load_config(config)
         self._core = _core.PublisherRank(self.config, int(rank))
+        self._inflight = None  # a call interrupted by Ctrl-C, waited for before the next
+        self.interrupted_result = None
         _lifetime.track(self)
 
     _exit_order = 1
@@ -256,11 +258,22 @@ class PublisherRank:
         self._core.start()
         return self
 
-    def weight_update(self, named_tensors):
+    def weight_update(self, named_tensors, version=None):
         """This rank's part of the next update; returns its UpdateResult (its ``version``) or raises
-        :class:`paramcast.UpdateError` (an update abandoned, refused, or failed on this rank)."""
-        handle = self._core.submit(shard_items(named_tensors, "PublisherRank.weight_update"))
-        result = _wait(handle)
+        :class:`paramcast.UpdateError` (an update abandoned, refused, or failed on this rank).
+
+        ``version``: the version rank 0 gives ``weight_update_sharded`` (every rank the same, or
+        none: then each rank's n-th call is part of rank 0's n-th). A call rank 0 gave up on ends
+        with the reason, and is never combined with another step's."""
+        if self._inflight is not None:  # one call at a time: an interrupted one ends first
+            self.interrupted_result = _wait(self._inflight)
+            self._inflight = None
+        handle = self._core.submit(shard_items(named_tensors, "PublisherRank.weight_update"), version)
+        try:
+            result = _wait(handle)
+        except KeyboardInterrupt:
+            self._inflight = handle
+            raise
         if not result.ok:
             raise UpdateError(result)
         return result

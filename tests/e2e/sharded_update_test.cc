@@ -22,9 +22,10 @@ using namespace std::chrono_literals;
 
 class ShardedUpdateTest : public test::WorkerClusterTest {
  protected:
-  void SetUp() override {
+  void SetUp() override { start_cluster("  ranks: 2\n"); }
+  void start_cluster(const std::string& publisher_extra) {
     WorkerClusterTest::SetUp();
-    make_publisher(test::test_config_yaml(2, "  ranks: 2\n"));
+    make_publisher(test::test_config_yaml(2, publisher_extra));
     Config cfg = config_;
     cfg.control.endpoint = pub_->endpoint();
     auto rank = PublisherRank::create(cfg, 1);
@@ -76,8 +77,11 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     model_.fill(version, config_.trainer.seed, config_.trainer.changes);
     auto s0 = shards(0);
     auto s1 = shards(1, shift);
-    auto other = std::async(std::launch::async, [&] { return rank1_->weight_update(s1); });
-    UpdateResult r0 = pub_->weight_update_sharded(s0);
+    // Every rank names the step (the version): the calls pair by it.
+    auto other = std::async(std::launch::async, [&] { return rank1_->weight_update(s1, version); });
+    UpdateOptions o;
+    o.version = version;
+    UpdateResult r0 = pub_->weight_update_sharded(s0, o);
     return {r0, other.get()};
   }
 
@@ -130,6 +134,36 @@ TEST_F(ShardedUpdateTest, RowsNobodyHoldsAreRefusedNamingTheTensorAndRange) {
   EXPECT_NE(r0.status.message().find("no rank holds"), std::string::npos) << r0.status.to_string();
   EXPECT_FALSE(r1.ok());
   for (auto& [id, p] : workers_) EXPECT_EQ(p->output().find("verified"), std::string::npos) << p->output();
+}
+
+// A trainer rank whose call gave up waiting (rank 0 came too late) has its
+// shards back: rank 0's next update must not use them (they may have
+// changed, or be freed), but wait for that rank's next call.
+class ShardedLateRankTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override { start_cluster("  ranks: 2\n  update_timeout: 2s\n"); }
+};
+
+TEST_F(ShardedLateRankTest, AnEndedCallsShardsAreNeverSent) {
+  model_.fill(1, config_.trainer.seed, config_.trainer.changes);
+  auto s1 = shards(1);
+  UpdateResult r1 = rank1_->weight_update(s1);  // rank 0 does not come: it gives up
+  ASSERT_FALSE(r1.ok());
+  EXPECT_EQ(r1.status.code(), Code::kTimeout) << r1.status.to_string();
+  for (auto& row : rows1_) std::fill(row.begin(), row.end(), 0xa5);  // "the next optimizer step"
+  UpdateResult r0 = pub_->weight_update_sharded(shards(0));
+  // Either the withdrawal reached rank 0 first (it waits for trainer-1's
+  // next part: TIMEOUT), or rank 0 planned with the old part and trainer-1
+  // refused that plan (REJECTED): no byte moved either way.
+  ASSERT_FALSE(r0.ok()) << "rank 0 used the shards of a call that had ended";
+  EXPECT_TRUE(r0.status.code() == Code::kTimeout || r0.status.code() == Code::kRejected) << r0.status.to_string();
+  EXPECT_NE(r0.status.message().find("trainer-1"), std::string::npos) << r0.status.to_string();
+  for (auto& [id, p] : workers_) EXPECT_EQ(p->output().find("verified"), std::string::npos) << p->output();
+  // In step again, both ranks' parts of one version land.
+  auto [ok0, ok1] = publish_both(2);
+  ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
+  ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
 }
 
 TEST_F(ShardedUpdateTest, ABroadcastUpdateIsRefusedInAManySenderJob) {
