@@ -144,6 +144,18 @@ std::pair<int64_t, int64_t> synthetic_shard_rows(int64_t rows, int rank, int ran
   return {first, base + (rank < extra ? 1 : 0)};
 }
 
+TpSlice synthetic_tp_slice(const TensorSpec& spec, int tp, int rank) {
+  if (tp <= 1 || spec.shape.size() != 2) return {};
+  const auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return spec.name.size() >= s.size() && spec.name.compare(spec.name.size() - s.size(), s.size(), s) == 0;
+  };
+  const int dim = ends_with("o_proj.weight") || ends_with("down_proj.weight") ? 1 : 0;
+  const int64_t n = spec.shape[static_cast<size_t>(dim)], per = (n + tp - 1) / tp;
+  const int64_t start = std::min<int64_t>(n, per * rank);
+  return {dim, start, std::min<int64_t>(per, n - start)};
+}
+
 int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes,
                          ModelChanges changes) {
   const uint8_t* p = static_cast<const uint8_t*>(data);

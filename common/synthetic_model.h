@@ -34,6 +34,17 @@ void fill_synthetic_range(const TensorSpec& spec, uint64_t seed, uint64_t versio
 // (paramcast-trainer --rank): even shares, one more row on each of the first
 // rows % ranks ranks. A 0-d tensor: rank 0 holds it.
 std::pair<int64_t, int64_t> synthetic_shard_rows(int64_t rows, int rank, int ranks);
+// The slice engine rank `rank` of a tensor-parallel group of `tp` serves of
+// a tensor of the synthetic layout, as vLLM cuts a LLaMA: row-parallel
+// weights (o_proj, down_proj) along dim 1, the other matrices (q/k/v,
+// gate/up, embeddings, lm_head) along dim 0, in ceil(n / tp) pieces (the
+// last short or empty); 1-d tensors (norms) whole: {dim, start, length},
+// dim -1 for whole.
+struct TpSlice {
+  int dim = -1;
+  int64_t start = 0, length = 0;
+};
+TpSlice synthetic_tp_slice(const TensorSpec& spec, int tp, int rank);
 // Offset of the first byte that differs from the expected content, or -1.
 int64_t verify_synthetic(const TensorSpec& spec, uint64_t seed, uint64_t version, const void* data, uint64_t nbytes,
                          ModelChanges changes = ModelChanges::kEvery);

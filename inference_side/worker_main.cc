@@ -3,6 +3,7 @@
 // and verifies every byte of every version against the generator.
 #include <atomic>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -42,8 +43,10 @@ const Tool kTool{
              "  --updates N           exit after N verified updates (0: run until stopped;\n"
              "                        default: the file's trainer.updates)\n"
              "  --model-size SIZE     model size, instead of the file's trainer.model_size\n"
+             "  --tp K --tp-rank T    serve only slice T of K of each weight (tensor parallelism,\n"
+             "                        as vLLM cuts a LLaMA); sharded updates deliver them\n"
              "  -h, --help            print this and exit\n",
-    .value_flags = {"config", "id", "endpoint", "mode", "updates", "model-size"},
+    .value_flags = {"config", "id", "endpoint", "mode", "updates", "model-size", "tp", "tp-rank"},
 };
 // Checks what arrives against the synthetic generator, in registered
 // buffers (verified in the end hook: the next update cannot start writing
@@ -57,6 +60,33 @@ class Verifier {
         device_(config.device_for_worker(id)),
         specs_(synthetic_llm_layout(job_.model_bytes, job_.layers, job_.dtype)),
         mem_(std::move(mem)) {}
+
+  // Tensor parallelism: this engine registers only its slices (sharded
+  // updates deliver them) and checks each row of them against the generator.
+  Status attach_slices(Subscriber& s, int tp, int rank) {
+    for (const auto& spec : specs_) {
+      const TpSlice cut = synthetic_tp_slice(spec, tp, rank);
+      ShardView v;
+      v.local.spec = spec;
+      v.full_shape = spec.shape;
+      v.offsets.assign(spec.shape.size(), 0);
+      if (cut.dim >= 0) {
+        v.local.spec.shape[static_cast<size_t>(cut.dim)] = cut.length;
+        v.offsets[static_cast<size_t>(cut.dim)] = cut.start;
+      }
+      const uint64_t n = v.local.spec.nbytes().value();
+      slices_.emplace_back(n);
+      v.local.data = slices_.back().data();
+      v.local.device = device_;
+      PC_RETURN_IF_ERROR(s.register_slice(v));
+      views_.push_back(v);
+    }
+    s.on_update_end([this](uint64_t version, const Status& st) {
+      if (!st.ok()) return;
+      for (size_t i = 0; i < views_.size(); ++i) check_slice(specs_[i], views_[i], version);
+    });
+    return Status();
+  }
 
   Status attach(Subscriber& s, const std::string& mode) {
     if (mode == "callback") {
@@ -134,6 +164,29 @@ class Verifier {
     if (at >= 0) bad_.push_back(spec.name + " differs at byte " + std::to_string(at));
   }
 
+  // A slice (rows of the box, each a run of its columns) against the
+  // generator's bytes at the same places of the full tensor.
+  void check_slice(const TensorSpec& full, const ShardView& v, uint64_t version) {
+    const size_t elem = dtype_size(full.dtype);
+    const int64_t cols = full.shape.size() == 2 ? full.shape[1] : 1;
+    const int64_t rows = full.shape.size() == 2 ? v.local.spec.shape[0] : 1;
+    const int64_t c0 = full.shape.size() == 2 ? v.offsets[1] : 0, r0 = full.shape.empty() ? 0 : v.offsets[0];
+    const uint64_t run = static_cast<uint64_t>(full.shape.size() == 2 ? v.local.spec.shape[1] : v.local.spec.shape.empty() ? 1 : v.local.spec.shape[0]) * elem;
+    std::vector<uint8_t> want(run);
+    const uint8_t* got = static_cast<const uint8_t*>(v.local.data);
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint64_t at = (static_cast<uint64_t>(r0 + r) * static_cast<uint64_t>(cols) + static_cast<uint64_t>(c0)) * elem;
+      fill_synthetic_range(full, job_.seed, version, want.data(), at, run, job_.changes);
+      if (memcmp(want.data(), got + static_cast<uint64_t>(r) * run, run) != 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        bad_.push_back(full.name + " slice differs in row " + std::to_string(r0 + r));
+        return;
+      }
+    }
+  }
+
+  std::vector<std::vector<uint8_t>> slices_;  // attach_slices: this engine's slices
+  std::vector<ShardView> views_;
   const std::string id_;
   const DataPlaneOptions data_plane_;
   const TrainerJobOptions job_;
@@ -210,7 +263,10 @@ int main(int argc, char** argv) {
   auto mem = create_device_memory(config.device_for_worker(id));
   if (!mem.ok()) return fail(id, mem.status());
   Verifier verifier(id, config, std::move(mem.value()));
-  if (Status attached = verifier.attach(s, mode); !attached.ok()) return fail(id, attached);
+  const int tp = std::atoi(flags.get("tp", "1").c_str()), tp_rank = std::atoi(flags.get("tp-rank", "0").c_str());
+  if (tp < 1 || tp_rank < 0 || tp_rank >= tp) return usage_error(kTool, "--tp-rank must be in 0..--tp - 1");
+  Status attached = tp > 1 ? verifier.attach_slices(s, tp, tp_rank) : verifier.attach(s, mode);
+  if (!attached.ok()) return fail(id, attached);
   if (Status started = s.start(); !started.ok()) return fail(id, started);
   const int code = follow_reports(id, s, verifier, updates);
   s.stop();

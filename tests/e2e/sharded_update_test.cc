@@ -23,7 +23,10 @@ using namespace std::chrono_literals;
 class ShardedUpdateTest : public test::WorkerClusterTest {
  protected:
   void SetUp() override { start_cluster("  ranks: 2\n"); }
-  void start_cluster(const std::string& publisher_extra) {
+  // worker-1 registered in place, worker-2 through the callback, unless
+  // `engines` gives each its paramcast-worker flags.
+  void start_cluster(const std::string& publisher_extra,
+                     std::vector<std::vector<std::string>> engines = {{}, {"--mode", "callback"}}) {
     WorkerClusterTest::SetUp();
     make_publisher(test::test_config_yaml(2, publisher_extra));
     Config cfg = config_;
@@ -32,8 +35,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     ASSERT_TRUE(rank.ok()) << rank.status().to_string();
     rank1_ = std::move(rank.value());
     ASSERT_TRUE(rank1_->start().ok());
-    spawn_worker("worker-1");
-    spawn_worker("worker-2", {}, {"--mode", "callback"});
+    for (size_t i = 0; i < engines.size(); ++i) spawn_worker("worker-" + std::to_string(i + 1), {}, engines[i]);
     Status s = pub_->start();
     ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
     model_ = test::make_tensors(
@@ -164,6 +166,45 @@ TEST_F(ShardedLateRankTest, AnEndedCallsShardsAreNeverSent) {
   ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
   ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
+}
+
+// Two engines of one tensor-parallel group (TP=2): each registers only its
+// slices (column-parallel weights cut along dim 0, row-parallel ones along
+// dim 1, norms whole) and receives exactly those bytes, straight into them,
+// from both trainer ranks; each checks every row of its slices.
+class ShardedTpTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    start_cluster("  ranks: 2\n", {{"--tp", "2", "--tp-rank", "0"}, {"--tp", "2", "--tp-rank", "1"}});
+  }
+};
+
+TEST_F(ShardedTpTest, EachEngineRankReceivesOnlyItsSlicesBitExact) {
+  uint64_t model = 0, slice[2] = {0, 0};
+  for (const auto& t : model_.specs) {
+    const uint64_t n = t.nbytes().value();
+    model += n;
+    for (int k = 0; k < 2; ++k) {
+      const TpSlice cut = synthetic_tp_slice(t, 2, k);
+      slice[k] += cut.dim < 0 ? n : n / static_cast<uint64_t>(t.shape[static_cast<size_t>(cut.dim)]) *
+                                        static_cast<uint64_t>(cut.length);
+    }
+  }
+  for (uint64_t v = 1; v <= 2; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+    std::string needle = "v";
+    needle += std::to_string(v);
+    needle += " verified";
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(needle, 20s)) << id << p->output();
+    for (const auto& o : r0.subscribers) {
+      if (o.worker_id.rfind("worker-", 0) != 0) continue;
+      const int k = o.worker_id == "worker-1" ? 0 : 1;
+      EXPECT_EQ(o.bytes, slice[k]) << o.worker_id << " received other bytes than its slices";
+      EXPECT_LT(o.bytes, model * 6 / 10) << o.worker_id;
+    }
+  }
 }
 
 TEST_F(ShardedUpdateTest, ABroadcastUpdateIsRefusedInAManySenderJob) {
