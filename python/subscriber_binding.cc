@@ -48,6 +48,21 @@ class PySubscriber {
     keep_.push_back(py::reinterpret_borrow<py::object>(tensor));
   }
 
+  // A slice this engine serves (tensor parallelism): `tensor` holds the box
+  // at `offsets` of the full tensor of `full_shape`.
+  void register_slice(const std::string& name, py::handle tensor, std::optional<std::string> dtype,
+                      const std::vector<int64_t>& full_shape, const std::vector<int64_t>& offsets) {
+    BorrowedTensor b = import_tensor(name, tensor, dtype, device_, std::nullopt);
+    ShardView v;
+    v.local = b.view;
+    v.full_shape = full_shape;
+    v.offsets = offsets;
+    Status s = live().register_slice(v);
+    if (!s.ok()) throw_status(s);
+    keep_.push_back(std::move(b.keepalive));
+    keep_.push_back(py::reinterpret_borrow<py::object>(tensor));
+  }
+
   // fn(TensorRef) for every tensor not registered in place.
   void on_tensor(py::object fn) {
     cb_->on_tensor = std::move(fn);
@@ -147,6 +162,8 @@ void bind_subscriber(py::module_& m) {
       .def(py::init<const Config&, const std::string&>(), py::arg("config"), py::arg("worker_id"))
       .def("register_tensor", &PySubscriber::register_tensor, py::arg("name"), py::arg("tensor"),
            py::arg("dtype") = py::none())
+      .def("register_slice", &PySubscriber::register_slice, py::arg("name"), py::arg("tensor"), py::arg("dtype"),
+           py::arg("full_shape"), py::arg("offsets"))
       .def("on_tensor", &PySubscriber::on_tensor)
       .def("on_update_begin", &PySubscriber::on_update_begin)
       .def("on_update_end", &PySubscriber::on_update_end)

@@ -50,6 +50,40 @@ class Shard:
         return self.local
 
 
+# The usual tensor-parallel split of a Hugging Face LLaMA/Qwen-style model, as
+# vLLM's parallel layers cut it: row-parallel weights along dim 1, the other
+# matrices (q/k/v, gate/up, embeddings, lm_head: column- and vocab-parallel)
+# along dim 0; 1-d tensors (norms, a row-parallel layer's bias) whole.
+_ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
+
+
+def tp_dim(name, shape):
+    """The dimension a tensor-parallel engine cuts `name` along (None: every rank holds it whole)."""
+    if len(shape) != 2:
+        return None
+    return 1 if name.endswith(_ROW_PARALLEL) else 0
+
+
+def tp_slices(specs, tp, rank, dim_of=tp_dim):
+    """{name: (dim, start, length)} of the slice engine rank `rank` of `tp` serves of each tensor
+    of `specs` (a module, (name, tensor) pairs, or (name, dtype, shape) triples): ceil(n / tp)
+    per rank, the last short; dim None for a tensor held whole. `dim_of(name, shape)` gives the
+    split of any other model."""
+    if hasattr(specs, "named_parameters"):
+        specs = specs.named_parameters()
+    out = {}
+    for item in (specs.items() if hasattr(specs, "items") else specs):
+        name, shape = item[0], list(item[-1] if len(item) == 3 else item[1].shape)
+        dim = dim_of(name, shape)
+        if dim is None or tp == 1:
+            out[name] = (None, 0, 0)
+            continue
+        per = (shape[dim] + tp - 1) // tp
+        start = min(shape[dim], per * rank)
+        out[name] = (dim, start, min(per, shape[dim] - start))
+    return out
+
+
 def region_of(tensor, what="tensor"):
     """(global shape, (offsets, lengths)) of what this rank holds of `tensor`."""
     if isinstance(tensor, Shard):

@@ -32,8 +32,18 @@ class Subscriber:
     _exit_order = 0  # stopped at exit before the publishers
 
     def register(self, named_tensors):
-        """Tensors written in place by every update that names them (``model.named_parameters()`` works)."""
+        """Tensors written in place by every update that names them (``model.named_parameters()`` works).
+
+        A :class:`paramcast.reshard.Shard` value registers a slice this engine serves (tensor
+        parallelism: ``Shard(param_local, full_shape, offsets)``, anywhere in the engine's memory,
+        e.g. a row range of a fused ``qkv_proj``): many-sender updates deliver only its bytes,
+        straight into it (:func:`paramcast.reshard.tp_slices` computes a LLaMA's usual split)."""
+        from .reshard import Shard
         for name, tensor in named_items(named_tensors, "register"):
+            if isinstance(tensor, Shard):
+                obj, dtype, _ = for_dlpack(tensor.local)
+                self._core.register_slice(name, obj, dtype, tensor.shape, tensor.offsets)
+                continue
             obj, dtype, _ = for_dlpack(tensor)
             self._core.register_tensor(name, obj, dtype)
         return self

@@ -21,6 +21,46 @@ def _zeros(specs):
     return {n: torch.zeros(shape, dtype=getattr(torch, dt)) for n, dt, shape in specs}
 
 
+def _slice_index(shape, cut):
+    dim, start, length = cut
+    index = [slice(None)] * len(shape)
+    if dim is not None:
+        index[dim] = slice(start, start + length)
+    return tuple(index)
+
+
+def _tp_engine_main(conn, endpoint, worker_id, cfg, specs, tp, rank):
+    """A tensor-parallel engine rank: registers only its slices (paramcast.reshard.tp_slices)."""
+    import hashlib
+
+    from cluster import _serve
+    from paramcast.reshard import Shard, tp_slices
+
+    torch.set_num_threads(1)
+    cfg = dict(cfg)
+    cfg["control"] = dict(cfg["control"], endpoint=endpoint)
+    sub = paramcast.Subscriber(cfg, worker_id)
+    cuts = tp_slices(specs, tp, rank)
+    held = {}
+    for name, dt, shape in specs:
+        local = torch.zeros(shape, dtype=getattr(torch, dt))[_slice_index(shape, cuts[name])].contiguous()
+        offsets = [0] * len(shape)
+        if cuts[name][0] is not None:
+            offsets[cuts[name][0]] = cuts[name][1]
+        held[name] = local
+        sub.register([(name, Shard(local, shape, offsets))])
+
+    def digest():
+        return {n: hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest() for n, t in held.items()}
+
+    _serve(conn, sub, {"digest": digest, "bytes": lambda: sum(t.numel() * t.element_size() for t in held.values())})
+
+
+class _TpEngine(BulkEngine):
+    def __init__(self, endpoint, worker_id, cfg, specs, tp, rank):  # pylint: disable=super-init-not-called
+        self._spawn(worker_id, _tp_engine_main, (endpoint, worker_id, cfg, specs, tp, rank))
+
+
 def _config(world, endpoint="tcp://127.0.0.1:*"):
     cfg = config_dict(endpoint, subscribers=2)
     cfg["publisher"]["ranks"] = world
@@ -101,7 +141,10 @@ def _shifted(model, shift):
 
 @pytest.mark.skipif(not _fsdp2_available(), reason="needs PyTorch >= 2.6 (FSDP2 fully_shard) and transformers "
                     "(deploy/install-deps.sh installs torch 2.13 and transformers for the default python3)")
-def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model():
+@pytest.mark.parametrize("kind", ["whole", "tp2"])
+def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(kind):
+    """whole: one engine in place, one through on_weights, each the whole model;
+    tp2: two engine ranks of one TP=2 group, each registering only its slices."""
     import multiprocessing
     import socket
 
@@ -122,8 +165,14 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model()
         state = {n: p.detach().clone() for n, p in ref.named_parameters()}
         specs = [(n, str(t.dtype).replace("torch.", ""), list(t.shape)) for n, t in state.items()]
         cfg = _config(world)
-        engines = [BulkEngine(endpoint, "engine-1", "inplace", cfg, specs, _zeros),
-                   BulkEngine(endpoint, "engine-2", "callback", cfg, specs, _zeros)]
+        from paramcast.reshard import tp_slices
+        if kind == "whole":
+            engines = [BulkEngine(endpoint, "engine-1", "inplace", cfg, specs, _zeros),
+                       BulkEngine(endpoint, "engine-2", "callback", cfg, specs, _zeros)]
+            wanted = {"engine-1": None, "engine-2": None}
+        else:
+            engines = [_TpEngine(endpoint, f"engine-{k + 1}", cfg, specs, 2, k) for k in range(2)]
+            wanted = {f"engine-{k + 1}": tp_slices(specs, 2, k) for k in range(2)}
         for e in engines:
             e.wait_ready()
 
@@ -142,8 +191,10 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model()
             version = got[0][1]
             assert got[1][1] == version, "both trainer ranks took part in the same version"
             assert got[0][2] == ["engine-1", "engine-2", "trainer-1"]
-            want = sha256_of(state)
             for e in engines:
+                cuts = wanted[e.worker_id]
+                want = sha256_of(state if cuts is None else
+                                 {n: t[_slice_index(t.shape, cuts[n])].contiguous() for n, t in state.items()})
                 assert e.call("wait", version, 60) is not None
                 assert e.call("state") == ("consistent", version), e.worker_id
                 digest = e.call("digest")
