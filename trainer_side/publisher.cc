@@ -24,8 +24,8 @@ control::ServerOptions server_options(const Config& cfg) {
   o.control = cfg.control;
   // The other trainer ranks of a many-sender job are members too.
   o.subscriber_ids = cfg.publisher.subscriber_ids;
-  if (!o.subscriber_ids.empty())
-    for (int r = 1; r < cfg.publisher.ranks; ++r) o.subscriber_ids.push_back(trainer_rank_id(r));
+  for (int r = 1; r < cfg.publisher.ranks; ++r)
+    (o.subscriber_ids.empty() ? o.reserved_ids : o.subscriber_ids).push_back(trainer_rank_id(r));
   o.subscriber_count = cfg.expected_count() + cfg.publisher.ranks - 1;
   o.backend = cfg.data_plane.backend;
   o.auth = cfg.auth;

@@ -65,7 +65,7 @@ void ControlServer::hello_locked(const Sender& from, uint64_t inc, proto::Hello:
                        printable(h.getHost().cStr()) + " pid " + std::to_string(h.getPid())});
     return;
   }
-  if (!known && ids.empty() && !has_free_slot_locked()) {
+  if (!known && ids.empty() && !has_free_slot_locked(id)) {
     reject_locked(peer, inc, proto::RejectCode::UNKNOWN_ID,
                   "the deployment expects " + std::to_string(opt_.subscriber_count) + " subscribers and all are present");
     return;
@@ -110,7 +110,7 @@ void ControlServer::admit_locked(const Sender& from, uint64_t inc, proto::Hello:
     // left its group, so the next update re-forms one with it.
     kind = MemberEvent::Kind::kRejoined;
     old_rank = it->second.rank;
-  } else if (opt_.subscriber_ids.empty() && !has_free_slot_locked()) {
+  } else if (opt_.subscriber_ids.empty() && !has_free_slot_locked(id)) {
     reject_locked(peer, inc, proto::RejectCode::UNKNOWN_ID,
                   "the deployment expects " + std::to_string(opt_.subscriber_count) + " subscribers and all are present");
     return;

@@ -211,12 +211,21 @@ std::vector<std::string> ControlServer::missing() const {
     }
     return missing;
   }
-  // Any ids may join: name the lost members first, then count the rest.
-  int live = 0;
-  for (const auto& [id, m] : members_) live += !m.lost;
+  // Any ids may join: the reserved ids by name, then the lost members, then
+  // count the rest.
+  const auto& reserved = opt_.reserved_ids;
+  for (const auto& id : reserved) {
+    auto it = members_.find(id);
+    if (it == members_.end() || it->second.lost) missing.push_back(id);
+  }
+  int live = static_cast<int>(reserved.size() - missing.size());
+  for (const auto& [id, m] : members_)
+    live += !m.lost && std::find(reserved.begin(), reserved.end(), id) == reserved.end();
   const int absent = opt_.subscriber_count - live;
   for (const auto& [id, m] : members_)
-    if (m.lost && static_cast<int>(missing.size()) < absent) missing.push_back(id);
+    if (m.lost && static_cast<int>(missing.size()) < absent &&
+        std::find(reserved.begin(), reserved.end(), id) == reserved.end())
+      missing.push_back(id);
   for (int i = static_cast<int>(missing.size()); i < absent; ++i)
     missing.push_back("<unnamed subscriber " + std::to_string(live + i + 1) + " of " +
                       std::to_string(opt_.subscriber_count) + ">");
@@ -228,10 +237,13 @@ size_t ControlServer::table_size() const {
   return members_.size();
 }
 
-bool ControlServer::has_free_slot_locked() const {
+bool ControlServer::has_free_slot_locked(const std::string& id) const {
+  const auto& reserved = opt_.reserved_ids;
+  const auto is_reserved = [&](const std::string& x) { return std::find(reserved.begin(), reserved.end(), x) != reserved.end(); };
+  if (is_reserved(id)) return true;  // its own slot
   int live = 0;
-  for (const auto& [id, m] : members_) live += !m.lost;
-  return live < opt_.subscriber_count;
+  for (const auto& [other, m] : members_) live += !m.lost && !is_reserved(other);
+  return live < opt_.subscriber_count - static_cast<int>(reserved.size());
 }
 
 // ------------------------------------------------------------ control thread

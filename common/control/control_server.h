@@ -48,6 +48,9 @@ struct ServerOptions {
   // Admission: these ids only, or (when empty) up to `subscriber_count` of any id.
   std::vector<std::string> subscriber_ids;
   int subscriber_count = 1;
+  // Count mode: ids with a slot of their own among subscriber_count (a
+  // many-sender job's trainer ranks), never taken by another id.
+  std::vector<std::string> reserved_ids;
   Backend backend = Backend::kGloo;  // reported in StatusReply
   AuthOptions auth;                  // curve: key files (read by start())
 };
@@ -222,7 +225,7 @@ class ControlServer {
   void prune_locked(Clock::time_point now);
   void queue_locked(const std::string& id, zmq::message_t frame);
   void check_liveness(Clock::time_point now);
-  bool has_free_slot_locked() const;
+  bool has_free_slot_locked(const std::string& id) const;
   void welcome_locked(const std::string& peer, uint64_t incarnation, bool probe);
   void reject_locked(const std::string& peer, uint64_t target, proto::RejectCode code, const std::string& text,
                      uint32_t peer_version = 0);

@@ -207,6 +207,36 @@ TEST_F(ShardedTpTest, EachEngineRankReceivesOnlyItsSlicesBitExact) {
   }
 }
 
+// Count mode (any worker ids): the trainer ranks' slots are their own. An
+// extra engine that joins first takes no trainer rank's place.
+TEST(ShardedSlotsTest, AnExtraEngineCannotTakeATrainerRanksSlot) {
+  const std::string dir = test::make_temp_dir("paramcast-slots");
+  const std::string path = test::write_file(dir, "deploy.yaml", test::test_config_yaml(1, "  ranks: 2\n"));
+  auto cfg = load_config_file(path);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  auto pub = Publisher::create(*cfg);
+  ASSERT_TRUE(pub.ok()) << pub.status().to_string();
+  auto engine = [&](const char* id) {
+    return test::Process::start(test::binary("paramcast-worker"),
+                                {"--config", path, "--id", id, "--endpoint", pub.value()->endpoint(), "--updates", "0"});
+  };
+  auto w1 = engine("worker-1");
+  ASSERT_TRUE(w1->wait_for_output("joined publisher", 20s)) << w1->output();
+  auto extra = engine("worker-9");  // the one engine slot is taken: refused, whatever the ranks' slots
+  EXPECT_TRUE(extra->wait_for(20s).has_value()) << extra->output();
+  EXPECT_NE(extra->output().find("all are present"), std::string::npos) << extra->output();
+  Config rank_cfg = *cfg;
+  rank_cfg.control.endpoint = pub.value()->endpoint();
+  auto rank1 = PublisherRank::create(rank_cfg, 1);
+  ASSERT_TRUE(rank1.ok());
+  ASSERT_TRUE(rank1.value()->start().ok());
+  Status s = pub.value()->start();
+  EXPECT_TRUE(s.ok()) << s.to_string() << w1->output();
+  rank1.value()->stop();
+  pub.value()->shutdown();
+  test::remove_tree(dir);
+}
+
 TEST_F(ShardedUpdateTest, ABroadcastUpdateIsRefusedInAManySenderJob) {
   model_.fill(1, config_.trainer.seed, config_.trainer.changes);
   UpdateResult r = pub_->weight_update(model_.views());
