@@ -109,6 +109,31 @@ TEST_F(ShardedUpdateTest, EveryTrainerRankSendsItsRowsAndEveryEngineVerifiesBitE
   }
 }
 
+// A pipeline-style split: rank 0 holds the first half of the tensors whole,
+// rank 1 the rest; each names only what it holds.
+TEST_F(ShardedUpdateTest, PipelineStagesEachSendTheTensorsTheyHold) {
+  for (uint64_t v = 1; v <= 2; ++v) {
+    model_.fill(v, config_.trainer.seed, config_.trainer.changes);
+    std::vector<ShardView> stage[2];
+    for (size_t i = 0; i < model_.specs.size(); ++i) {
+      ShardView s;
+      s.local = TensorView{model_.specs[i], model_.bytes[i].data(), Device{}};
+      stage[i < model_.specs.size() / 2 ? 0 : 1].push_back(std::move(s));
+    }
+    auto other = std::async(std::launch::async, [&] { return rank1_->weight_update(stage[1], v); });
+    UpdateOptions o;
+    o.version = v;
+    UpdateResult r0 = pub_->weight_update_sharded(stage[0], o);
+    UpdateResult r1 = other.get();
+    ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+    std::string needle = "v";
+    needle += std::to_string(v);
+    needle += " verified";
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(needle, 20s)) << id << p->output();
+  }
+}
+
 TEST_F(ShardedUpdateTest, OverlappingRowsAreRefusedBeforeAnyByteMovesNamingBothRanks) {
   auto [r0, r1] = publish_both(1, -1);  // rank 1 also claims rank 0's last row
   ASSERT_FALSE(r0.ok());
