@@ -12,7 +12,10 @@ replicated) goes to 2 engines that want whole tensors, by
       one after the other here: the column "a limit" is the funnel's own
       limit with them fully overlapped, the best it could do;
   (b) every trainer rank sending its shard point to point (common/reshard/:
-      plan, rounds, forwarding between the engines).
+      plan, rounds, forwarding between the engines);
+  (c) with --publisher, (b) through ParamCast itself: paramcast-trainer
+      --rank R on every trainer rank, paramcast-worker on every engine (its
+      synthetic model, --model-size), the control plane included.
 Each run reports each link's bytes, the time (the slowest rank's), and the
 limit: the most bytes any one link must carry, divided by L.
 
@@ -60,6 +63,72 @@ def one_run(args, lab, mode, senders, engines):
     return took, links
 
 
+def duration_s(text):
+    value, unit = text.split()
+    return float(value) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
+
+
+def publisher_run(args, lab, senders, engines):
+    """(c) the same many-sender update through ParamCast itself: paramcast-trainer --rank on
+    every trainer rank (rank 0 the publisher), paramcast-worker on every engine, the control
+    plane's plan, pairing and Applied included. Returns rank 0's update times (the first, which
+    connects the pairs, left out)."""
+    d = tempfile.mkdtemp(prefix="paramcast-reshard-pub-")
+    endpoint = f"tcp://{lab.address(0)}:47311"
+
+    def yaml(i):
+        path = os.path.join(d, f"node{i}.yaml")
+        with open(path, "w") as f:
+            f.write(f"""control:
+  endpoint: {endpoint}
+  heartbeat_interval: 200ms
+  heartbeat_timeout: 5s
+  join_timeout: 120s
+data_plane:
+  backend: gloo
+  gloo_hostname: {lab.address(i)}
+  checksum: xxh64
+  stall_timeout: 120s
+  init_timeout: 120s
+publisher:
+  subscribers: {engines}
+  ranks: {senders}
+  update_timeout: 600s
+  delta: off
+trainer:
+  model_size: {args.model_size}
+  layers: 2
+  updates: {args.updates}
+  interval: 0s
+logging:
+  level: warn
+auth:
+  mode: plain  # the benchmark's own network namespaces
+""")
+        return path
+    binary = lambda name: os.path.join(args.build, "bin", name)  # noqa: E731
+    procs = [subprocess.Popen(lab.prefix(0) + [binary("paramcast-trainer"), "--config", yaml(0)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    time.sleep(0.5)
+    for r in range(1, senders):
+        procs.append(subprocess.Popen(lab.prefix(r) + [binary("paramcast-trainer"), "--config", yaml(r), "--rank",
+                                                       str(r), "--endpoint", endpoint],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for k in range(engines):
+        i = senders + k
+        procs.append(subprocess.Popen(lab.prefix(i) + [binary("paramcast-worker"), "--config", yaml(i), "--id",
+                                                       f"worker-{k + 1}", "--endpoint", endpoint],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    shutil.rmtree(d, ignore_errors=True)
+    for p, out in zip(procs, outs):
+        if p.returncode != 0:
+            raise SystemExit(f"publisher path M={senders} failed ({p.returncode}):\n{out}")
+    times = [duration_s(m.group(1)) for m in re.finditer(r"to \d+ members in ([\d.]+ \w+) \(", outs[0])]
+    model = [int(float(m.group(1)) * 2**20) for m in re.finditer(r"verified, ([\d.]+) MiB", outs[senders])][:1]
+    return times[1:], model[0] if model else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -68,6 +137,11 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--publisher", action="store_true",
+                    help="also (c): the many-sender update through the publisher (paramcast-trainer --rank, "
+                         "paramcast-worker) on the same links")
+    ap.add_argument("--model-size", default="36MiB", help="(c)'s synthetic model")
+    ap.add_argument("--updates", type=int, default=4, help="(c)'s updates per run (the first is left out)")
     args = ap.parse_args()
     why = netns_lab.unavailable()
     if why:
@@ -100,11 +174,22 @@ def main():
             for r, (o, i) in enumerate(links):
                 who = f"trainer-{r}" if r < m else f"engine-{r - m}"
                 print(f"    {who}: out {o / 1e6:.1f} MB, in {i / 1e6:.1f} MB")
+        if args.publisher:
+            for m in (2, 4):
+                times, model = publisher_run(args, lab, m, args.engines)
+                times.sort()
+                median = times[len(times) // 2]
+                limit = model / L  # each engine's inbound link carries the whole model once
+                results.append({"mode": "publisher", "senders": m, "engines": args.engines, "model_bytes": model,
+                                "median_s": median, "runs_s": times, "limit_s": limit, "ratio": median / limit})
+                print(f"(c) through the publisher M={m}: {median:.2f} s (updates {', '.join(f'{t:.2f}' for t in times)}); "
+                      f"limit {limit:.2f} s ({model / 1e6:.1f} MB into each engine at {L / 1e6:.1f} MB/s); "
+                      f"ratio {median / limit:.2f}", flush=True)
     finally:
         lab.close()
     base = next(r for r in results if r["mode"] == "funnel")
     for r in results:
-        if r["mode"] == "plan":
+        if r["mode"] in ("plan", "publisher"):
             print(f"M={r['senders']}: {base['median_s'] / r['median_s']:.2f}x faster than (a) as measured, "
                   f"{base['limit_s'] / r['median_s']:.2f}x faster than (a)'s own limit")
     if args.json:
