@@ -64,6 +64,7 @@ struct UpdatePlan {
     int rank = 0;
     int64_t tensor = -1;  // -1: none (a trainer rank that holds nothing of this update)
     std::vector<int64_t> offsets, lengths;
+    uint64_t seq = 0;  // holders: the trainer rank's publish call the regions came from
   };
   bool sharded = false;
   std::vector<Holding> holders;

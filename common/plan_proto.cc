@@ -66,6 +66,7 @@ void holdings_to_proto(const std::vector<UpdatePlan::Holding>& list, capnp::List
   for (const auto& [rank, holds] : by_rank) {
     auto r = ranks[i++];
     r.setRank(static_cast<uint32_t>(rank));
+    r.setSeq(holds.front()->seq);
     unsigned n = 0;
     for (const auto* h : holds) n += h->tensor >= 0;
     auto list = r.initHolds(n);
@@ -93,7 +94,7 @@ Status regions_from_proto(capnp::List<proto::RankHoldings>::Reader list, const c
     const std::string who = std::string(what) + " rank " + std::to_string(r.getRank());
     if (r.getRank() > kMaxShardedRank || !seen.insert(r.getRank()).second)
       return protocol_error(where + ": " + who + " is out of range or listed twice");
-    if (r.getHolds().size() == 0) into.push_back({static_cast<int>(r.getRank()), -1, {}, {}});
+    if (r.getHolds().size() == 0) into.push_back({static_cast<int>(r.getRank()), -1, {}, {}, r.getSeq()});
     for (auto h : r.getHolds()) {
       if (h.getTensor() >= plan.tensors.size())
         return protocol_error(where + ": " + who + " names tensor #" + std::to_string(h.getTensor()) + " of " +
@@ -101,7 +102,7 @@ Status regions_from_proto(capnp::List<proto::RankHoldings>::Reader list, const c
       const auto& spec = plan.tensors[h.getTensor()];
       if (h.getOffsets().size() != spec.shape.size() || h.getLengths().size() != spec.shape.size())
         return protocol_error(where + ": " + who + " gives '" + spec.name + "' a region of another rank than its shape's");
-      UpdatePlan::Holding out{static_cast<int>(r.getRank()), h.getTensor(), {}, {}};
+      UpdatePlan::Holding out{static_cast<int>(r.getRank()), h.getTensor(), {}, {}, r.getSeq()};
       for (int64_t v : h.getOffsets()) out.offsets.push_back(v);
       for (int64_t v : h.getLengths()) out.lengths.push_back(v);
       into.push_back(std::move(out));

@@ -93,6 +93,7 @@ Status SubscriberImpl::register_tensor(const TensorView& d) {
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     registry_[d.spec.name] = d;
+    slices_.erase(d.spec.name);  // a name is whole or a slice: the last registration wins
   }
   std::lock_guard<std::mutex> lock(mu_);
   registered_since_update_ = true;
@@ -198,12 +199,14 @@ control::WeightReport SubscriberImpl::weight_report() {
   w.answered_version = answered_;
   w.commit_version = commit_seen_;
   w.applied_version = applied_sent_;
+  bool sharded = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     w.receiving_version = receiving_version_;
     w.delta_base = delta_base_locked();
+    sharded = receiving_sharded_;
   }
-  if (w.receiving_version && receiver_) w.received_bytes = receiving_sharded_ ? sharded_received_.load() : receiver_->received();
+  if (w.receiving_version && receiver_) w.received_bytes = sharded ? sharded_received_.load() : receiver_->received();
   return w;
 }
 

@@ -185,6 +185,12 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
                      "none (its last call ended)"});
       return out;
     }
+    for (const auto& h : plan.holders)
+      if (h.rank == rank && h.seq != active_seq_) {
+        out.push_back({Mismatch::Kind::kOther, "<holdings>", "the part of publish call " + std::to_string(active_seq_),
+                       "the part of call " + std::to_string(h.seq)});
+        return out;
+      }
     std::set<std::pair<std::string, reshard::Region>> mine, planned;
     for (const auto& h : holdings_) {
       const auto& full = h.full_shape.empty() ? h.local.spec.shape : h.full_shape;
@@ -286,6 +292,28 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
       if (h != handed.end()) return {h->second.data(), reshard::Region::whole(t.shape)};
       return {};
     };
+  }
+  if (!source_) {
+    // The slices registered now are those the plan was checked against
+    // (a registration since would make a piece miss its buffer).
+    std::map<std::string, reshard::Region> planned;
+    for (const auto& w : plan.wanters)
+      if (w.rank == rank && w.tensor >= 0)
+        planned[plan.tensors[static_cast<size_t>(w.tensor)].name] = reshard::Region{w.offsets, w.lengths};
+    for (const auto& t : plan.tensors) {
+      auto sl = slices.find(t.name);
+      auto pl = planned.find(t.name);
+      const bool fits = sl == slices.end()
+                            ? pl == planned.end() || pl->second == reshard::Region::whole(t.shape)
+                            : pl != planned.end() && sl->second.local.spec.dtype == t.dtype &&
+                                  box_of(sl->second, t.shape) == pl->second;
+      if (!fits) {
+        comm->abort(id_ + ": its registration of '" + t.name + "' changed after it accepted plan v" +
+                    std::to_string(plan.version));
+        return invalid_argument("the registration of '" + t.name + "' changed after plan v" +
+                                std::to_string(plan.version) + " was accepted; nothing of it was written");
+      }
+    }
   }
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;

@@ -340,6 +340,9 @@ struct HeldRegion {
 struct RankHoldings {
   rank @0 :UInt32;
   holds @1 :List(HeldRegion);
+  seq @2 :UInt64;
+  # Holders: the publish call (its Holdings seq) the regions came from; the
+  # trainer rank accepts the plan only during that very call.
 }
 
 struct Holdings {

@@ -648,6 +648,9 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(event);
+    // A member that joins anew states its slices anew (Wants after Welcome):
+    // none kept from before, and none kept for ids gone (bounded).
+    wants_.erase(event.worker_id);
     const bool gone = event.kind == MemberEvent::Kind::kLost || event.kind == MemberEvent::Kind::kLeft;
     // The control thread tells us after it changed the membership, so the
     // last formation may already have read this change: it counted the

@@ -41,6 +41,7 @@ void PublisherRank::stop() {
 UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step) {
   UpdateResult r;
   r.tensors = shards.size();
+  if (!step) ++calls_;  // counted on entry, whatever becomes of the call, as rank 0 counts
   const auto t0 = Clock::now();
   while (impl_->next_report(Millis(0))) {
   }  // reports of updates no call waited for
@@ -52,7 +53,7 @@ UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, 
                            format_duration(join_timeout_) + ")");
     return r;
   }
-  if (Status s = impl_->publish(shards, step ? *step : ++calls_); !s.ok()) {
+  if (Status s = impl_->publish(shards, step ? *step : calls_); !s.ok()) {
     r.status = s;
     return r;
   }

@@ -34,7 +34,7 @@ std::string spec_text(const TensorSpec& t) {
 
 // One rank's shards as the plan's tensors and holdings: the full specs
 // (agreeing with those already named), and the boxes held.
-Status add_holdings(const std::string& who, int rank, const std::vector<TensorSpec>& specs,
+Status add_holdings(const std::string& who, int rank, uint64_t seq, const std::vector<TensorSpec>& specs,
                     const std::vector<std::pair<uint32_t, reshard::Region>>& holds, UpdatePlan& plan,
                     std::map<std::string, std::pair<size_t, std::string>>& index) {
   std::vector<int64_t> local(specs.size(), -1);
@@ -56,10 +56,10 @@ Status add_holdings(const std::string& who, int rank, const std::vector<TensorSp
   for (const auto& [t, region] : holds) {
     if (t >= specs.size()) return invalid_argument(who + " holds tensor #" + std::to_string(t) + " of " +
                                                    std::to_string(specs.size()) + " it named");
-    plan.holders.push_back({rank, local[t], region.offsets, region.lengths});
+    plan.holders.push_back({rank, local[t], region.offsets, region.lengths, seq});
     any = true;
   }
-  if (!any) plan.holders.push_back({rank, -1, {}, {}});
+  if (!any) plan.holders.push_back({rank, -1, {}, {}, seq});
   return Status();
 }
 
@@ -136,6 +136,8 @@ void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
   if (!m || m->source) return;
   SourceHoldings out = read_holdings(id, h);
   std::lock_guard<std::mutex> lock(mu_);
+  auto it = wants_.find(id);
+  if (it != wants_.end() && it->second.seq > out.seq) return;  // an older snapshot, overtaken
   wants_[id] = std::move(out);
 }
 
@@ -189,6 +191,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     return r;
   }
   std::lock_guard<UpdateGate> ulock(update_mu_);
+  if (!options.version) ++sharded_calls_;
   const auto t0 = Clock::now();
   cap_ = t0 + cfg_.publisher.update_timeout;
   auto done = [&](UpdateResult& res) -> UpdateResult {
@@ -223,8 +226,8 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     own_holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
   }
   // The step this call publishes; every trainer rank's call of the same
-  // step is its partner.
-  const uint64_t step = options.version ? *options.version : ++sharded_calls_;
+  // step is its partner (counted on entry, whatever becomes of the call).
+  const uint64_t step = options.version ? *options.version : sharded_calls_;
   // Whatever ends this call before its plan went out ends the partner calls
   // too (their shards are free again), with the same reason: those whose
   // part arrived (taken, or still pending for this step).
@@ -304,12 +307,14 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   std::map<std::string, std::pair<size_t, std::string>> index;
   std::vector<std::string> names = {"publisher"};
   names.insert(names.end(), group.begin(), group.end());
-  Status held = add_holdings("publisher", 0, own_specs, own_holds, shape, index);
+  Status held = add_holdings("publisher", 0, 0, own_specs, own_holds, shape, index);
   for (size_t i = 0; i < group.size() && held.ok(); ++i) {
     auto it = taken.find(group[i]);
     if (it == taken.end()) continue;
     if (!it->second.error.empty()) held = invalid_argument(it->second.error);
-    else held = add_holdings(group[i], static_cast<int>(i + 1), it->second.tensors, it->second.holds, shape, index);
+    else
+      held = add_holdings(group[i], static_cast<int>(i + 1), it->second.seq, it->second.tensors, it->second.holds,
+                          shape, index);
   }
   if (!held.ok()) return refuse(held.with_context("sharded update refused before any byte moved"));
   // The engines' slices (tensor parallelism): each wants exactly its regions
