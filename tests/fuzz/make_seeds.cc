@@ -72,6 +72,31 @@ int main(int argc, char** argv) {
     plan_to_proto(plan, p);
     p.setPrecommitted(true);
   }));
+  // A sharded (many-sender) plan: rank 0 holds rows 0-1 of `a`, rank 1 the
+  // rest and `b` and `c`; rank 2 wants a slice of `a`.
+  UpdatePlan sharded = plan;
+  sharded.buckets.clear();
+  sharded.sharded = true;
+  sharded.holders = {{0, 0, {0, 0}, {2, 4}, 0}, {1, 0, {2, 0}, {2, 4}, 3}, {1, 1, {0}, {3}, 3}, {1, 2, {0}, {5000}, 3}};
+  sharded.wanters = {{2, 0, {0, 0}, {4, 2}, 0}, {2, 1, {0}, {3}, 0}, {2, 2, {0}, {5000}, 0}};
+  write(dir, "plan_sharded", make_message(0, 9, [&](auto b) { plan_to_proto(sharded, b.initPlan()); }));
+  for (const char* kind : {"holdings", "wants"})
+    write(dir, kind, make_message(1, 7, [&](auto b) {
+      auto h = std::string(kind) == "holdings" ? b.initHoldings() : b.initWants();
+      h.setSeq(2);
+      h.setStep(2);
+      auto t = h.initTensors(1);
+      t[0].setName("a");
+      t[0].setDtype("F32");
+      t[0].initShape(2).set(0, 4);
+      t[0].getShape().set(1, 4);
+      t[0].setNbytes(64);
+      auto r = h.initHolds(1);
+      r[0].setTensor(0);
+      r[0].initOffsets(2).set(0, 2);
+      r[0].initLengths(2).set(0, 2);
+      r[0].getLengths().set(1, 4);
+    }));
   write(dir, "plan_accept", make_message(1, 7, [](auto b) { b.initPlanAccept().setVersion(1); }));
   write(dir, "plan_reject", make_message(1, 7, [](auto b) {
     auto r = b.initPlanReject();
