@@ -21,6 +21,29 @@ namespace {
 reshard::Region box_of(const ShardView& s, const std::vector<int64_t>& full) {
   return {s.offsets.empty() ? std::vector<int64_t>(full.size(), 0) : s.offsets, s.local.spec.shape};
 }
+// Holdings and Wants alike: the full spec of each shard's tensor and the box held or wanted.
+void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Builder h) {
+  auto tensors = h.initTensors(static_cast<unsigned>(shards.size()));
+  auto holds = h.initHolds(static_cast<unsigned>(shards.size()));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardView& s = shards[i];
+    const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
+    const reshard::Region box = box_of(s, full);
+    auto e = tensors[static_cast<unsigned>(i)];
+    e.setName(s.local.spec.name);
+    e.setDtype(std::string(dtype_name(s.local.spec.dtype)));
+    auto shape = e.initShape(static_cast<unsigned>(full.size()));
+    for (size_t d = 0; d < full.size(); ++d) shape.set(static_cast<unsigned>(d), full[d]);
+    TensorSpec whole{s.local.spec.name, s.local.spec.dtype, full};
+    e.setNbytes(whole.nbytes().ok() ? *whole.nbytes() : 0);
+    auto r = holds[static_cast<unsigned>(i)];
+    r.setTensor(static_cast<uint32_t>(i));
+    auto off = r.initOffsets(static_cast<unsigned>(box.offsets.size()));
+    for (size_t d = 0; d < box.offsets.size(); ++d) off.set(static_cast<unsigned>(d), box.offsets[d]);
+    auto len = r.initLengths(static_cast<unsigned>(box.lengths.size()));
+    for (size_t d = 0; d < box.lengths.size(); ++d) len.set(static_cast<unsigned>(d), box.lengths[d]);
+  }
+}
 }  // namespace
 
 Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t step) {
@@ -44,26 +67,7 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
     auto h = b.initHoldings();
     h.setSeq(seq);
     h.setStep(step);
-    auto tensors = h.initTensors(static_cast<unsigned>(shards.size()));
-    auto holds = h.initHolds(static_cast<unsigned>(shards.size()));
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const ShardView& s = shards[i];
-      const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
-      const reshard::Region box = box_of(s, full);
-      auto e = tensors[static_cast<unsigned>(i)];
-      e.setName(s.local.spec.name);
-      e.setDtype(std::string(dtype_name(s.local.spec.dtype)));
-      auto shape = e.initShape(static_cast<unsigned>(full.size()));
-      for (size_t d = 0; d < full.size(); ++d) shape.set(static_cast<unsigned>(d), full[d]);
-      TensorSpec whole{s.local.spec.name, s.local.spec.dtype, full};
-      e.setNbytes(whole.nbytes().ok() ? *whole.nbytes() : 0);
-      auto r = holds[static_cast<unsigned>(i)];
-      r.setTensor(static_cast<uint32_t>(i));
-      auto off = r.initOffsets(static_cast<unsigned>(box.offsets.size()));
-      for (size_t d = 0; d < box.offsets.size(); ++d) off.set(static_cast<unsigned>(d), box.offsets[d]);
-      auto len = r.initLengths(static_cast<unsigned>(box.lengths.size()));
-      for (size_t d = 0; d < box.lengths.size(); ++d) len.set(static_cast<unsigned>(d), box.lengths[d]);
-    }
+    shards_to_proto(shards, h);
   }));
   return Status();
 }
@@ -105,25 +109,7 @@ void SubscriberImpl::send_wants() {
   client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
     auto h = b.initWants();
     h.setSeq(seq);
-    auto tensors = h.initTensors(static_cast<unsigned>(slices.size()));
-    auto holds = h.initHolds(static_cast<unsigned>(slices.size()));
-    for (size_t i = 0; i < slices.size(); ++i) {
-      const ShardView& s = slices[i];
-      const reshard::Region box = box_of(s, s.full_shape);
-      auto e = tensors[static_cast<unsigned>(i)];
-      e.setName(s.local.spec.name);
-      e.setDtype(std::string(dtype_name(s.local.spec.dtype)));
-      auto shape = e.initShape(static_cast<unsigned>(s.full_shape.size()));
-      for (size_t d = 0; d < s.full_shape.size(); ++d) shape.set(static_cast<unsigned>(d), s.full_shape[d]);
-      TensorSpec whole{s.local.spec.name, s.local.spec.dtype, s.full_shape};
-      e.setNbytes(whole.nbytes().ok() ? *whole.nbytes() : 0);
-      auto r = holds[static_cast<unsigned>(i)];
-      r.setTensor(static_cast<uint32_t>(i));
-      auto off = r.initOffsets(static_cast<unsigned>(box.offsets.size()));
-      for (size_t d = 0; d < box.offsets.size(); ++d) off.set(static_cast<unsigned>(d), box.offsets[d]);
-      auto len = r.initLengths(static_cast<unsigned>(box.lengths.size()));
-      for (size_t d = 0; d < box.lengths.size(); ++d) len.set(static_cast<unsigned>(d), box.lengths[d]);
-    }
+    shards_to_proto(slices, h);
   }));
 }
 
