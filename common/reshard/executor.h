@@ -16,6 +16,19 @@
 // Host memory (the CPU data plane); bounded by `deadline` and by the
 // communicator's failure, which names the peer.
 //
+// Deltas (RunOptions::delta_base): every transfer is announced by a header
+// of 32 bytes (tag: its index | kHeaderTag: the encoding, its wire bytes,
+// the xxh64 of the piece's new bytes) and carries a delta of its bytes
+// against the base version where its sender sent that very piece as that
+// version (SentBaseline), else the bytes dense; a piece that did not change
+// carries nothing. Each receiver holds the base in the regions it wants
+// (the plan's promise, checked by the publisher and by each engine), checks
+// the header, applies the delta with every hostile-input check of
+// common/delta/ before a byte is written, and checks the hash of the result
+// before it counts; a forward relays the header and the wire bytes as they
+// came (its receiver holds the same base). A sender's baseline is its own
+// pieces only, recorded by every run, dense or delta.
+//
 // Thread-safety: one call at a time per communicator.
 #pragma once
 
@@ -26,6 +39,7 @@
 #include "common/data/communicator.h"
 #include "common/reshard/reshard_plan.h"
 #include "common/reshard/schedule.h"
+#include "common/reshard/sent_baseline.h"
 
 namespace paramcast::reshard {
 
@@ -53,14 +67,31 @@ struct RunOptions {
   // forwards them: a difference fails with DATA_CORRUPT naming the tensor,
   // the range and the sender. Every rank of a plan must agree.
   bool checksums = false;
-  // Bytes received so far (for progress), updated as receives land.
+  // Bytes that crossed this rank's receiving link so far (for progress;
+  // a delta counts its encoding), updated as receives land.
   std::atomic<uint64_t>* received = nullptr;
   // Set on a failure when a receive straight into the rank's buffers did not
   // settle: the data plane may still write there, so the caller must not
   // free those buffers (staging is let go by run_reshard itself).
   bool* unsettled = nullptr;
+  // A delta plan: the version every receiver holds in the regions it wants
+  // (0: a dense plan), this update's version, and whether a delta goes
+  // whenever it is smaller than dense (publisher.delta: always) or only at
+  // half the dense bytes or less.
+  uint64_t delta_base = 0;
+  uint64_t version = 0;
+  bool delta_always = false;
+  // A sender's baseline of the pieces it sends (null: it keeps none and
+  // sends dense): read for a delta plan, recorded by every run.
+  SentBaseline* sent = nullptr;
+  // What the run did (may be null).
+  struct Stats {
+    uint64_t wire_sent = 0, wire_received = 0;  // bytes on this rank's links, headers and checksums aside
+    size_t dense = 0, delta = 0, unchanged = 0;   // this rank's sends by encoding
+  }* stats = nullptr;
 };
 inline constexpr uint32_t kChecksumTag = 0x80000000u;
+inline constexpr uint32_t kHeaderTag = 0x40000000u;
 
 // Runs `rank`'s transfers of `plan` in the order of `rounds`. Plan ranks
 // are the communicator's ranks.

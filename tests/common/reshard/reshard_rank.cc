@@ -50,18 +50,28 @@ std::pair<int64_t, int64_t> chunk(int64_t n, int k, int i) {
   return {start, std::min<int64_t>(per, n - start)};
 }
 
-uint8_t byte_at(const std::string& tensor, uint64_t byte) {
-  const uint64_t h = xxh64(tensor.data(), tensor.size(), byte / 8);
+uint8_t byte_at(const std::string& tensor, uint64_t byte, uint64_t seed = 0) {
+  const uint64_t h = xxh64(tensor.data(), tensor.size(), (byte / 8) ^ (seed << 40));
   return static_cast<uint8_t>(h >> (8 * (byte % 8)));
 }
 
-// Fills (or checks) the buffer of `box` of a tensor: returns the first bad
-// byte's index in the buffer, or -1.
-int64_t fill_or_check(const TensorSpec& t, const Region& box, uint8_t* data, bool fill) {
+// Version v of a tensor (--delta-steps): from version 2 on, about one
+// element in 50 changes at each version (as an optimizer step that leaves
+// most BF16 elements as they were); an element holds the bytes of the last
+// version that changed it.
+uint64_t last_change(const std::string& tensor, uint64_t element, uint64_t version) {
+  for (uint64_t w = version; w >= 2; --w)
+    if (xxh64(tensor.data(), tensor.size(), element ^ (w << 48)) % 50 == 0) return w;
+  return 0;
+}
+
+// Fills (or checks) the buffer of `box` of a tensor at `version`: returns
+// the first bad byte's index in the buffer, or -1.
+int64_t fill_or_check(const TensorSpec& t, const Region& box, uint8_t* data, bool fill, uint64_t version = 1) {
   const size_t e = dtype_size(t.dtype);
   const Region whole = Region::whole(t.shape);
   std::vector<uint8_t> global(t.nbytes().value());
-  for (uint64_t i = 0; i < global.size(); ++i) global[i] = byte_at(t.name, i);
+  for (uint64_t i = 0; i < global.size(); ++i) global[i] = byte_at(t.name, i, last_change(t.name, i / e, version));
   if (fill) {
     copy_region(global.data(), whole, data, box, box, e);
     return -1;
@@ -232,7 +242,14 @@ int main(int argc, char** argv) {
   }
   const auto t0 = Clock::now();
   const Deadline deadline = t0 + std::chrono::seconds(std::atoi(f.get("timeout-s", "120").c_str()));
-  Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline);
+  // --delta-steps N: the first run records each sender's baseline; N more
+  // versions follow as deltas against the one before.
+  const int delta_steps = std::atoi(f.get("delta-steps", "0").c_str());
+  SentBaseline sent_baseline;
+  RunOptions first;
+  first.version = 1;
+  if (delta_steps > 0) first.sent = &sent_baseline;
+  Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline, first);
   if (s.ok() && funnel) {
     if (g.rank == 0)  // full_tensor(): its own shard joins the gathered bytes
       for (auto& [name, hb] : held) {
@@ -258,6 +275,35 @@ int main(int argc, char** argv) {
                   static_cast<long long>(bad));
       return 1;
     }
+  }
+  // The delta steps: senders refill their shards at version v; every
+  // engine must end with exactly version v, having received far fewer bytes.
+  for (int v = 2; v <= delta_steps + 1; ++v) {
+    for (auto& [name, hb] : held) fill_or_check(*by_name[name], hb.first, hb.second.data(), true, v);
+    if (v == 2 && f.get("corrupt-base") == std::to_string(g.rank))
+      for (auto& [name, bw] : wanted)  // this engine does not hold v1 any more
+        if (!bw.second.empty()) bw.second[bw.second.size() / 2] ^= 0x5a;
+    RunOptions step;
+    step.delta_base = static_cast<uint64_t>(v - 1);
+    step.version = static_cast<uint64_t>(v);
+    step.sent = held.empty() ? nullptr : &sent_baseline;
+    RunOptions::Stats stats;
+    step.stats = &stats;
+    if (Status d = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline, step); !d.ok()) {
+      std::printf("rank %d: delta v%d: %s\n", g.rank, v, d.to_string().c_str());
+      return 3;
+    }
+    for (auto& [name, bw] : wanted)
+      if (const int64_t bad = fill_or_check(*by_name[name], bw.first, bw.second.data(), false, v); bad >= 0) {
+        std::printf("rank %d: delta v%d: '%s' %s differs at byte %lld\n", g.rank, v, name.c_str(),
+                    bw.first.to_string().c_str(), static_cast<long long>(bad));
+        return 1;
+      }
+    std::printf("rank %d: delta v%d: wire out %llu, wire in %llu; %zu delta, %zu dense, %zu unchanged; baseline %llu "
+                "bytes\n",
+                g.rank, v, static_cast<unsigned long long>(stats.wire_sent),
+                static_cast<unsigned long long>(stats.wire_received), stats.delta, stats.dense, stats.unchanged,
+                static_cast<unsigned long long>(sent_baseline.bytes()));
   }
   const auto sent = plan->sent.count(g.rank) ? plan->sent.at(g.rank) : 0;
   const auto got = plan->received.count(g.rank) ? plan->received.at(g.rank) : 0;
