@@ -116,8 +116,10 @@ Status regions_from_proto(capnp::List<proto::RankHoldings>::Reader list, const c
 // many-sender plan's checks, common/reshard/).
 Status holders_from_proto(proto::Plan::Reader in, UpdatePlan& plan) {
   const std::string where = "plan v" + std::to_string(plan.version);
-  if (plan.streamed || plan.delta_base || in.getBuckets().size() != 0)
-    return protocol_error(where + ": a sharded plan is neither streamed nor a delta, and lists no buckets");
+  if (plan.streamed || in.getBuckets().size() != 0)
+    return protocol_error(where + ": a sharded plan is not streamed and lists no buckets");
+  if (plan.delta_base >= plan.version)
+    return protocol_error(where + ": a delta onto v" + std::to_string(plan.delta_base) + ", not an earlier version");
   PC_RETURN_IF_ERROR(regions_from_proto(in.getHolders(), "holder", plan, plan.holders));
   PC_RETURN_IF_ERROR(regions_from_proto(in.getWanters(), "wanting", plan, plan.wanters));
   bool zero = false;

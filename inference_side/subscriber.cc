@@ -311,19 +311,23 @@ std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     out = check_plan(plan, registry_, bool(callback_));
   }
-  if (plan.delta_base) {
-    // A delta applies onto the version it was computed against, and only
-    // that: this engine (and its copy, for the callback) must hold it.
-    std::lock_guard<std::mutex> lock(mu_);
-    const bool holds = state_.kind == WeightStateKind::kConsistent && state_.version == plan.delta_base;
-    const bool copy = !keeps_copies() || (copy_version_ == plan.delta_base && copy_manifest_ == plan.manifest_hash);
-    if (!holds || !copy || delta_base_locked() != plan.delta_base || lost_.refuses_delta())
-      out.push_back({Mismatch::Kind::kOther, "<delta>", "v" + std::to_string(plan.delta_base) + ", consistent" +
-                                                            (keeps_copies() ? ", with its copy for the callback" : ""),
-                     state_.to_string() + (holds && !copy ? ", its copy for the callback at another version" : "") +
-                         (holds && registered_since_update_ ? ", tensors registered since" : "")});
-  }
+  if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
   return out;
+}
+
+// A delta applies onto the version it was computed against, and only
+// that: this engine (and its copy, for the callback) must hold it.
+std::optional<Mismatch> SubscriberImpl::delta_refusal(const UpdatePlan& plan) {
+  if (!plan.delta_base) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool holds = state_.kind == WeightStateKind::kConsistent && state_.version == plan.delta_base;
+  const bool copy = !keeps_copies() || (copy_version_ == plan.delta_base && copy_manifest_ == plan.manifest_hash);
+  if (holds && copy && delta_base_locked() == plan.delta_base && !lost_.refuses_delta()) return std::nullopt;
+  return Mismatch{Mismatch::Kind::kOther, "<delta>",
+                  "v" + std::to_string(plan.delta_base) + ", consistent" +
+                      (keeps_copies() ? ", with its copy for the callback" : ""),
+                  state_.to_string() + (holds && !copy ? ", its copy for the callback at another version" : "") +
+                      (holds && registered_since_update_ ? ", tensors registered since" : "")};
 }
 
 void SubscriberImpl::on_plan(proto::Envelope::Reader env) {

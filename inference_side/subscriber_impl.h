@@ -27,6 +27,7 @@
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
 #include "common/delta/baseline.h"
+#include "common/reshard/sent_baseline.h"
 #include "common/group/group_member.h"
 #include "common/plan.h"
 #include "common/transfer/bucket_receiver.h"
@@ -113,6 +114,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // moves (inference_side/subscriber_sharded.cc).
   Status move_sharded(const Job& job, Communicator* comm, bool& collective_done);
   std::vector<Mismatch> check_sharded(const UpdatePlan& plan);
+  // A delta plan's "<delta>" mismatch when this engine cannot apply it now
+  // (broadcast and sharded alike); nullopt when it can or the plan is dense.
+  std::optional<Mismatch> delta_refusal(const UpdatePlan& plan);
   StatusOr<uint64_t> expected_checksum(uint64_t version, size_t bucket);
   using Next = transfer::BucketReceiver::Hooks::Next;
   StatusOr<Next> next_bucket(uint64_t version, size_t bucket, bool wait, PlanBucket& out);
@@ -163,6 +167,14 @@ class SubscriberImpl : public control::ControlClient::Listener {
   int world_ = 0;
   std::vector<std::string> rank_names_;
   std::atomic<uint64_t> sharded_received_{0};
+  // A trainer rank's baseline: the pieces it sent last and as which
+  // version (publisher.delta; data thread only, its size read anywhere).
+  reshard::SentBaseline sent_;
+
+ public:
+  uint64_t sent_baseline_bytes() const { return sent_.bytes(); }
+
+ private:
   bool receiving_sharded_ = false;  // mu_
   // A trainer rank: the publish call whose shards a plan may use now (0:
   // none; reg_mu_). Its shards are the caller's only during that call.

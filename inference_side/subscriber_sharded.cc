@@ -156,7 +156,10 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
                      "a broadcast plan, which carries the whole tensor"});
     return out;
   }
-  if (plan.delta_base) out.push_back({Mismatch::Kind::kOther, "<delta>", "a dense sharded plan", "a delta"});
+  // A trainer rank takes a delta plan as any: it sends a delta of each
+  // piece it sent as the base version, the rest dense.
+  if (!source_)
+    if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
   int rank = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -245,6 +248,7 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   std::map<std::string, TensorView> registry;
   std::map<std::string, ShardView> slices;
   std::map<std::string, std::vector<uint8_t>> handed;  // tensors for the callback, whole
+  bool kept_copy = false;  // those tensors are assembled in copy_
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     holdings = holdings_;
@@ -261,19 +265,39 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
       return {};
     };
   } else {
+    // Tensors for the callback are assembled whole: in the engine's copy of
+    // the last version when it keeps one (subscriber.delta_baseline: host;
+    // a delta applies onto it), else in buffers of this update.
+    std::map<std::string, uint8_t*> copies;
+    if (keeps_copies()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        copy_version_ = 0;  // being written
+      }
+      auto handed_here = [&](size_t i) { return !registry.count(plan.tensors[i].name) && !slices.count(plan.tensors[i].name); };
+      if (Status c = copy_.prepare(plan, handed_here); c.ok()) {
+        for (size_t i = 0; i < plan.tensors.size(); ++i)
+          if (handed_here(i)) copies[plan.tensors[i].name] = copy_.tensor(i);
+        kept_copy = true;
+      } else {
+        PC_WARN(id_ << ": " << c.message());
+      }
+    }
     try {
       for (const auto& t : plan.tensors)
-        if (!registry.count(t.name) && !slices.count(t.name)) handed[t.name].resize(t.nbytes().ok() ? *t.nbytes() : 0);
+        if (!registry.count(t.name) && !slices.count(t.name) && !copies.count(t.name))
+          handed[t.name].resize(t.nbytes().ok() ? *t.nbytes() : 0);
     } catch (const std::bad_alloc&) {
       comm->abort(id_ + " has no host memory for the tensors its callback takes");
       return unavailable("no host memory for the " + std::to_string(handed.size()) +
                          " tensors handed to the callback (a sharded update assembles each whole first)");
     }
-    buffers.find = [&](const TensorSpec& t, const reshard::Region&) -> reshard::LocalBuffer {
+    buffers.find = [&, copies](const TensorSpec& t, const reshard::Region&) -> reshard::LocalBuffer {
       if (auto s = slices.find(t.name); s != slices.end())
         return {static_cast<uint8_t*>(s->second.local.data), box_of(s->second, t.shape)};
       auto it = registry.find(t.name);
       if (it != registry.end()) return {static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape)};
+      if (auto c = copies.find(t.name); c != copies.end()) return {c->second, reshard::Region::whole(t.shape)};
       auto h = handed.find(t.name);
       if (h != handed.end()) return {h->second.data(), reshard::Region::whole(t.shape)};
       return {};
@@ -304,6 +328,11 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;
   run.received = &sharded_received_;
+  run.delta_base = plan.delta_base;
+  run.version = plan.version;
+  run.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
+  // A trainer rank keeps the pieces it sends (publisher.delta, as rank 0).
+  run.sent = source_ && cfg_.publisher.delta != DeltaMode::kOff ? &sent_ : nullptr;
   bool unsettled = false;
   run.unsettled = &unsettled;
   Status s = reshard::run_reshard(moves->plan, moves->rounds, rank, *comm, buffers, deadline(), run);
@@ -316,11 +345,16 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   }
   // Every piece landed: the callback gets each of its tensors whole.
   for (const auto& t : plan.tensors) {
-    auto h = handed.find(t.name);
-    if (h == handed.end()) continue;
+    if (source_ || registry.count(t.name) || slices.count(t.name)) continue;
+    const reshard::LocalBuffer whole = buffers.find(t, reshard::Region::whole(t.shape));
     if (!callback_) return internal_error("no callback for '" + t.name + "'");
-    Status taken = callback_(TensorView{t, h->second.data(), Device{}});
+    Status taken = callback_(TensorView{t, whole.data, Device{}});
     if (!taken.ok()) return taken.with_context("tensor callback for '" + t.name + "'");
+  }
+  if (kept_copy) {
+    std::lock_guard<std::mutex> lock(mu_);
+    copy_version_ = plan.version;
+    copy_manifest_ = plan.manifest_hash;
   }
   return Status();
 }

@@ -137,7 +137,10 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
 
 void PublisherImpl::log_result(const UpdateResult& r) {
   static const char* kModes[] = {"off", "auto", "always"};
-  server_.set_delta_figures({kModes[static_cast<int>(cfg_.publisher.delta)], baseline_.bytes(), baseline_.version(),
+  // A many-sender job's rank 0 keeps the pieces it sends, not the model.
+  const bool sharded = cfg_.publisher.ranks > 1;
+  server_.set_delta_figures({kModes[static_cast<int>(cfg_.publisher.delta)], sharded ? sent_.bytes() : baseline_.bytes(),
+                             sharded ? (r.ok() ? r.version : 0) : baseline_.version(),
                              r.bytes, r.wire_bytes});
   counters_.record(r.status, r.seconds, r.bytes, r.wire_bytes);
   if (!r.ok()) {

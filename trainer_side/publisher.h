@@ -278,6 +278,9 @@ class PublisherRank {
   UpdateResult weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step = {});
   void stop();
   const std::string& id() const { return id_; }
+  // Bytes of the pieces this rank keeps to send deltas of (publisher.delta
+  // on): what it sent last, at most its shards; 0 with delta off.
+  uint64_t baseline_bytes() const;
 
  private:
   PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string id, const Config& config);

@@ -34,6 +34,36 @@ std::function<void(size_t, const delta::Header&)> PublisherImpl::delta_hook(cons
 // codec runs on the publisher's memory (host, or CUDA in a CUDA build).
 bool PublisherImpl::keeps_baseline() const { return cfg_.publisher.delta != DeltaMode::kOff && codec_ != nullptr; }
 
+// Why member `id` cannot take a delta onto `base` now ("" if it can): it
+// left, refused a delta it claimed (until it applied a dense version and
+// holds the base again), cannot apply deltas, or is not consistent at the
+// base with buffers (or its callback's copy) still holding it. The one
+// rule for broadcast and sharded updates alike.
+std::string PublisherImpl::delta_blocker_locked(const std::string& id, uint64_t base) {
+  auto m = server_.member(id);
+  // A member that refused a delta it claimed has no claim until it
+  // applied a dense version (that one, planned again, or a later one)
+  // and holds the baseline again.
+  auto refusal = delta_refusals_.find(id);
+  if (m && refusal != delta_refusals_.end() && refusal->second.dropped && m->state == proto::WeightState::CONSISTENT &&
+      m->weight_version >= refusal->second.version && m->weight_version == base && m->delta_base == base)
+    refusal->second.dropped = false;
+  if (!m) return id + " gone";
+  if (refusal != delta_refusals_.end() && refusal->second.dropped)
+    return id + " refused the delta of v" + std::to_string(refusal->second.version) +
+           " it had claimed it could take (dense until it applied a dense version)";
+  if (!m->delta)
+    return id + " cannot apply deltas (a callback engine without subscriber.delta_baseline, or a CUDA engine "
+                "with a callback or without CUDA in its build)";
+  if (m->state == proto::WeightState::DIRTY) return id + " dirty (v" + std::to_string(m->dirty_version) + " incomplete)";
+  if (m->state != proto::WeightState::CONSISTENT || m->weight_version != base)
+    return id + " at v" + std::to_string(m->state == proto::WeightState::CONSISTENT ? m->weight_version : 0);
+  if (m->delta_base != base)
+    return id + " cannot apply a delta onto v" + std::to_string(base) +
+           " now (a buffer registered since, or its callback's copy at another version)";
+  return "";
+}
+
 // A delta goes only to a group whose every member holds the baseline
 // version, consistent, and can apply one; anything else makes this update
 // dense for the whole group (and says why), and the next can be a delta.
@@ -51,31 +81,8 @@ void PublisherImpl::decide_delta(UpdatePlan& plan, UpdateResult& r) {
     why = "the manifest changed";
   } else {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& id : group_) {
-      auto m = server_.member(id);
-      // A member that refused a delta it claimed has no claim until it
-      // applied a dense version (that one, planned again, or a later one)
-      // and holds the baseline again.
-      auto refusal = delta_refusals_.find(id);
-      if (m && refusal != delta_refusals_.end() && refusal->second.dropped && m->state == proto::WeightState::CONSISTENT &&
-          m->weight_version >= refusal->second.version && m->weight_version == base && m->delta_base == base)
-        refusal->second.dropped = false;
-      if (!m) why = id + " gone";
-      else if (refusal != delta_refusals_.end() && refusal->second.dropped)
-        why = id + " refused the delta of v" + std::to_string(refusal->second.version) +
-              " it had claimed it could take (dense until it applied a dense version)";
-      else if (!m->delta)
-        why = id + " cannot apply deltas (a callback engine without subscriber.delta_baseline, or a CUDA engine "
-                   "with a callback or without CUDA in its build)";
-      else if (m->state == proto::WeightState::DIRTY)
-        why = id + " dirty (v" + std::to_string(m->dirty_version) + " incomplete)";
-      else if (m->state != proto::WeightState::CONSISTENT || m->weight_version != base)
-        why = id + " at v" + std::to_string(m->state == proto::WeightState::CONSISTENT ? m->weight_version : 0);
-      else if (m->delta_base != base)
-        why = id + " cannot apply a delta onto v" + std::to_string(base) +
-              " now (a buffer registered since, or its callback's copy at another version)";
-      if (!why.empty()) break;
-    }
+    for (const auto& id : group_)
+      if (why = delta_blocker_locked(id, base); !why.empty()) break;
   }
   if (keeps_baseline()) {
     // Written by this update; a baseline once every member applied it. A

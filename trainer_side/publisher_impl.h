@@ -35,6 +35,7 @@
 #include "common/group/group_host.h"
 #include "common/metrics/exposition.h"
 #include "common/metrics/http_server.h"
+#include "common/reshard/sent_baseline.h"
 #include "common/reshard/sharded_update.h"
 #include "common/stream/stream_sender.h"
 #include "common/transfer/bucket_sender.h"
@@ -121,6 +122,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Delta updates: whether this update can go as a delta (sets
   // plan.delta_base) or why not, and the baseline prepared for it.
   void decide_delta(UpdatePlan& plan, UpdateResult& r);
+  std::string delta_blocker_locked(const std::string& id, uint64_t base);
+  // A sharded update: a delta onto the version every engine of the group
+  // holds, where each sender has its pieces of it (publisher_sharded.cc).
+  void decide_sharded_delta(UpdatePlan& plan, const std::vector<std::string>& group, UpdateResult& r);
   // Steps 3 with delta updates: sends the plan and, unless precommitted,
   // waits for the answers; a delta refused only as a delta (a member that
   // cannot take one right now) is planned again at once, dense. Returns
@@ -217,6 +222,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::string metrics_url_;  // set once by init()
   delta::Baseline baseline_;  // the last version every member applied (publisher.delta)
   bool baseline_fresh_ = false;  // the update in flight writes the baseline
+  // Rank 0's baseline in a many-sender job: the pieces it sent last, as
+  // which version (publisher.delta; its own shard at most, never the model).
+  reshard::SentBaseline sent_;
   // Members that refused a delta they claimed they could take (guarded by
   // mu_): the version refused, how often, and whether their claim is
   // dropped (until they applied a dense version after it).

@@ -33,6 +33,8 @@ StatusOr<std::unique_ptr<PublisherRank>> PublisherRank::create(const Config& con
 
 Status PublisherRank::start() { return impl_->start(); }
 
+uint64_t PublisherRank::baseline_bytes() const { return impl_->sent_baseline_bytes(); }
+
 void PublisherRank::stop() {
   stopped_ = true;
   if (impl_) impl_->stop();

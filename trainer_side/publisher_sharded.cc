@@ -338,16 +338,48 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   r.buckets = 0;
   auto moves = reshard::sharded_moves(*plan, static_cast<int>(group.size() + 1), names);
   if (!moves.ok()) return refuse(moves.status().with_context("refused before any byte moved"));
-  // No delta per shard yet: the update is dense, and the baseline (of the
-  // whole model, which no rank holds) is not kept.
-  plan->delta_base = 0;
-  baseline_fresh_ = false;
-  if (cfg_.publisher.delta != DeltaMode::kOff) r.dense_because = "a sharded update (no delta per shard yet)";
+  decide_sharded_delta(*plan, group, r);
   if (plan_round(*plan, r)) {
     Status data = move_sharded(*plan, *moves, shards, own_holds, r);
     collect_applied(*plan, data, r);
+    // What crossed the data plane: every engine's received bytes (its
+    // encodings, in a delta), as each reported them.
+    r.wire_bytes = 0;
+    for (const auto& o : r.subscribers)
+      if (auto m = server_.member(o.worker_id); m && !m->source) r.wire_bytes += o.bytes;
   }
   return done(r);
+}
+
+// Every engine of the group (trainer ranks aside: they receive nothing)
+// must hold one version, consistent, and be able to apply a delta onto it
+// (delta_blocker_locked, as for a broadcast). Each sender then sends a
+// delta of each piece it sent as that version, and the rest dense
+// (common/reshard/executor.h): no rank keeps more than what it sends.
+void PublisherImpl::decide_sharded_delta(UpdatePlan& plan, const std::vector<std::string>& group, UpdateResult& r) {
+  plan.delta_base = 0;
+  baseline_fresh_ = false;
+  if (cfg_.publisher.delta == DeltaMode::kOff) return;
+  uint64_t base = 0;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& id : group) {
+      auto m = server_.member(id);
+      if (m && m->source) continue;
+      if (!base && m) base = m->state == proto::WeightState::CONSISTENT ? m->weight_version : 0;
+      if (!base) why = id + " holds no version yet";
+      else if (base >= plan.version) why = id + " at v" + std::to_string(base) + ", not before v" + std::to_string(plan.version);
+      else why = delta_blocker_locked(id, base);
+      if (!why.empty()) break;
+    }
+  }
+  if (why.empty() && base) {
+    plan.delta_base = base;
+    return;
+  }
+  r.dense_because = why.empty() ? "no engine in the group" : why;
+  if (base) PC_INFO("publisher: sharded update v" << plan.version << ": dense (" << r.dense_because << ")");
 }
 
 // Rank 0's transfers of a sharded update (its shards to the engines).
@@ -364,11 +396,15 @@ Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::Sharde
   };
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;
+  run.delta_base = plan.delta_base;
+  run.version = plan.version;
+  run.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
+  run.sent = cfg_.publisher.delta != DeltaMode::kOff ? &sent_ : nullptr;
+  reshard::RunOptions::Stats stats;
+  run.stats = &stats;
   Status data = reshard::run_reshard(moves.plan, moves.rounds, 0, *comm_, buffers, cap_, run);
-  const auto sent = moves.plan.sent.find(0);
-  m.sent = sent == moves.plan.sent.end() ? 0 : sent->second;
-  r.wire_bytes = 0;
-  for (const auto& [rank, bytes] : moves.plan.sent) r.wire_bytes += bytes;
+  m.sent = stats.wire_sent;
+  r.delta = plan.delta_base != 0;
   return end_move(plan, m, data);
 }
 

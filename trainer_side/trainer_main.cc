@@ -286,8 +286,11 @@ Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Conf
     if (r.ok()) {
       t.bytes += r.bytes;
       t.seconds += r.seconds;
-      print_line("update v%llu: %zu tensors, %s from %d trainer ranks to %zu members in %s (%.2f GB/s)\n",
-                 static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(),
+      const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
+                               : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
+                                                          : "";
+      print_line("update v%llu: %zu tensors, %s%s from %d trainer ranks to %zu members in %s (%.2f GB/s)\n",
+                 static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(), wire.c_str(),
                  config.publisher.ranks, r.subscribers.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
@@ -324,13 +327,17 @@ int run_rank(const Config& config, int rank) {
       print_line("%s: update %d FAILED: %s\n", me.id().c_str(), u, res.status.to_string().c_str());
     }
   }
+  const uint64_t baseline = me.baseline_bytes();
   me.stop();
   // What the updates cost this rank beyond its rows (resident after they
-  // were filled, peak since): its sends leave from the rows themselves.
+  // were filled, peak since): its sends leave from the rows themselves;
+  // with deltas on, it keeps the pieces it sent (at most its rows).
   const uint64_t peak = resident_memory().second, growth = peak > resident ? peak - resident : 0;
-  print_line("%s: resident %s with its rows, peak %s (+%s during updates; growth_bytes=%llu)\n", me.id().c_str(),
-             format_bytes(resident).c_str(), format_bytes(peak).c_str(), format_bytes(growth).c_str(),
-             static_cast<unsigned long long>(growth));
+  print_line("%s: resident %s with its rows, peak %s (+%s during updates; growth_bytes=%llu; delta baseline %s, "
+             "baseline_bytes=%llu)\n",
+             me.id().c_str(), format_bytes(resident).c_str(), format_bytes(peak).c_str(), format_bytes(growth).c_str(),
+             static_cast<unsigned long long>(growth), format_bytes(baseline).c_str(),
+             static_cast<unsigned long long>(baseline));
   return failures ? 1 : 0;
 }
 

@@ -343,13 +343,24 @@ TEST_F(ShardedProcessTest, AKilledTrainerRankFailsTheUpdateWithinTheHeartbeatBou
 
 // Every rank a process (paramcast-trainer on ranks 0 and 1): the engines
 // verify every byte, and a trainer rank's memory grows by less than three
-// buckets over its own rows while it publishes (its sends leave from them).
-TEST_F(ShardedProcessTest, EachTrainerRankSendsFromItsRowsAndGrowsByLessThanThreeBuckets) {
-  std::string yaml = test::test_config_yaml(2, "  ranks: 2\n");
+// buckets over its own rows while it publishes (its sends leave from them);
+// with deltas on, by the baseline of what it sent (at most its rows) more.
+struct MemoryCase {
+  bool delta;
+};
+class ShardedMemoryTest : public ShardedProcessTest, public ::testing::WithParamInterface<MemoryCase> {};
+
+TEST_P(ShardedMemoryTest, EachTrainerRankSendsFromItsRowsAndGrowsByLessThanThreeBucketsPlusItsBaseline) {
+  const bool delta = GetParam().delta;
+  const int updates = delta ? 3 : 2;
+  std::string yaml = test::test_config_yaml(2, std::string("  ranks: 2\n  delta: ") + (delta ? "auto" : "off") + "\n");
   yaml.replace(yaml.find("model_size: 4MiB"), 16, "model_size: 64MiB");
+  // With deltas: an RL step's changes (unchanged, a few elements, wholesale).
+  if (delta) yaml.replace(yaml.find("  updates: 3\n"), 13, "  updates: 3\n  changes: uneven\n");
   const std::string path = test::write_file(dir_, "deploy.yaml", yaml);
+  const std::string n = std::to_string(updates);
   auto rank0 = test::Process::start(test::binary("paramcast-trainer"),
-                                    {"--config", path, "--endpoint-file", dir_ + "/endpoint", "--updates", "2"});
+                                    {"--config", path, "--endpoint-file", dir_ + "/endpoint", "--updates", n});
   std::string endpoint;
   for (int i = 0; i < 2000 && endpoint.empty(); ++i) {
     std::ifstream in(dir_ + "/endpoint");
@@ -358,31 +369,47 @@ TEST_F(ShardedProcessTest, EachTrainerRankSendsFromItsRowsAndGrowsByLessThanThre
   }
   ASSERT_FALSE(endpoint.empty()) << rank0->output();
   auto rank1 = test::Process::start(test::binary("paramcast-trainer"),
-                                    {"--config", path, "--rank", "1", "--endpoint", endpoint, "--updates", "2"});
+                                    {"--config", path, "--rank", "1", "--endpoint", endpoint, "--updates", n});
   std::vector<std::unique_ptr<test::Process>> engines;
   for (const char* id : {"worker-1", "worker-2"})
     engines.push_back(test::Process::start(test::binary("paramcast-worker"),
-                                           {"--config", path, "--id", id, "--endpoint", endpoint, "--updates", "2"}));
+                                           {"--config", path, "--id", id, "--endpoint", endpoint, "--updates", n}));
   EXPECT_EQ(rank0->wait_for(120s), 0) << rank0->output();
   EXPECT_EQ(rank1->wait_for(60s), 0) << rank1->output();
   for (auto& e : engines) {
     EXPECT_EQ(e->wait_for(60s), 0) << e->output();
-    EXPECT_NE(e->output().find("v2 verified"), std::string::npos) << e->output();
+    EXPECT_NE(e->output().find("v" + n + " verified"), std::string::npos) << e->output();
+  }
+  if (delta) {  // the later versions went as deltas from both ranks, bit-exact on the engines
+    EXPECT_NE(rank0->output().find("update v3: "), std::string::npos) << rank0->output();
+    EXPECT_NE(rank0->output().find(" as a delta of "), std::string::npos) << rank0->output();
   }
   const std::string out = rank1->output();
-  const auto at = out.find("growth_bytes=");
+  const auto at = out.find("growth_bytes="), b = out.find("baseline_bytes=");
   ASSERT_NE(at, std::string::npos) << out;
-  const uint64_t growth = std::stoull(out.substr(at + 13));
-  // Its rows are half of 64 MiB; a rank-0 funnel holds the whole model.
+  ASSERT_NE(b, std::string::npos) << out;
+  const uint64_t growth = std::stoull(out.substr(at + 13)), baseline = std::stoull(out.substr(b + 15));
+  // Its rows are half of the model (31.75 MiB): the baseline is at most
+  // them, and none without deltas.
+  if (delta) {
+    EXPECT_GT(baseline, 16u << 20) << out;
+    EXPECT_LE(baseline, 32u << 20) << out;
+  } else {
+    EXPECT_EQ(baseline, 0u) << out;
+  }
   // Three 1 MiB buckets, and 6 MiB for the runtime's own (threads, Gloo's
-  // pairs). Seen: +2.5 to +4.1 MiB. A sanitizer's allocator keeps freed
-  // memory for a while, so the bound holds in the plain build only.
+  // pairs), over the baseline. Seen: +2.5 to +4.1 MiB without deltas. A
+  // sanitizer's allocator keeps freed memory for a while, so the bound
+  // holds in the plain build only.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   std::printf("memory bound not checked under a sanitizer (growth %llu bytes)\n", static_cast<unsigned long long>(growth));
 #else
-  EXPECT_LT(growth, 3 * (1u << 20) + 6 * (1u << 20)) << out;
+  EXPECT_LT(growth, baseline + 3 * (1u << 20) + 6 * (1u << 20)) << out;
 #endif
 }
+
+INSTANTIATE_TEST_SUITE_P(DeltaOffAndOn, ShardedMemoryTest, ::testing::Values(MemoryCase{false}, MemoryCase{true}),
+                         [](const auto& info) { return std::string(info.param.delta ? "DeltaOn" : "DeltaOff"); });
 
 }  // namespace
 }  // namespace paramcast
