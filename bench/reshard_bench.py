@@ -20,6 +20,10 @@ Each run reports each link's bytes, the time (the slowest rank's), and the
 limit: the most bytes any one link must carry, divided by L.
 
   sudo python3 bench/reshard_bench.py --build build --rate 400mbit --hidden 640 --runs 3
+
+With --tp K (and --replicas R): one sender to R replicas x TP=K engine ranks,
+every engine rank receiving whole tensors against each receiving only its
+tensor-parallel slices, then a delta version of the slices.
 """
 import argparse
 import json
@@ -42,16 +46,18 @@ def rate_bytes(rate):
     return int(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
 
 
-def one_run(args, lab, mode, senders, engines):
+def one_run(args, lab, mode, senders, engines, tp=1, delta_steps=0):
+    """`engines` replicas of `tp` engine ranks each; returns the time and each rank's (out, in) bytes,
+    plus, per rank, its wanted bytes and (with delta_steps) the wire bytes of its first delta."""
     store = tempfile.mkdtemp(prefix="paramcast-reshard-bench-")
-    world = senders + engines
+    world = senders + engines * tp
     prefix = f"bench-{os.getpid()}-{time.monotonic_ns()}"  # one rendezvous for the run's ranks
     procs = []
     for r in range(world):
         cmd = ["ip", "netns", "exec", lab.ns[r], os.path.join(args.build, "bin", "reshard_rank"),
-               "--rank", str(r), "--senders", str(senders), "--replicas", str(engines), "--tp", "1",
+               "--rank", str(r), "--senders", str(senders), "--replicas", str(engines), "--tp", str(tp),
                "--layout", "fsdp", "--mode", mode, "--hidden", str(args.hidden), "--host", lab.address(r),
-               "--store", store, "--bootstrap", prefix, "--timeout-s", "600"]
+               "--store", store, "--bootstrap", prefix, "--timeout-s", "600", "--delta-steps", str(delta_steps)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=900)[0] for p in procs]
     shutil.rmtree(store, ignore_errors=True)
@@ -60,7 +66,58 @@ def one_run(args, lab, mode, senders, engines):
             raise SystemExit(f"{mode} M={senders} rank {r} failed ({p.returncode}):\n{out}")
     took = max(float(re.search(r"moved in ([\d.]+) s", o).group(1)) for o in outs)
     links = [tuple(int(x) for x in re.search(r"link out (\d+), in (\d+) bytes", o).groups()) for o in outs]
-    return took, links
+    if not delta_steps and tp == 1:
+        return took, links
+    wanted = [int(re.search(r"wanted (\d+) bytes", o).group(1)) for o in outs]
+    deltas = [tuple(int(x) for x in re.search(r"delta v2: wire out (\d+), wire in (\d+)", o).groups())
+              if delta_steps else (0, 0) for o in outs]
+    return took, links, wanted, deltas
+
+
+def tp_bench(args, L):
+    """One sender to R replicas x TP=K engine ranks: every engine rank wanting whole tensors (what a
+    broadcast delivers; its loader keeps 1/K) against each wanting its tensor-parallel slices
+    (column- and vocab-parallel weights cut along dim 0, row-parallel along dim 1, norms whole);
+    pieces several replicas want are forwarded along them. Then one delta version (about 1 element
+    in 50 changed) of the slices. Reports each engine link's bytes against its slices and the time
+    against the link limit."""
+    R, K = args.replicas, args.tp
+    lab = netns_lab.Lab(1 + R * K, "10.79.0", args.rate, both_ways=True, prefix="pct")
+    results = []
+    try:
+        for label, replicas, tp in (("whole", R * K, 1), ("slices", R, K)):
+            times, last = [], None
+            for _ in range(args.runs):
+                last = one_run(args, lab, "plan", 1, replicas, tp, delta_steps=1 if label == "slices" else 0)
+                times.append(last[0])
+            times.sort()
+            median = times[len(times) // 2]
+            _, links, wanted, deltas = last
+            busiest = max(max(o, i) for o, i in links)
+            limit = busiest / L
+            engine_in = [i for o, i in links[1:]]
+            res = {"mode": label, "replicas": R, "tp": K, "median_s": median, "runs_s": times, "limit_s": limit,
+                   "ratio": median / limit, "links_out_in": links, "wanted": wanted}
+            print(f"{label}: {median:.2f} s (runs {', '.join(f'{t:.2f}' for t in times)}); limit {limit:.2f} s "
+                  f"(busiest link {busiest / 1e6:.1f} MB); ratio {median / limit:.2f}; engine links in "
+                  f"{min(engine_in) / 1e6:.2f}-{max(engine_in) / 1e6:.2f} MB, out "
+                  f"{min(o for o, i in links[1:]) / 1e6:.2f}-{max(o for o, i in links[1:]) / 1e6:.2f} MB", flush=True)
+            if label == "slices":
+                over = max(i / w for (o, i), w in zip(links[1:], wanted[1:]))
+                res["engine_in_over_slices"] = over
+                res["delta_wire_in"] = [d[1] for d in deltas[1:]]
+                print(f"    each engine link in / its slices: at most {over:.4f}; a delta version: "
+                      f"{max(d[1] for d in deltas[1:]) / 1e6:.3f} MB into the busiest engine "
+                      f"({max(d[1] / w for d, w in zip(deltas[1:], wanted[1:])):.3f} of its slices)", flush=True)
+            results.append(res)
+    finally:
+        lab.close()
+    whole, sliced = results
+    print(f"slices: each engine link carries {max(i for o, i in sliced['links_out_in'][1:]) / max(i for o, i in whole['links_out_in'][1:]):.3f}"
+          f" of the whole-tensor bytes (TP={K})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rate_bytes_per_s": L, "hidden": args.hidden, "results": results}, f, indent=1)
 
 
 def duration_s(text):
@@ -142,11 +199,16 @@ def main():
                          "paramcast-worker) on the same links")
     ap.add_argument("--model-size", default="36MiB", help="(c)'s synthetic model")
     ap.add_argument("--updates", type=int, default=4, help="(c)'s updates per run (the first is left out)")
+    ap.add_argument("--tp", type=int, default=0,
+                    help="instead: one sender to --replicas x TP engine ranks, whole tensors vs slices")
+    ap.add_argument("--replicas", type=int, default=2)
     args = ap.parse_args()
     why = netns_lab.unavailable()
     if why:
         raise SystemExit(why)
     L = rate_bytes(args.rate)
+    if args.tp:
+        return tp_bench(args, L)
     cases = [("funnel", 4), ("plan", 2), ("plan", 4)]
     lab = netns_lab.Lab(max(m for _, m in cases) + args.engines, "10.79.0", args.rate, both_ways=True, prefix="pcr")
     results = []
@@ -154,7 +216,7 @@ def main():
         for mode, m in cases:
             times, links = [], None
             for _ in range(args.runs):
-                t, links = one_run(args, lab, mode, m, args.engines)
+                t, links = one_run(args, lab, mode, m, args.engines)[:2]
                 times.append(t)
             times.sort()
             median = times[len(times) // 2]
