@@ -95,9 +95,10 @@ def _trainer(rank, world, port, endpoint_q, result_q, go):
         for step in range(3):
             if step:
                 assert go[step].wait(120), "the test never let the next step start"
-                with torch.no_grad():  # "an optimizer step", on this rank's shard only
-                    for p in model.parameters():
-                        p.to_local().mul_(1.5)
+                with torch.no_grad():  # "an optimizer step" of the first layer only (the rest frozen), on this rank's shard
+                    for name, p in model.named_parameters():
+                        if name.startswith("model.layers.0."):
+                            p.to_local().mul_(1.5)
             params = model.named_parameters()
             if step == 2 and rank == 1:
                 # A rank that claims rows rank 0 holds: every matrix one row
@@ -111,7 +112,8 @@ def _trainer(rank, world, port, endpoint_q, result_q, go):
             try:
                 if rank == 0:
                     r = me.weight_update_sharded(params)
-                    result_q.put((rank, step, "ok", r.version, sorted(o.worker_id for o in r.subscribers)))
+                    result_q.put((rank, step, "ok", r.version, sorted(o.worker_id for o in r.subscribers),
+                                  r.delta, r.wire_bytes, r.dense_because))
                 else:
                     r = me.weight_update(params)
                     result_q.put((rank, step, "ok", r.version, []))
@@ -181,14 +183,22 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(k
 
         for step in range(2):
             if step:
-                for t in state.values():
-                    t.mul_(1.5)
+                for n, t in state.items():
+                    if n.startswith("model.layers.0."):
+                        t.mul_(1.5)
                 go[step].set()
             got = results(step)
             assert all(got[r][0] == "ok" for r in range(world)), got
             version = got[0][1]
             assert all(got[r][1] == version for r in range(world)), "every trainer rank took part in the same version"
             assert got[0][2] == ["engine-1", "engine-2"] + [f"trainer-{r}" for r in range(1, world)]
+            if step and kind == "tp2":
+                # Deltas per shard (both engines apply in place): only the first
+                # layer changed, so the engines received little more than its slices.
+                delta, wire, why = got[0][3:]
+                layer0 = sum(t.numel() * t.element_size() for n, t in state.items() if n.startswith("model.layers.0."))
+                assert delta, why
+                assert 0 < wire <= layer0 * 1.1, (wire, layer0)
             for e in engines:
                 cuts = wanted[e.worker_id]
                 want = sha256_of(state if cuts is None else
