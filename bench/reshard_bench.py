@@ -46,7 +46,7 @@ def rate_bytes(rate):
     return int(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
 
 
-def one_run(args, lab, mode, senders, engines, tp=1, delta_steps=0):
+def one_run(args, lab, mode, senders, engines, tp=1, delta_steps=0, detail=False):
     """`engines` replicas of `tp` engine ranks each; returns the time and each rank's (out, in) bytes,
     plus, per rank, its wanted bytes and (with delta_steps) the wire bytes of its first delta."""
     store = tempfile.mkdtemp(prefix="paramcast-reshard-bench-")
@@ -66,7 +66,7 @@ def one_run(args, lab, mode, senders, engines, tp=1, delta_steps=0):
             raise SystemExit(f"{mode} M={senders} rank {r} failed ({p.returncode}):\n{out}")
     took = max(float(re.search(r"moved in ([\d.]+) s", o).group(1)) for o in outs)
     links = [tuple(int(x) for x in re.search(r"link out (\d+), in (\d+) bytes", o).groups()) for o in outs]
-    if not delta_steps and tp == 1:
+    if not detail:
         return took, links
     wanted = [int(re.search(r"wanted (\d+) bytes", o).group(1)) for o in outs]
     deltas = [tuple(int(x) for x in re.search(r"delta v2: wire out (\d+), wire in (\d+)", o).groups())
@@ -88,7 +88,8 @@ def tp_bench(args, L):
         for label, replicas, tp in (("whole", R * K, 1), ("slices", R, K)):
             times, last = [], None
             for _ in range(args.runs):
-                last = one_run(args, lab, "plan", 1, replicas, tp, delta_steps=1 if label == "slices" else 0)
+                last = one_run(args, lab, "plan", 1, replicas, tp, delta_steps=1 if label == "slices" else 0,
+                               detail=True)
                 times.append(last[0])
             times.sort()
             median = times[len(times) // 2]
@@ -216,7 +217,7 @@ def main():
         for mode, m in cases:
             times, links = [], None
             for _ in range(args.runs):
-                t, links = one_run(args, lab, mode, m, args.engines)[:2]
+                t, links = one_run(args, lab, mode, m, args.engines)
                 times.append(t)
             times.sort()
             median = times[len(times) // 2]
