@@ -90,13 +90,17 @@ Status SubscriberImpl::register_tensor(const TensorView& d) {
   if (d.device != device_)
     return invalid_argument("destination '" + d.spec.name + "' is on " + d.device.to_string() + " but worker '" + id_ +
                             "' receives on " + device_.to_string());
+  bool was_slice = false;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     registry_[d.spec.name] = d;
-    slices_.erase(d.spec.name);  // a name is whole or a slice: the last registration wins
+    was_slice = slices_.erase(d.spec.name) > 0;  // a name is whole or a slice: the last registration wins
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  registered_since_update_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_since_update_ = true;
+  }
+  if (was_slice && client_ && client_->joined()) send_wants();  // the publisher plans it whole again
   return Status();
 }
 

@@ -97,12 +97,14 @@ Status SubscriberImpl::register_slice(const ShardView& slice) {
   return Status();
 }
 
+// The engine's slices, to the publisher; none (after the last slice was
+// registered whole again) once it had sent some: it wants every tensor whole.
 void SubscriberImpl::send_wants() {
   std::vector<ShardView> slices;
   uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    if (slices_.empty()) return;
+    if (slices_.empty() && !wants_seq_) return;
     for (const auto& [name, s] : slices_) slices.push_back(s);
     seq = ++wants_seq_;
   }

@@ -118,6 +118,19 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
                                 "PublisherRank::weight_update on the others)");
     return r;
   }
+  {
+    // Engines with tensor parallelism want their slices only: a broadcast
+    // would carry every byte to every engine rank (and they refuse it), so
+    // the update goes point to point, this rank holding every tensor whole.
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!wants_.empty()) {
+      lock.unlock();
+      std::vector<ShardView> whole;
+      whole.reserve(tensors.size());
+      for (const auto& t : tensors) whole.push_back(ShardView{t, {}, {}});
+      return weight_update_sharded(whole, options);
+    }
+  }
   std::lock_guard<UpdateGate> ulock(update_mu_);
   const auto t0 = Clock::now();
   cap_ = t0 + cfg_.publisher.update_timeout;  // plan, move and applied all end by then
@@ -138,7 +151,7 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
 void PublisherImpl::log_result(const UpdateResult& r) {
   static const char* kModes[] = {"off", "auto", "always"};
   // A many-sender job's rank 0 keeps the pieces it sends, not the model.
-  const bool sharded = cfg_.publisher.ranks > 1;
+  const bool sharded = cfg_.publisher.ranks > 1 || sent_.bytes() > 0;
   server_.set_delta_figures({kModes[static_cast<int>(cfg_.publisher.delta)], sharded ? sent_.bytes() : baseline_.bytes(),
                              sharded ? (r.ok() ? r.version : 0) : baseline_.version(),
                              r.bytes, r.wire_bytes});

@@ -138,6 +138,10 @@ void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = wants_.find(id);
   if (it != wants_.end() && it->second.seq > out.seq) return;  // an older snapshot, overtaken
+  if (out.holds.empty() && out.error.empty()) {  // it serves every tensor whole again
+    if (it != wants_.end()) wants_.erase(it);
+    return;
+  }
   wants_[id] = std::move(out);
 }
 

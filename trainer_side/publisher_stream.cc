@@ -43,6 +43,16 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
         ": every trainer rank publishes its part (weight_update_sharded on rank 0, PublisherRank on the others)");
     return st;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!wants_.empty()) {  // a streamed update is a broadcast, which engines with slices refuse
+      st->status = st->r.status = invalid_argument(
+          "begin_update: engine " + wants_.begin()->first +
+          " serves slices of the weights (tensor parallelism): updates to it go point to point, whole "
+          "(weight_update), not streamed");
+      return st;
+    }
+  }
   st->lock = std::unique_lock<UpdateGate>(update_mu_);
   streaming_ = true;
   st->t0 = Clock::now();

@@ -232,6 +232,112 @@ TEST_F(ShardedTpTest, EachEngineRankReceivesOnlyItsSlicesBitExact) {
   }
 }
 
+// A trainer of one rank (publisher.ranks: 1, plain weight_update) and two
+// replicas of a TP=2 engine (4 processes): engines that registered slices
+// make the update go point to point, each engine rank receiving exactly its
+// slices, bit-exact; a streamed update, a broadcast, is refused naming one.
+class ShardedOneRankTest : public test::WorkerClusterTest {
+ protected:
+  void SetUp() override {
+    WorkerClusterTest::SetUp();
+    make_publisher(test::test_config_yaml(4));
+    for (int i = 0; i < 4; ++i)
+      spawn_worker("worker-" + std::to_string(i + 1), {}, {"--tp", "2", "--tp-rank", std::to_string(i % 2)});
+    Status s = pub_->start();
+    ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
+  }
+};
+
+TEST_F(ShardedOneRankTest, AOneRankTrainersWeightUpdateReachesTensorParallelEnginesAsSlices) {
+  auto model = test::make_tensors(
+      synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype));
+  uint64_t slice[2] = {0, 0}, whole = 0;
+  for (const auto& t : model.specs) {
+    const uint64_t n = t.nbytes().value();
+    whole += n;
+    for (int k = 0; k < 2; ++k) {
+      const TpSlice cut = synthetic_tp_slice(t, 2, k);
+      slice[k] += cut.dim < 0 ? n : n / static_cast<uint64_t>(t.shape[static_cast<size_t>(cut.dim)]) *
+                                        static_cast<uint64_t>(cut.length);
+    }
+  }
+  for (uint64_t v = 1; v <= 2; ++v) {
+    model.fill(v, config_.trainer.seed, config_.trainer.changes);
+    UpdateOptions o;
+    o.version = v;
+    UpdateResult r = pub_->weight_update(model.views(), o);
+    ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+    EXPECT_EQ(r.buckets, 0u) << "a broadcast went to engines that serve slices";
+    ASSERT_EQ(r.subscribers.size(), 4u);
+    for (const auto& s : r.subscribers) {
+      const int k = (s.worker_id.back() - '1') % 2;
+      EXPECT_EQ(s.bytes, slice[k]) << s.worker_id << " received other bytes than its slices";
+    }
+    std::string needle = "v";
+    needle += std::to_string(v);
+    needle += " verified";
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(needle, 20s)) << id << p->output();
+  }
+  EXPECT_LT(slice[0] + slice[1], whole * 11 / 10);
+  // A streamed update is a broadcast: refused, naming an engine with slices.
+  auto streamed = pub_->begin_update(model.specs);
+  UpdateResult refused = streamed->finish();
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.status.message().find("serves slices"), std::string::npos) << refused.status.to_string();
+}
+
+// An engine that registers a slice, then the whole tensor under the same
+// name, wants it whole again: the publisher drops its slices and the next
+// update is an ordinary broadcast the engine takes, bit-exact.
+TEST(ShardedWantsTest, AnEngineThatRegistersTheWholeTensorAgainIsPlannedWhole) {
+  const std::string dir = test::make_temp_dir("paramcast-wants");
+  auto cfg = load_config_file(test::write_file(dir, "deploy.yaml", test::test_config_yaml(1)));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  auto pub = Publisher::create(cfg.value());
+  ASSERT_TRUE(pub.ok()) << pub.status().to_string();
+  Config sub_cfg = cfg.value();
+  sub_cfg.control.endpoint = pub.value()->endpoint();
+  auto sub = Subscriber::create(sub_cfg, "worker-1");
+  ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+  const TensorSpec w{"w", DType::kF32, {8, 4}}, b{"b", DType::kF32, {4}};
+  std::vector<float> src_w(32), src_b(4), dst_w(32, -1.f), dst_half(16, -1.f), dst_b(4, -1.f);
+  ASSERT_TRUE(sub.value()->register_slice(ShardView{TensorView{TensorSpec{"w", DType::kF32, {4, 4}}, dst_half.data(),
+                                                               Device::cpu()},
+                                                    {8, 4}, {4, 0}})
+                  .ok());
+  ASSERT_TRUE(sub.value()->register_tensor(TensorView{b, dst_b.data(), Device::cpu()}).ok());
+  ASSERT_TRUE(sub.value()->start().ok());
+  ASSERT_TRUE(pub.value()->start().ok());
+  auto publish = [&](uint64_t v) {
+    for (int i = 0; i < 32; ++i) src_w[static_cast<size_t>(i)] = static_cast<float>(v * 100 + static_cast<uint64_t>(i));
+    for (int i = 0; i < 4; ++i) src_b[static_cast<size_t>(i)] = static_cast<float>(v * 1000 + static_cast<uint64_t>(i));
+    UpdateOptions o;
+    o.version = v;
+    return pub.value()->weight_update({TensorView{w, src_w.data(), Device::cpu()}, TensorView{b, src_b.data(), Device::cpu()}}, o);
+  };
+  UpdateResult r1 = publish(1);
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  EXPECT_EQ(r1.buckets, 0u);  // point to point: rows 4..7 of w and b
+  ASSERT_EQ(r1.subscribers.size(), 1u);
+  EXPECT_EQ(r1.subscribers[0].bytes, 16u * 4 + 4u * 4);
+  EXPECT_TRUE(std::equal(dst_half.begin(), dst_half.end(), src_w.begin() + 16));
+  // The whole tensor under the same name: planned whole from now on.
+  ASSERT_TRUE(sub.value()->register_tensor(TensorView{w, dst_w.data(), Device::cpu()}).ok());
+  UpdateResult r2;
+  for (int attempt = 0; attempt < 50; ++attempt) {  // its Wants travels on the control channel
+    r2 = publish(2 + static_cast<uint64_t>(attempt));
+    if (r2.ok() && r2.buckets > 0) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(r2.ok()) << r2.status.to_string();
+  EXPECT_GT(r2.buckets, 0u) << "still planned as a slice";
+  EXPECT_EQ(dst_w, src_w);
+  EXPECT_EQ(dst_b, src_b);
+  sub.value()->stop();
+  pub.value()->shutdown();
+  test::remove_tree(dir);
+}
+
 // Count mode (any worker ids): the trainer ranks' slots are their own. An
 // extra engine that joins first takes no trainer rank's place.
 TEST(ShardedSlotsTest, AnExtraEngineCannotTakeATrainerRanksSlot) {
