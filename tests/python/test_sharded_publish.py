@@ -29,8 +29,31 @@ def _slice_index(shape, cut):
     return tuple(index)
 
 
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+
+
+def _fused_layout(specs, cuts):
+    """As vLLM lays out a TP rank's fused parameters: for each layer, q, k and v's row slices one
+    after the other in ``qkv_proj``, gate and up's in ``gate_up_proj``. Returns {fused name:
+    (rows, cols, dtype)} and {tensor name: (fused name, first row)}."""
+    fused, place = {}, {}
+    for name, dt, shape in specs:
+        module, _, leaf = name.rpartition(".")
+        parent, _, proj = module.rpartition(".")
+        if proj not in _FUSED or leaf != "weight":
+            continue
+        key = f"{parent}.{_FUSED[proj]}.weight"
+        rows = cuts[name][2] if cuts[name][0] == 0 else shape[0]
+        at = fused.get(key, (0, shape[1], dt))[0]
+        place[name] = (key, at)
+        fused[key] = (at + rows, shape[1], dt)
+    return fused, place
+
+
 def _tp_engine_main(conn, endpoint, worker_id, cfg, specs, tp, rank):
-    """A tensor-parallel engine rank: registers only its slices (paramcast.reshard.tp_slices)."""
+    """A tensor-parallel engine rank: registers only its slices (paramcast.reshard.tp_slices),
+    q/k/v and gate/up as row ranges of fused parameters, the others as buffers of their own."""
     import hashlib
 
     from cluster import _serve
@@ -41,19 +64,28 @@ def _tp_engine_main(conn, endpoint, worker_id, cfg, specs, tp, rank):
     cfg["control"] = dict(cfg["control"], endpoint=endpoint)
     sub = paramcast.Subscriber(cfg, worker_id)
     cuts = tp_slices(specs, tp, rank)
+    fused_shapes, place = _fused_layout(specs, cuts)
+    fused = {n: torch.zeros(r, c, dtype=getattr(torch, dt)) for n, (r, c, dt) in fused_shapes.items()}
     held = {}
     for name, dt, shape in specs:
-        local = torch.zeros(shape, dtype=getattr(torch, dt))[_slice_index(shape, cuts[name])].contiguous()
+        index = _slice_index(shape, cuts[name])
+        if name in place:  # a row range of the fused parameter: written in place there
+            key, at = place[name]
+            local = fused[key][at:at + torch.zeros(shape)[index].shape[0]]
+        else:
+            local = torch.zeros(shape, dtype=getattr(torch, dt))[index].contiguous()
         offsets = [0] * len(shape)
         if cuts[name][0] is not None:
             offsets[cuts[name][0]] = cuts[name][1]
         held[name] = local
         sub.register([(name, Shard(local, shape, offsets))])
 
-    def digest():
-        return {n: hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest() for n, t in held.items()}
+    def digest(of=held):
+        return {n: hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+                for n, t in of.items()}
 
-    _serve(conn, sub, {"digest": digest, "bytes": lambda: sum(t.numel() * t.element_size() for t in held.values())})
+    _serve(conn, sub, {"digest": digest, "fused": lambda: digest(fused),
+                       "bytes": lambda: sum(t.numel() * t.element_size() for t in held.values())})
 
 
 class _TpEngine(BulkEngine):
@@ -61,13 +93,15 @@ class _TpEngine(BulkEngine):
         self._spawn(worker_id, _tp_engine_main, (endpoint, worker_id, cfg, specs, tp, rank))
 
 
-def _config(world, endpoint="tcp://127.0.0.1:*"):
-    cfg = config_dict(endpoint, subscribers=2)
+def _config(world, endpoint="tcp://127.0.0.1:*", subscribers=2):
+    cfg = config_dict(endpoint, subscribers=subscribers)
     cfg["publisher"]["ranks"] = world
     return cfg
 
 
-def _trainer(rank, world, port, endpoint_q, result_q, go):
+def _trainer(rank, world, port, endpoint_q, result_q, go, subscribers):
+    """One trainer rank: FSDP2 over `world` ranks; with world 1, a plain model whose rank 0 calls
+    the ordinary Publisher.weight_update (tensor-parallel engines make it go point to point)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -77,29 +111,32 @@ def _trainer(rank, world, port, endpoint_q, result_q, go):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     me = None
     try:
-        mesh = init_device_mesh("cpu", (world,))
         model = _llama().to(torch.bfloat16)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        if world > 1:
+            mesh = init_device_mesh("cpu", (world,))
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         endpoint = [None]
         if rank == 0:
-            me = paramcast.Publisher(_config(world))
+            me = paramcast.Publisher(_config(world, subscribers=subscribers))
             endpoint[0] = me.endpoint
             endpoint_q.put(me.endpoint)
         dist.broadcast_object_list(endpoint, src=0)
         if rank == 0:
             me.start()
         else:
-            me = paramcast.PublisherRank(_config(world, endpoint[0]), rank).start()
+            me = paramcast.PublisherRank(_config(world, endpoint[0], subscribers), rank).start()
         for step in range(3):
             if step:
                 assert go[step].wait(120), "the test never let the next step start"
                 with torch.no_grad():  # "an optimizer step" of the first layer only (the rest frozen), on this rank's shard
                     for name, p in model.named_parameters():
                         if name.startswith("model.layers.0."):
-                            p.to_local().mul_(1.5)
+                            (p.to_local() if world > 1 else p).mul_(1.5)
             params = model.named_parameters()
+            if step == 2 and world == 1:
+                break  # the overlap below needs two ranks
             if step == 2 and rank == 1:
                 # A rank that claims rows rank 0 holds: every matrix one row
                 # earlier and one row longer.
@@ -111,9 +148,9 @@ def _trainer(rank, world, port, endpoint_q, result_q, go):
                 continue
             try:
                 if rank == 0:
-                    r = me.weight_update_sharded(params)
+                    r = me.weight_update_sharded(params) if world > 1 else me.weight_update(params)
                     result_q.put((rank, step, "ok", r.version, sorted(o.worker_id for o in r.subscribers),
-                                  r.delta, r.wire_bytes, r.dense_because))
+                                  r.delta, r.wire_bytes, r.dense_because, {o.worker_id: o.bytes for o in r.subscribers}))
                 else:
                     r = me.weight_update(params)
                     result_q.put((rank, step, "ok", r.version, []))
@@ -143,10 +180,12 @@ def _shifted(model, shift):
 
 @pytest.mark.skipif(not _fsdp2_available(), reason="needs PyTorch >= 2.6 (FSDP2 fully_shard) and transformers "
                     "(deploy/install-deps.sh installs torch 2.13 and transformers for the default python3)")
-@pytest.mark.parametrize("kind,world", [("whole", 2), ("tp2", 2), ("whole", 4)])
+@pytest.mark.parametrize("kind,world", [("whole", 2), ("tp2", 2), ("whole", 4), ("tp2", 1)])
 def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(kind, world):
     """whole: one engine in place, one through on_weights, each the whole model;
-    tp2: two engine ranks of one TP=2 group, each registering only its slices."""
+    tp2: two replicas of a TP=2 engine (4 processes), each rank registering only its slices, q/k/v
+    and gate/up as row ranges of fused qkv_proj/gate_up_proj buffers; world 1: a one-rank trainer
+    calling the ordinary weight_update."""
     import multiprocessing
     import socket
 
@@ -155,7 +194,8 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(k
         port = s.getsockname()[1]
     ctx = multiprocessing.get_context("spawn")
     endpoint_q, result_q, go = ctx.Queue(), ctx.Queue(), [ctx.Event() for _ in range(3)]
-    procs = [ctx.Process(target=_trainer, args=(r, world, port, endpoint_q, result_q, go), daemon=True)
+    subscribers = 4 if kind == "tp2" else 2
+    procs = [ctx.Process(target=_trainer, args=(r, world, port, endpoint_q, result_q, go, subscribers), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
@@ -165,15 +205,15 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(k
         ref = _llama().to(torch.bfloat16)
         state = {n: p.detach().clone() for n, p in ref.named_parameters()}
         specs = [(n, str(t.dtype).replace("torch.", ""), list(t.shape)) for n, t in state.items()]
-        cfg = _config(world)
+        cfg = _config(world, subscribers=subscribers)
         from paramcast.reshard import tp_slices
         if kind == "whole":
             engines = [BulkEngine(endpoint, "engine-1", "inplace", cfg, specs, _zeros),
                        BulkEngine(endpoint, "engine-2", "callback", cfg, specs, _zeros)]
             wanted = {"engine-1": None, "engine-2": None}
         else:
-            engines = [_TpEngine(endpoint, f"engine-{k + 1}", cfg, specs, 2, k) for k in range(2)]
-            wanted = {f"engine-{k + 1}": tp_slices(specs, 2, k) for k in range(2)}
+            engines = [_TpEngine(endpoint, f"engine-{i + 1}", cfg, specs, 2, i % 2) for i in range(4)]
+            wanted = {f"engine-{i + 1}": tp_slices(specs, 2, i % 2) for i in range(4)}
         for e in engines:
             e.wait_ready()
 
@@ -191,14 +231,17 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(k
             assert all(got[r][0] == "ok" for r in range(world)), got
             version = got[0][1]
             assert all(got[r][1] == version for r in range(world)), "every trainer rank took part in the same version"
-            assert got[0][2] == ["engine-1", "engine-2"] + [f"trainer-{r}" for r in range(1, world)]
+            assert got[0][2] == [e.worker_id for e in engines] + [f"trainer-{r}" for r in range(1, world)]
+            if not step and kind == "tp2":  # each engine rank received its slices' bytes, no more
+                for e in engines:
+                    assert got[0][6][e.worker_id] == e.call("bytes"), (e.worker_id, got[0][6], e.call("bytes"))
             if step and kind == "tp2":
-                # Deltas per shard (both engines apply in place): only the first
-                # layer changed, so the engines received little more than its slices.
-                delta, wire, why = got[0][3:]
+                # Deltas per shard (the engines apply in place): only the first layer
+                # changed, so each replica received little more than its slices.
+                delta, wire, why = got[0][3:6]
                 layer0 = sum(t.numel() * t.element_size() for n, t in state.items() if n.startswith("model.layers.0."))
                 assert delta, why
-                assert 0 < wire <= layer0 * 1.1, (wire, layer0)
+                assert 0 < wire <= layer0 * (len(engines) // 2) * 1.1, (wire, layer0)
             for e in engines:
                 cuts = wanted[e.worker_id]
                 want = sha256_of(state if cuts is None else
@@ -208,7 +251,16 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(k
                 digest = e.call("digest")
                 bad = [n for n in want if digest.get(n) != want[n]]
                 assert not bad, f"{e.worker_id}: {len(bad)} tensors differ from the unsharded model, e.g. {bad[:3]}"
+                if cuts is not None:  # the fused parameters hold q, k, v (gate, up) slices back to back
+                    _, place = _fused_layout(specs, cuts)
+                    parts = {}
+                    for n in sorted(place, key=lambda n: place[n]):
+                        parts.setdefault(place[n][0], []).append(state[n][_slice_index(state[n].shape, cuts[n])])
+                    want_fused = sha256_of({k: torch.cat(v, 0) for k, v in parts.items()})
+                    assert e.call("fused") == want_fused, e.worker_id
 
+        if world == 1:
+            return
         # Rank 1 claims a row of rank 0's shard of every matrix: refused
         # before any byte moves, naming both; the engines keep the last version.
         go[2].set()
