@@ -17,6 +17,8 @@
 //                                          go on claiming this engine takes deltas (a lying member)
 //   PARAMCAST_FAULT_CLAIM_VERSION=N        claim to hold version N in Hello and heartbeats
 //   PARAMCAST_FAULT_CLAIM_VERSION=+1       once it holds a version, claim one above it
+//   PARAMCAST_FAULT_CLAIM_SHED=a,b         report in every Applied that it shed members a and b
+//                                          (forged link claims; the publisher must check them)
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,11 @@ class ControlFaults {
     }
     const char* refuse = std::getenv("PARAMCAST_FAULT_REFUSE_DELTA");
     f.refuse_delta_ = refuse && std::string(refuse) == "1";
+    if (const char* shed = std::getenv("PARAMCAST_FAULT_CLAIM_SHED")) {
+      std::stringstream ids(shed);
+      for (std::string id; std::getline(ids, id, ',');)
+        if (!id.empty()) f.claim_shed_.insert(id);
+    }
     if (const char* claim = std::getenv("PARAMCAST_FAULT_CLAIM_VERSION")) {
       f.claim_relative_ = claim[0] == '+';
       f.claim_ = std::strtoull(claim + (f.claim_relative_ ? 1 : 0), nullptr, 10);
@@ -51,7 +58,11 @@ class ControlFaults {
   }
   ControlFaults() = default;
   ControlFaults(const ControlFaults& o)
-      : lose_(o.lose_), refuse_delta_(o.refuse_delta_), claim_(o.claim_), claim_relative_(o.claim_relative_) {}
+      : lose_(o.lose_),
+        refuse_delta_(o.refuse_delta_),
+        claim_(o.claim_),
+        claim_relative_(o.claim_relative_),
+        claim_shed_(o.claim_shed_) {}
 
   // Whether to lose `what` ("plan", "commit", "answer", "applied") of `version`; true once.
   bool loses(const std::string& what, uint64_t version) {
@@ -61,6 +72,8 @@ class ControlFaults {
   }
   // Whether to refuse every delta plan (PARAMCAST_FAULT_REFUSE_DELTA=1).
   bool refuses_delta() const { return refuse_delta_; }
+  // The members this one claims it shed (PARAMCAST_FAULT_CLAIM_SHED).
+  const std::set<std::string>& claimed_shed() const { return claim_shed_; }
   // The version to claim instead of `held` (PARAMCAST_FAULT_CLAIM_VERSION).
   uint64_t claimed_version(uint64_t held) const {
     if (!claim_) return held;
@@ -74,6 +87,7 @@ class ControlFaults {
   bool refuse_delta_ = false;
   uint64_t claim_ = 0;
   bool claim_relative_ = false;
+  std::set<std::string> claim_shed_;
 };
 
 }  // namespace paramcast

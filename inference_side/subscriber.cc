@@ -647,13 +647,26 @@ void SubscriberImpl::report(const Job& job, const Status& s, uint64_t checksum, 
     a.setBytes(plan.sharded ? received : s.ok() ? plan.total_bytes : std::min(received, plan.total_bytes));
     a.setReceiveMs(static_cast<uint64_t>(receive_time.count()));
     a.setDeltaBase(delta_base);
-    auto list = a.initLinks(static_cast<unsigned>(links.size()));
-    for (size_t i = 0; i < links.size(); ++i) {
-      list[static_cast<unsigned>(i)].setRank(static_cast<uint32_t>(links[i].peer));
-      list[static_cast<unsigned>(i)].setBytes(links[i].bytes_sent);
+    // Test hook: forged link claims (PARAMCAST_FAULT_CLAIM_SHED).
+    std::vector<LinkStats> claimed = links;
+    if (!lost_.claimed_shed().empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t r = 0; r < rank_names_.size(); ++r)
+        if (lost_.claimed_shed().count(rank_names_[r])) {
+          LinkStats l;
+          l.peer = static_cast<int>(r);
+          l.shed = true;
+          claimed.push_back(l);
+        }
+    }
+    const auto& links_out = claimed;
+    auto list = a.initLinks(static_cast<unsigned>(links_out.size()));
+    for (size_t i = 0; i < links_out.size(); ++i) {
+      list[static_cast<unsigned>(i)].setRank(static_cast<uint32_t>(links_out[i].peer));
+      list[static_cast<unsigned>(i)].setBytes(links_out[i].bytes_sent);
       list[static_cast<unsigned>(i)].setBusyUs(static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::microseconds>(links[i].send_busy).count()));
-      list[static_cast<unsigned>(i)].setShed(links[i].shed);
+          std::chrono::duration_cast<std::chrono::microseconds>(links_out[i].send_busy).count()));
+      list[static_cast<unsigned>(i)].setShed(links_out[i].shed);
     }
     a.setChecksum(checksum);
     if (!s.ok()) {

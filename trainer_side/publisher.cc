@@ -513,22 +513,43 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
                                     (data.ok() ? "" : " (publisher data plane: " + data.message() + ")"));
 }
 
-// Only the member's parent in the broadcast tree can shed it: a claim from
-// any other member (hostile, or confused) is ignored. In a mixed group the
-// Gloo plane's tree is over that plane's ranks: the claims are taken as they
-// come.
-std::set<std::string> PublisherImpl::shed_members() const {
+// Only the member's parent in the broadcast tree of the plane it receives
+// on can shed it: the Gloo plane's ranks are the publisher and, in a mixed
+// group, the members off its host (in rank order, the root first:
+// split_communicator.h); a member on the shm plane is shed by nobody. A
+// claim from any other member (hostile, or confused) is logged, naming its
+// sender, and ignored.
+std::set<std::string> PublisherImpl::shed_members() {
   std::set<std::string> out;
   const auto& group = round_.group();  // group[i] is rank i + 1
   const int world = static_cast<int>(group.size()) + 1;
-  const bool check_parent = !groups_.mixed();
+  const auto& local = groups_.local();
+  std::vector<int> plane;      // the Gloo plane's ranks, by their index there
+  std::map<int, int> index;    // group rank -> index on the Gloo plane
+  for (int g = 0; g < world; ++g)
+    if (g == 0 || local.empty() || static_cast<size_t>(g) >= local.size() || !local[static_cast<size_t>(g)]) {
+      index[g] = static_cast<int>(plane.size());
+      plane.push_back(g);
+    }
+  auto parent_of = [&](int g) {
+    auto it = index.find(g);
+    if (it == index.end()) return -2;  // on the shm plane: nobody's to shed
+    const int p = gloo_backend::BinomialTree::of(it->second, static_cast<int>(plane.size()), 0).parent;
+    return p < 0 ? -1 : plane[static_cast<size_t>(p)];
+  };
+  auto name = [&](int rank) { return rank == 0 ? std::string("publisher") : group[static_cast<size_t>(rank) - 1]; };
   auto add = [&](int parent, const LinkStats& l) {
     if (!l.shed || l.peer < 1 || static_cast<size_t>(l.peer) > group.size()) return;
-    if (check_parent && gloo_backend::BinomialTree::of(l.peer, world, 0).parent != parent) return;
+    if (parent_of(l.peer) != parent) {
+      server_.log_peer("forged claim", "'" + control::printable(name(parent)) + "' reported shedding '" + name(l.peer) +
+                                           "', whose parent it is not; ignored");
+      return;
+    }
     out.insert(group[static_cast<size_t>(l.peer) - 1]);
   };
   for (const auto& l : own_links_) add(0, l);
-  for (const auto& [rank, l] : round_.reported_links()) add(l.parent, l.link);
+  for (const auto& [rank, l] : round_.reported_links())
+    if (l.parent >= 0 && l.parent < world) add(l.parent, l.link);
   return out;
 }
 

@@ -141,7 +141,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   void set_link_rates(UpdateResult& r);
   // The members a parent in the tree shed during this update (its LinkStats,
   // or its Applied's links). Called with mu_ held.
-  std::set<std::string> shed_members() const;
+  std::set<std::string> shed_members();
   // on_slow_member: shed: the shed members' outcomes, and the update's code
   // without them. Called with mu_ held.
   void apply_shed(UpdateResult& r, const Status& data, Code& code);

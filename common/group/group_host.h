@@ -67,6 +67,9 @@ class GroupHost {
   uint64_t epoch() const { return epoch_; }
   // The current group mixes the shm plane with the backend's (data_plane.local).
   bool mixed() const { return !local_.empty(); }
+  // Rank-indexed: who reads this host's shared memory this epoch (empty:
+  // not a mixed group). Update thread only, as form().
+  const std::vector<bool>& local() const { return local_; }
 
   // Members in quarantine now, each with why and for how much longer.
   std::map<std::string, std::string> excluded(Clock::time_point now = Clock::now()) const;

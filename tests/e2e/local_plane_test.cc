@@ -114,7 +114,9 @@ TEST_F(LocalPlaneClusterTest, KilledPublisherLeavesReadersDirtyNotHungAndNothing
 // own behind veths. With data_plane.local: auto the two beside the trainer
 // read its shared memory and the other two get the same buckets over Gloo,
 // in the same updates; every worker verifies every byte.
-TEST(LocalPlaneTest, MixedGroupLocalMembersOverShmRemoteOverGlooBitExact) {
+// `forger`: a member that reports in every Applied that it shed the
+// others (PARAMCAST_FAULT_CLAIM_SHED), with publisher.on_slow_member: shed.
+void run_mixed_group(const std::string& forger) {
   std::string why;
   auto lab = test::NetworkLab::create(3, &why);
   if (!lab) GTEST_SKIP() << "cannot build network namespaces here: " << why;
@@ -126,7 +128,8 @@ TEST(LocalPlaneTest, MixedGroupLocalMembersOverShmRemoteOverGlooBitExact) {
           "\n  heartbeat_interval: 100ms\n  heartbeat_timeout: 1500ms\n  join_timeout: 30s\n"
           "data_plane:\n  backend: gloo\n  local: auto\n  gloo_interface: " + test::NetworkLab::kInterface +
           "\n  bucket_size: 1MiB\n  checksum: xxh64\n  init_timeout: 20s\n"
-          "publisher:\n  subscribers: [local-1, local-2, remote-1, remote-2]\n"
+          "publisher:\n  subscribers: [local-1, local-2, remote-1, remote-2]\n" +
+          (forger.empty() ? "" : "  on_slow_member: shed\n  slow_member_floor: 1KiB\n") +
           "trainer:\n  model_size: 16MiB\n  layers: 8\n  updates: 4\n"
           "logging:\n  level: info\n"
           "auth:\n  mode: plain\n");  // the lab's private network
@@ -134,11 +137,15 @@ TEST(LocalPlaneTest, MixedGroupLocalMembersOverShmRemoteOverGlooBitExact) {
   ASSERT_TRUE(trainer->wait_for_output("control endpoint", Ms(10000))) << trainer->output();
   std::vector<std::pair<std::string, std::unique_ptr<Process>>> workers;
   const std::pair<const char*, int> where[] = {{"local-1", 0}, {"local-2", 0}, {"remote-1", 1}, {"remote-2", 2}};
-  for (const auto& [id, node] : where)
+  for (const auto& [id, node] : where) {
+    std::vector<std::string> env;
+    if (id == forger) env.push_back("PARAMCAST_FAULT_CLAIM_SHED=local-1,local-2,remote-1,remote-2");
     workers.emplace_back(id, Process::start(lab->exec_path(),
                                             lab->exec_args(node, test::binary("paramcast-worker"),
                                                            {"--config", yaml, "--id", id, "--endpoint", endpoint,
-                                                            "--updates", "4"})));
+                                                            "--updates", "4"}),
+                                            env));
+  }
   auto code = trainer->wait_for(std::chrono::seconds(120));
   ASSERT_TRUE(code.has_value()) << trainer->output();
   EXPECT_EQ(*code, 0) << trainer->output();
@@ -152,8 +159,22 @@ TEST(LocalPlaneTest, MixedGroupLocalMembersOverShmRemoteOverGlooBitExact) {
   }
   // Who went where: the trainer's formation line says so.
   EXPECT_NE(trainer->output().find("shm: local-1, local-2"), std::string::npos) << trainer->output();
+  if (!forger.empty()) {
+    // Nobody was reported shed: the forger is no member's parent on the Gloo
+    // plane (the publisher is both remote members'), and the claims are named.
+    EXPECT_EQ(trainer->output().find("shed:"), std::string::npos) << trainer->output();
+    EXPECT_EQ(trainer->output().find("(shed)"), std::string::npos) << trainer->output();
+    EXPECT_NE(trainer->output().find("'" + forger + "' reported shedding"), std::string::npos) << trainer->output();
+  }
   test::remove_tree(dir);
 }
+
+TEST(LocalPlaneTest, MixedGroupLocalMembersOverShmRemoteOverGlooBitExact) { run_mixed_group(""); }
+
+// A member on the shm plane that claims, in every Applied, to have shed the
+// three others (members with valid identities can say anything): every
+// update still reaches all four, none is reported shed.
+TEST(LocalPlaneTest, MixedGroupIgnoresShedClaimsFromAMemberThatIsNobodysParent) { run_mixed_group("local-1"); }
 
 }  // namespace
 }  // namespace paramcast

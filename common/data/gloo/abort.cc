@@ -4,6 +4,7 @@
 // kicks that free every thread still inside a Gloo wait.
 #include <gloo/types.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "common/data/gloo/gloo_communicator.h"
@@ -88,6 +89,39 @@ void GlooCommunicator::kick_locked() {
     for (auto& op : queue) op->send ? op->buffer->abortWaitSend() : op->buffer->abortWaitRecv();
 }
 
+// A notice only its sender's place in the broadcast tree lets it send: a
+// shed only from this rank's parent, naming this rank; a stall only blaming
+// one of its sender's children (the links it sends on). Anything else is a
+// claim the sender cannot know, from a hostile or broken member: it must
+// not get an honest rank out of the update. "" when credible.
+std::string GlooCommunicator::forged_notice(const Sentinels::Notice& n) const {
+  const int root = notice_root_;
+  if (n.kind == kShed) {
+    if (n.blamed != options_.rank)
+      return who(n.from) + " sent this rank a shed notice naming " + who(n.blamed);
+    const int parent = BinomialTree::of(options_.rank, options_.world_size, root).parent;
+    if (parent != n.from)
+      return who(n.from) + " sent a shed notice, but this rank's parent in the broadcast tree is " +
+             (parent < 0 ? std::string("none (it is the root)") : who(parent)) + " (forged)";
+  }
+  if (n.kind == kStalled && n.blamed != n.from) {
+    const auto children = BinomialTree::of(n.from, options_.world_size, root).children;
+    if (std::find(children.begin(), children.end(), n.blamed) == children.end())
+      return who(n.from) + " sent a stall notice blaming " + who(n.blamed) + ", which it does not send to (forged)";
+  }
+  return "";
+}
+
+Sentinels::Notice GlooCommunicator::next_notice() {
+  return sentinels_.first_notice([this](const Sentinels::Notice& n) {
+    const std::string why = forged_notice(n);
+    if (why.empty()) return true;
+    std::lock_guard<std::mutex> lock(forged_mu_);
+    if (forged_.insert(n.from).second) PC_WARN(group() << why << "; ignored");
+    return false;
+  });
+}
+
 Status GlooCommunicator::notice_status(const Sentinels::Notice& n) const {
   if (n.kind == kShed && n.blamed == options_.rank)
     return timeout_error(group() + "this rank was shed by " + who(n.from) +
@@ -137,7 +171,7 @@ void GlooCommunicator::watch() {
     if (stop_) break;
     if (error_.ok()) {
       lock.unlock();
-      const auto n = sentinels_.first_notice();
+      const auto n = next_notice();
       if (n.from >= 0) fail(notice_status(n), Notify::kNever, n.blamed);
       lock.lock();
     }
@@ -162,7 +196,7 @@ void GlooCommunicator::watch() {
       const auto peers = stream_peers_locked();
       lock.unlock();
       const auto b = sentinels_.broken(peers);
-      const auto n = sentinels_.first_notice();  // a notice precedes its sender's close: it explains the break
+      const auto n = next_notice();  // a notice precedes its sender's close: it explains the break
       if (n.from >= 0)
         fail(notice_status(n), Notify::kNever, n.blamed);
       else if (b.rank >= 0)
@@ -178,7 +212,7 @@ void GlooCommunicator::watch() {
 // and the rank to blame (-1: the notice's sender already told everyone).
 std::pair<Status, int> GlooCommunicator::cause_of(const Status& failure) {
   for (int i = 0; i < 10; ++i) {
-    const auto n = sentinels_.first_notice();
+    const auto n = next_notice();
     if (n.from >= 0) return {notice_status(n), -1};
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

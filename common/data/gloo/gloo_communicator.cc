@@ -12,6 +12,8 @@
 #include "common/data/gloo/mesh.h"
 #include "common/data/gloo/schedule.h"
 #include "common/data/gloo/sigpipe_blocked.h"
+#include <cstdlib>
+
 #include "common/log.h"
 
 namespace paramcast::gloo_backend {
@@ -30,6 +32,24 @@ GlooCommunicator::GlooCommunicator(const GroupOptions& options, std::shared_ptr<
       links_(static_cast<size_t>(options.world_size)),
       shed_(options.world_size, options.shed_floor, options.shed_window) {
   SigpipeBlocked blocked;  // inherited by both threads (and the drainers the runner starts)
+  // Test hook, a hostile member on the real transport:
+  // PARAMCAST_FAULT_GLOO_FORGE="shed:R,stall:S" sends rank R a shed notice
+  // and tells every peer that rank S stalled, as soon as the group formed,
+  // whatever this rank's place in the tree (peers must ignore both).
+  if (const char* forge = std::getenv("PARAMCAST_FAULT_GLOO_FORGE")) {
+    std::string spec = forge;
+    for (size_t at = 0; at < spec.size();) {
+      const size_t end = std::min(spec.find(',', at), spec.size());
+      const std::string item = spec.substr(at, end - at);
+      const size_t colon = item.find(':');
+      const int target = colon == std::string::npos ? -1 : std::atoi(item.c_str() + colon + 1);
+      if (target >= 0 && target < options_.world_size && target != options_.rank) {
+        if (item.rfind("shed:", 0) == 0) sentinels_.tell_shed(target);
+        if (item.rfind("stall:", 0) == 0) sentinels_.tell_all(notice_word(kStalled, target));
+      }
+      at = end + 1;
+    }
+  }
   runner_ = std::thread([this] { run(); });
   watcher_ = std::thread([this] { watch(); });
 }

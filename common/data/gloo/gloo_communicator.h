@@ -68,6 +68,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -197,6 +198,10 @@ class GlooCommunicator : public Communicator {
   void kick_locked();
   void watch();
   Status notice_status(const Sentinels::Notice& n) const;
+  // The first notice a peer could have sent (forged_notice); a forged one is
+  // logged once per sender and ignored.
+  Sentinels::Notice next_notice();
+  std::string forged_notice(const Sentinels::Notice& n) const;
   std::pair<Status, int> stalled_locked(Clock::time_point now);
   std::pair<Status, int> cause_of(const Status& failure);
 
@@ -205,6 +210,12 @@ class GlooCommunicator : public Communicator {
   const uint64_t receive_window_;   // schedule.h: this rank's own
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   Sentinels sentinels_;
+  // The root of the broadcasts (the publisher: rank 0 until a stream says
+  // otherwise), for judging notices; and the peers whose forged notice was
+  // logged (forged_mu_).
+  std::atomic<int> notice_root_{0};
+  std::mutex forged_mu_;
+  std::set<int> forged_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Op>> ops_;  // issued, in order; completed ones leave (failed ones stay)

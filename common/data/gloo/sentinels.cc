@@ -50,14 +50,18 @@ void Sentinels::tell_shed(int child) {
   }
 }
 
-Sentinels::Notice Sentinels::first_notice() const {
+Sentinels::Notice Sentinels::first_notice() const { return first_notice({}); }
+
+Sentinels::Notice Sentinels::first_notice(const std::function<bool(const Notice&)>& credible) const {
   for (int i = 0; i < world_; ++i) {
     if (i == rank_) continue;
     const NoticeWord w = word(i);
     if (w == 0 || w == kGoodbye) continue;
     const int blamed = static_cast<int>(w & 0xffffff) - 1;
-    if (blamed < 0 || blamed >= world_) return Notice{i, i, kFailed};  // garbled: blame the sender
-    return Notice{i, blamed, w >> 24};
+    Notice n{i, blamed, w >> 24};
+    if (blamed < 0 || blamed >= world_) n = Notice{i, i, kFailed};  // garbled: blame the sender
+    if (credible && !credible(n)) continue;
+    return n;
   }
   return Notice{};
 }

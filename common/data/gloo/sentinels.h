@@ -21,6 +21,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +57,9 @@ class Sentinels {
     NoticeWord kind = kFailed;
   };
   Notice first_notice() const;
+  // The same, skipping notices `credible` refuses (a peer that could not
+  // have sent it: data/gloo/abort.cc).
+  Notice first_notice(const std::function<bool(const Notice&)>& credible) const;
   bool said_goodbye(int peer) const;
 
   // The first of `peers` whose connection broke without a word first, and

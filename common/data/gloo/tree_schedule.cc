@@ -44,6 +44,7 @@ void GlooCommunicator::join_locked(Op& op) {
 void GlooCommunicator::begin_stream_locked(int root) {
   Stream s;
   s.root = root;
+  notice_root_ = root;
   s.tree = BinomialTree::of(options_.rank, options_.world_size, root);
   std::erase_if(s.tree.children, [&](int c) { return shed_.shed(c); });  // a shed child gets nothing more
   s.flight = Flight(s.tree.children, Clock::now());

@@ -3,6 +3,8 @@
 #include "common/data/communicator.h"
 
 #include <gtest/gtest.h>
+
+#include <map>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -49,7 +51,8 @@ class CommunicatorTest : public ::testing::TestWithParam<Backend> {
   }
 
   std::vector<std::unique_ptr<Process>> spawn(int world, const std::string& sizes, int repeat, int timeout_ms,
-                                              const std::vector<std::string>& extra = {}) {
+                                              const std::vector<std::string>& extra = {},
+                                              const std::map<int, std::string>& env_of = {}) {
     auto bootstrap = mint_bootstrap(GetParam(), 1);
     EXPECT_TRUE(bootstrap.ok());
     std::vector<std::unique_ptr<Process>> ranks;
@@ -59,6 +62,7 @@ class CommunicatorTest : public ::testing::TestWithParam<Backend> {
       const int gpus = std::max(1, test::cuda_devices());
       std::vector<std::string> env;
       if (gpus < world) env.push_back("NCCL_HOSTID=paramcast-test-rank-" + std::to_string(r));
+      if (auto e = env_of.find(r); e != env_of.end()) env.push_back(e->second);
       const std::string device = GetParam() == Backend::kNccl ? "cuda:" + std::to_string(r % gpus) : "cpu";
       std::vector<std::string> args = {"--backend", backend_name(GetParam()), "--rank", std::to_string(r), "--world",
                                        std::to_string(world), "--store", dir_, "--bootstrap", hex(*bootstrap),
@@ -122,6 +126,30 @@ TEST_P(CommunicatorTest, KilledPeerFailsPointToPointMovesWithinDeadline) {
     std::printf("[figures] rank %d: point-to-point failed %.2f s after the kill\n", r, failed);
     EXPECT_LE(failed, timeout_ms / 2000.0) << "rank " << r << ":\n" << out;
   }
+}
+
+// A member that sends notices its place in the tree does not allow (a shed
+// notice to a rank it does not feed, a stall notice blaming a rank it does
+// not send to) gets nobody out of the broadcasts: every rank ignores them,
+// logs the forgery naming its sender, and receives every byte. (On the code
+// before the check, rank 3 took itself for shed and every rank failed.)
+TEST_P(CommunicatorTest, ForgedShedAndStallNoticesAreIgnoredAndTheirSenderNamed) {
+  if (GetParam() != Backend::kGloo) GTEST_SKIP() << "notices are the Gloo plane's";
+  // World 4, root 0: rank 3's parent is rank 1; rank 2 feeds nobody.
+  auto ranks = spawn(4, "4194304,1048576", 3, 30000, {}, {{2, "PARAMCAST_FAULT_GLOO_FORGE=shed:3,stall:1"}});
+  int logged = 0;
+  for (int r = 0; r < 4; ++r) {
+    auto code = ranks[r]->wait_for(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value()) << ranks[r]->output();
+    EXPECT_EQ(*code, 0) << "rank " << r << ":\n" << ranks[r]->output();
+    const std::string out = ranks[r]->output();
+    EXPECT_EQ(out.find("was shed"), std::string::npos) << out;
+    if (out.find("(forged); ignored") != std::string::npos) ++logged;
+  }
+  // Rank 3 got both words, ranks 0 and 1 the stall notice (each logs it once).
+  EXPECT_NE(ranks[3]->output().find("(worker-2) sent a shed notice"), std::string::npos) << ranks[3]->output();
+  EXPECT_NE(ranks[0]->output().find("sent a stall notice blaming rank 1 (worker-1)"), std::string::npos) << ranks[0]->output();
+  EXPECT_EQ(logged, 3);
 }
 
 TEST_P(CommunicatorTest, KilledPeerFailsOthersWithinDeadline) {
