@@ -20,7 +20,8 @@ struct Claim {
 
 }  // namespace
 
-Verdict attribute(int world, const std::map<int, RankReport>& reports) {
+Verdict attribute(int world, const std::map<int, RankReport>& reports, const std::set<int>& complete_in,
+                  uint64_t turn) {
   std::vector<Claim> claims;
   std::set<Edge> edges;
   auto add = [&](int reporter, int about, bool no_address) {
@@ -32,6 +33,13 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports) {
     for (int r : report.unreachable) add(rank, r, false);
     for (int r : report.no_address) add(rank, r, true);
   }
+  const std::set<Edge> failed = edges;  // every pair anyone said failed
+  std::set<int> complete;
+  for (int c : complete_in)
+    if (c >= 0 && c < world) complete.insert(c);
+  if (complete_in.empty())
+    for (const auto& [rank, report] : reports)
+      if (rank >= 0 && rank < world) complete.insert(rank);
 
   std::set<int> at_fault;
   auto settle = [&](int v) {
@@ -41,19 +49,35 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports) {
   // 1. The publisher's own evidence.
   for (const auto& c : claims)
     if (c.reporter == 0 && !at_fault.count(c.about)) settle(c.about);
-  // 2. Ranks that failed with two or more distinct peers, most edges first.
-  for (;;) {
-    std::map<int, int> degree;
+  // The complete ranks (not at fault) that reached v: no failed pair with it.
+  auto reached_by = [&](int v) {
+    size_t n = 0;
+    for (int c : complete)
+      if (c != v && !at_fault.count(c) && !failed.count({std::min(c, v), std::max(c, v)})) ++n;
+    return n;
+  };
+  auto accusers_of = [&](int v) {
+    std::set<int> out;
     for (const auto& e : edges) {
-      ++degree[e.a];
-      ++degree[e.b];
+      if (e.a == v) out.insert(e.b);
+      if (e.b == v) out.insert(e.a);
     }
-    int best = -1, most = 1;
-    for (const auto& [v, d] : degree)
-      if (v != 0 && d > most) {
+    return out;
+  };
+  // 2. A member more complete ranks failed with than reached, widest margin first.
+  for (;;) {
+    std::set<int> on_edges;
+    for (const auto& e : edges) on_edges.insert({e.a, e.b});
+    int best = -1;
+    long margin = 0;
+    for (int v : on_edges) {
+      if (v == 0) continue;
+      const long m = static_cast<long>(accusers_of(v).size()) - static_cast<long>(reached_by(v));
+      if (m > margin) {
         best = v;
-        most = d;
+        margin = m;
       }
+    }
     if (best < 0) break;
     settle(best);
   }
@@ -76,6 +100,90 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports) {
     verdict.blamed.push_back(std::move(b));
   }
   for (const auto& e : edges) verdict.unresolved.emplace_back(e.a, e.b);
+
+  // 3. Nobody is named for what is left. Accusers first: members whose only
+  // failed pair is with one member that two or more of them accuse while
+  // more complete ranks reach it.
+  std::set<int> left;
+  auto degree = [&](int v) { return accusers_of(v).size(); };
+  {
+    std::map<int, std::set<int>> lone;  // accused -> its accusers that failed with nobody else
+    for (const auto& e : edges) {
+      if (degree(e.a) == 1) lone[e.b].insert(e.a);
+      if (degree(e.b) == 1) lone[e.a].insert(e.b);
+    }
+    for (const auto& [v, who] : lone) {
+      const size_t reached = reached_by(v);
+      if (who.size() < 2 || accusers_of(v).size() >= reached || left.count(v)) continue;
+      verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached});
+      left.insert(who.begin(), who.end());
+    }
+    for (int v : left)
+      for (auto it = edges.begin(); it != edges.end();) it = (it->a == v || it->b == v) ? edges.erase(it) : std::next(it);
+  }
+  // Then the sides of each group of failed pairs left.
+  std::map<int, std::set<int>> adj;
+  for (const auto& e : edges) {
+    adj[e.a].insert(e.b);
+    adj[e.b].insert(e.a);
+  }
+  std::set<int> seen;
+  for (const auto& [start, ignored] : adj) {
+    if (seen.count(start)) continue;
+    std::map<int, int> color{{start, 0}};
+    std::vector<int> todo{start}, component;
+    bool bipartite = true;
+    while (!todo.empty()) {
+      const int v = todo.back();
+      todo.pop_back();
+      if (!seen.insert(v).second) continue;
+      component.push_back(v);
+      for (int w : adj[v]) {
+        if (!color.count(w)) {
+          color[w] = 1 - color[v];
+          todo.push_back(w);
+        } else if (color[w] == color[v]) {
+          bipartite = false;
+        }
+      }
+    }
+    std::sort(component.begin(), component.end());
+    Verdict::Sides sides;
+    if (bipartite) {
+      std::vector<int> side[2];  // side[0] holds the component's lowest rank
+      for (int v : component) side[color[v] == color[component.front()] ? 0 : 1].push_back(v);
+      const int out = side[0].size() != side[1].size() ? (side[0].size() < side[1].size() ? 0 : 1)
+                                                       : static_cast<int>((turn + 1) % 2);
+      sides.left_out = side[out];
+      sides.kept = side[1 - out];
+    } else {
+      // Not two sides: members out, most failed pairs first (ties by turn:
+      // the lowest rank first, then the highest), until none is left.
+      std::map<int, std::set<int>> rest;
+      for (int v : component) rest[v] = adj[v];
+      for (;;) {
+        int pick = -1;
+        size_t most = 0;
+        for (const auto& [v, peers] : rest) {
+          const bool better = peers.size() > most || (peers.size() == most && most > 0 && turn % 2 == 1);
+          if (better) {
+            pick = v;
+            most = peers.size();
+          }
+        }
+        if (pick < 0) break;
+        sides.left_out.push_back(pick);
+        for (int w : rest[pick]) rest[w].erase(pick);
+        rest[pick].clear();
+      }
+      for (int v : component)
+        if (std::find(sides.left_out.begin(), sides.left_out.end(), v) == sides.left_out.end()) sides.kept.push_back(v);
+      std::sort(sides.left_out.begin(), sides.left_out.end());
+    }
+    left.insert(sides.left_out.begin(), sides.left_out.end());
+    verdict.sides.push_back(std::move(sides));
+  }
+  verdict.left_out.assign(left.begin(), left.end());
   return verdict;
 }
 
@@ -93,6 +201,40 @@ std::string describe(const Verdict::Blame& blame, const std::vector<std::string>
     out += (out.empty() ? "" : "; ") + std::string("its rendezvous address never reached ") + list(blame.address_missed_by);
   if (!blame.claims_unreachable.empty())
     out += (out.empty() ? "" : "; ") + std::string("it could not reach ") + list(blame.claims_unreachable);
+  return out;
+}
+
+std::vector<std::string> describe_left_out(const Verdict& v, const std::vector<std::string>& names) {
+  auto name = [&](int r) {
+    return r < static_cast<int>(names.size()) && !names[static_cast<size_t>(r)].empty() ? names[static_cast<size_t>(r)]
+                                                                                          : "rank " + std::to_string(r);
+  };
+  auto list = [&](const std::vector<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ", ") + name(r);
+    return out;
+  };
+  std::vector<std::string> out;
+  for (const auto& a : v.accusers) {
+    std::string line = list(a.accusers);
+    line += " said they could not reach ";
+    line += name(a.accused);
+    line += ", which ";
+    line += std::to_string(a.reached_by);
+    line += " ranks reached: they are the suspects, left out of the next formation (not struck)";
+    out.push_back(std::move(line));
+  }
+  for (const auto& s : v.sides) {
+    std::string line = "{";
+    line += list(s.kept);
+    line += "} and {";
+    line += list(s.left_out);
+    line += "} cannot reach each other on the data plane (either side may be at fault): the next formation "
+            "leaves out {";
+    line += list(s.left_out);
+    line += "} (not struck; on a tie the sides take turns)";
+    out.push_back(std::move(line));
+  }
   return out;
 }
 

@@ -4,6 +4,8 @@
 
 #include "common/group/attribution.h"
 
+#include <set>
+
 namespace paramcast::group {
 namespace {
 
@@ -59,16 +61,137 @@ TEST(AttributionTest, AMemberThatBlamesOthersIsNamedItself) {
   EXPECT_EQ(describe(v.blamed[0], kNames), "it could not reach worker-1, worker-3");
 }
 
-// One failed pair between two members: either may be at fault, so neither is
-// blamed; the pair is listed.
-TEST(AttributionTest, ASinglePairBetweenMembersIsUnresolved) {
+// One failed pair between two members that every other rank reaches:
+// either may be at fault, so neither is blamed; the pair is listed, and the
+// next formation leaves one of them out, the other at the next turn.
+TEST(AttributionTest, ASinglePairBetweenMembersIsUnresolvedAndTheyTakeTurns) {
   std::map<int, RankReport> r;
   r[1].unreachable = {2};
   r[2].unreachable = {1};
-  const auto v = attribute(4, r);
+  const auto v = attribute(4, r, {0, 1, 2, 3});
   EXPECT_TRUE(v.blamed.empty());
   ASSERT_EQ(v.unresolved.size(), 1u);
   EXPECT_EQ(v.unresolved[0], std::make_pair(1, 2));
+  EXPECT_EQ(v.left_out, std::vector<int>{2});
+  EXPECT_EQ(attribute(4, r, {0, 1, 2, 3}, 1).left_out, std::vector<int>{1});
+}
+
+// Two members with valid identities say they cannot reach worker-1, which
+// the publisher and the other members reach: nobody is named (two against
+// four), worker-1 stays in, and the two accusers are the suspects left out.
+TEST(AttributionTest, TwoColludersFramingAMemberAreLeftOutNotTheMember) {
+  std::map<int, RankReport> r;
+  r[4].unreachable = {1};
+  r[5].unreachable = {1};
+  for (uint64_t turn : {0u, 1u}) {
+    const auto v = attribute(6, r, {0, 1, 2, 3, 4, 5}, turn);
+    EXPECT_TRUE(v.blamed.empty());
+    EXPECT_EQ(v.left_out, (std::vector<int>{4, 5})) << "turn " << turn;
+    ASSERT_EQ(v.accusers.size(), 1u);
+    EXPECT_EQ(v.accusers[0].accused, 1);
+    EXPECT_EQ(v.accusers[0].reached_by, 3u);  // publisher, worker-2, worker-3
+    const auto lines = describe_left_out(v, kNames);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0],
+              "worker-4, worker-5 said they could not reach worker-1, which 3 ranks reached: they are the suspects, "
+              "left out of the next formation (not struck)");
+  }
+  // Rotating the victim changes nothing: the accusers are out each time.
+  r[4].unreachable = {2};
+  r[5].unreachable = {2};
+  EXPECT_EQ(attribute(6, r, {0, 1, 2, 3, 4, 5}).left_out, (std::vector<int>{4, 5}));
+}
+
+// {worker-1, worker-2} and {worker-3, worker-4} cannot reach each other; the
+// publisher reaches all four. One partition: nobody is named, one side is
+// served, and the other at the next turn.
+TEST(AttributionTest, ASymmetricPartitionIsOneAndTheSidesTakeTurns) {
+  std::map<int, RankReport> r;
+  r[1].unreachable = {3, 4};
+  r[2].unreachable = {3, 4};
+  r[3].unreachable = {1, 2};
+  r[4].unreachable = {1, 2};
+  const std::set<int> all = {0, 1, 2, 3, 4};
+  const auto first = attribute(5, r, all, 0), second = attribute(5, r, all, 1);
+  EXPECT_TRUE(first.blamed.empty());
+  EXPECT_TRUE(second.blamed.empty());
+  EXPECT_TRUE(first.accusers.empty());
+  ASSERT_EQ(first.sides.size(), 1u);
+  EXPECT_EQ(first.left_out, (std::vector<int>{3, 4}));
+  EXPECT_EQ(second.left_out, (std::vector<int>{1, 2}));
+  EXPECT_EQ(describe_left_out(first, kNames)[0],
+            "{worker-1, worker-2} and {worker-3, worker-4} cannot reach each other on the data plane (either side may "
+            "be at fault): the next formation leaves out {worker-3, worker-4} (not struck; on a tie the sides take "
+            "turns)");
+  // An uneven cut: most of the ranks that tried could not reach the smaller
+  // side, which is named (step 2), whatever the turn; the larger side is served.
+  r[5].unreachable = {1, 2};
+  r[1].unreachable.push_back(5);
+  r[2].unreachable.push_back(5);
+  for (uint64_t turn : {0u, 1u}) {
+    const auto v = attribute(6, r, {0, 1, 2, 3, 4, 5}, turn);
+    EXPECT_EQ(blamed(v), (std::vector<int>{1, 2})) << turn;
+    EXPECT_TRUE(v.left_out.empty()) << turn;
+  }
+}
+
+// The property the attribution is built for, over random groups: while fewer
+// than half of the members lie, no honest member (every link between honest
+// ranks works) is ever named, whatever the liars claim, whichever links they
+// really break, whether they report or keep quiet. And a member whose data
+// port is blocked (every rank fails with it) is always named.
+TEST(AttributionTest, NoHonestMemberIsEverNamedWhileFewerThanHalfLie) {
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    return seed;
+  };
+  int named_broken = 0;
+  for (int round = 0; round < 20000; ++round) {
+    const int members = 2 + static_cast<int>(next() % 9);  // 2..10, the publisher aside
+    const int world = members + 1;
+    const int liars = static_cast<int>(next() % static_cast<uint64_t>((members + 1) / 2));  // 2 * liars < members
+    std::set<int> liar;
+    while (static_cast<int>(liar.size()) < liars) liar.insert(1 + static_cast<int>(next() % static_cast<uint64_t>(members)));
+    // Links a liar really breaks (its own; an honest rank reports them).
+    std::set<std::pair<int, int>> broken;
+    for (int l : liar)
+      for (int p = 0; p < world; ++p)
+        if (p != l && next() % 3 == 0) broken.insert({std::min(l, p), std::max(l, p)});
+    std::map<int, RankReport> r;
+    std::set<int> complete;
+    for (int k = 0; k < world; ++k) {
+      if (liar.count(k)) {
+        for (int p = 0; p < world; ++p)
+          if (p != k && next() % 2 == 0) (next() % 4 ? r[k].unreachable : r[k].no_address).push_back(p);
+        if (next() % 2) complete.insert(k);
+        continue;
+      }
+      for (int p = 0; p < world; ++p)
+        if (p != k && broken.count({std::min(k, p), std::max(k, p)})) r[k].unreachable.push_back(p);
+      complete.insert(k);
+    }
+    const auto v = attribute(world, r, complete, next());
+    for (const auto& b : v.blamed)
+      ASSERT_TRUE(liar.count(b.rank)) << "honest rank " << b.rank << " named; round " << round << ", " << members
+                                      << " members, " << liars << " liars";
+    // A broken member instead of the liars: everyone fails with it.
+    std::map<int, RankReport> down;
+    const int dead = 1 + static_cast<int>(next() % static_cast<uint64_t>(members));
+    std::set<int> ready;
+    for (int k = 0; k < world; ++k)
+      if (k != dead) {
+        down[k].unreachable = {dead};
+        ready.insert(k);
+      }
+    const auto w = attribute(world, down, ready, next());
+    ASSERT_EQ(w.blamed.size(), 1u) << round;
+    EXPECT_EQ(w.blamed[0].rank, dead);
+    ++named_broken;
+  }
+  EXPECT_EQ(named_broken, 20000);
 }
 
 // Two culprits at once, and edges between them settled by either.
