@@ -190,16 +190,23 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
   names.insert(names.end(), members.begin(), members.end());
   std::map<int, RankReport> reports;
   if (own_failed) reports[0] = RankReport{own.unreachable, own.no_address};
+  // Whose word covers every peer: this rank when its mesh formed or it
+  // reported; a member that reported or was ready.
+  std::set<int> complete;
+  if (!own_failed || !own.empty()) complete.insert(0);
   std::map<std::string, std::string> named;
   std::set<std::string> conclusive;
   std::vector<std::string> problems;
+  std::vector<std::string> left;  // left out by what no evidence separates
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, e] : evidence_) {
       auto rank = assigned_rank_.find(id);
       if (rank != assigned_rank_.end()) reports[rank->second] = RankReport{e.unreachable, e.no_address};
     }
-    const Verdict verdict = attribute(static_cast<int>(names.size()), reports);
+    for (const auto& [id, rank] : assigned_rank_)
+      if (evidence_.count(id) || (ready_.count(id) && !false_ready_.count(id))) complete.insert(rank);
+    const Verdict verdict = attribute(static_cast<int>(names.size()), reports, complete, turn_);
     for (const auto& b : verdict.blamed) {
       if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
       const std::string& id = names[static_cast<size_t>(b.rank)];
@@ -210,9 +217,19 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       if (by_publisher || b.unreachable_from.size() + b.address_missed_by.size() + b.claims_unreachable.size() >= 2)
         conclusive.insert(id);
     }
-    for (const auto& [a, b] : verdict.unresolved)
-      problems.push_back(names[static_cast<size_t>(a)] + " and " + names[static_cast<size_t>(b)] +
-                         " could not reach each other on the data plane (either may be at fault)");
+    // What no evidence separates: nobody named, some members left out for
+    // a while (the sides of a tie take turns), never struck.
+    if (!verdict.sides.empty()) ++turn_;
+    for (auto it = left_out_.begin(); it != left_out_.end();)  // bounded: expired ones go
+      it = it->second.until <= Clock::now() ? left_out_.erase(it) : std::next(it);
+    const auto until = Clock::now() + cfg_.publisher.quarantine_backoff;
+    const auto lines = describe_left_out(verdict, names);
+    problems.insert(problems.end(), lines.begin(), lines.end());
+    for (int rank : verdict.left_out) {
+      const std::string& id = names[static_cast<size_t>(rank)];
+      left_out_[id] = LeftOut{"left out after a failed formation the evidence could not attribute", until};
+      left.push_back(id);
+    }
     for (const auto& id : members) {
       if (named.count(id)) continue;
       if (false_ready_.count(id)) {
@@ -246,6 +263,10 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
     if (named.count(id)) out.push_back(id + ": " + named[id]);
   out.insert(out.end(), problems.begin(), problems.end());
   count_strikes(members, named, conclusive);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_conclusive_.insert(last_conclusive_.end(), left.begin(), left.end());
+  }
   return out;
 }
 
@@ -294,6 +315,9 @@ void GroupHost::strike_locked(const std::string& id, const std::string& reason, 
 std::map<std::string, std::string> GroupHost::excluded(Clock::time_point now) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, std::string> out;
+  for (const auto& [id, l] : left_out_)
+    if (l.until > now)
+      out[id] = l.reason + "; " + format_duration(std::chrono::duration_cast<Millis>(l.until - now)) + " more";
   for (const auto& [id, s] : strikes_) {
     if (s.count < 2 || s.until <= now) continue;
     const auto left = std::chrono::duration_cast<Millis>(s.until - now);

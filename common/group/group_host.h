@@ -31,6 +31,11 @@
 // within the same update. A formation it is ready in (and not named) clears
 // its strikes, as do 32 backoffs without a failure. A formation that names
 // every member strikes nobody: its evidence cannot tell which one is at fault.
+// What the evidence cannot separate names nobody (attribution.h, step 3):
+// the suspects of an accusation that more ranks contradict, or one side of a
+// partition, are left out of formations for quarantine_backoff without a
+// strike (excluded() lists them, last_conclusive() too), then tried again;
+// on a tie the sides take turns.
 //
 // The rendezvous store is served here too: the owner routes StoreSet,
 // StoreGet, GroupReady and GroupFailed from the control thread to
@@ -75,8 +80,9 @@ class GroupHost {
   std::map<std::string, std::string> excluded(Clock::time_point now = Clock::now()) const;
   // The members the last failed formation named (empty after a success).
   std::vector<std::string> last_blamed() const;
-  // Those of them named on conclusive evidence, now in quarantine: forming
-  // again without them can succeed at once.
+  // Those of them named on conclusive evidence, now in quarantine, and the
+  // members the evidence left out: forming again without them can succeed
+  // at once.
   std::vector<std::string> last_conclusive() const;
   // Quarantines `id` at once (a member that broke the start-up formation).
   void quarantine(const std::string& id, const std::string& reason);
@@ -142,6 +148,13 @@ class GroupHost {
   std::map<std::string, Strikes> strikes_;  // consecutive failed formations per worker id
   std::vector<std::string> last_blamed_;
   std::vector<std::string> last_conclusive_;
+  // Left out of formations, not struck, until `until` (attribution step 3).
+  struct LeftOut {
+    std::string reason;
+    Clock::time_point until;
+  };
+  std::map<std::string, LeftOut> left_out_;
+  uint64_t turn_ = 0;  // which side of a tied partition is served next
 };
 
 }  // namespace paramcast::group

@@ -1,5 +1,7 @@
 #include "common/group/group_member.h"
 
+#include <algorithm>
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -54,6 +56,14 @@ GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
   link_->client = &client;
   const char* lie = std::getenv("PARAMCAST_FAULT_FALSE_READY");
   false_ready_ = lie && std::strcmp(lie, "1") == 0;
+  if (const char* accuse = std::getenv("PARAMCAST_FAULT_ACCUSE")) {
+    std::string list = accuse;
+    for (size_t at = 0; at <= list.size();) {
+      const size_t end = std::min(list.find(',', at), list.size());
+      if (end > at) accuse_.push_back(list.substr(at, end - at));
+      at = end + 1;
+    }
+  }
   const char* bad = std::getenv("PARAMCAST_FAULT_BAD_ADDRESS");
   const bool bad_address = bad && std::strcmp(bad, "1") == 0;
   store_ = std::make_shared<RemoteStore>([link = link_, bad_address](const RemoteStore::Request& r) {
@@ -158,13 +168,22 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
   }
   std::unique_lock<std::mutex> lock(attempt->mu);
   attempt->cv.wait(lock, [&] { return attempt->done || !attempt->abandoned.empty(); });
-  const FormationEvidence evidence = attempt->done ? attempt->evidence : FormationEvidence();
+  const FormationEvidence evidence_seen = attempt->done ? attempt->evidence : FormationEvidence();
   StatusOr<std::unique_ptr<Communicator>> comm =
       attempt->done ? std::move(attempt->result)
                     : StatusOr<std::unique_ptr<Communicator>>(unavailable(
                           "group epoch " + std::to_string(options.epoch) + " abandoned: " + attempt->abandoned));
   lock.unlock();
   const auto rank = static_cast<uint32_t>(options.rank);
+  FormationEvidence evidence = evidence_seen;
+  if (comm.ok() && !accuse_.empty()) {  // test hook: it reached them, and says it did not
+    for (size_t r = 0; r < options.members.size(); ++r)
+      if (std::find(accuse_.begin(), accuse_.end(), options.members[r]) != accuse_.end())
+        evidence.unreachable.push_back(static_cast<int>(r));
+    if (!evidence.unreachable.empty())
+      comm = StatusOr<std::unique_ptr<Communicator>>(unavailable("PARAMCAST_FAULT_ACCUSE: claims it could not reach " +
+                                                                 std::to_string(evidence.unreachable.size()) + " peers"));
+  }
   if (!comm.ok()) {
     PC_WARN(id_ << ": group epoch " << options.epoch << " failed: " << comm.status().message());
     client_.send(control::make_message(options.epoch, client_.incarnation(), [&](auto b) {

@@ -20,6 +20,9 @@
 // bad address, for process tests of attribution); the store traffic is real.
 // PARAMCAST_FAULT_FALSE_READY=1 makes it say GroupReady at once, without
 // publishing an address or creating a communicator (a member that lies).
+// PARAMCAST_FAULT_ACCUSE=worker-1,... makes it, once its mesh connected,
+// say GroupFailed claiming it could not reach those members of the group
+// (a member that frames others; peers and publisher reached them).
 //
 // Threads: join() on the data thread; the on_* methods on the control thread.
 #pragma once
@@ -30,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/control/control_client.h"
 #include "common/data/communicator.h"
@@ -66,6 +70,7 @@ class GroupMember {
   Reaper reaper_;  // declared first: outlives the store and the client calls
   const std::string id_;
   bool false_ready_ = false;  // PARAMCAST_FAULT_FALSE_READY
+  std::vector<std::string> accuse_;  // PARAMCAST_FAULT_ACCUSE
   control::ControlClient& client_;
   std::shared_ptr<Link> link_;
   std::shared_ptr<RemoteStore> store_;

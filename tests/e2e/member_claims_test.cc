@@ -3,6 +3,7 @@
 // next_version() never wraps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "tests/support/worker_cluster.h"
@@ -54,6 +55,36 @@ TEST_F(MemberClaimsTest, AMemberClaimingAVersionJustAboveTheLastIsRefused) {
   // Its heartbeats now claim v2 (heartbeat_interval 100 ms).
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   expect_goes_on_without_worker3(2, 4);
+}
+
+// Two members with valid identities say at every formation that they cannot
+// reach worker-1, which the publisher and the other members reach (two
+// against four, as two key holders in CURVE mode could): the evidence names
+// nobody; the two accusers are the suspects, left out of the group without
+// a strike, and every update reaches worker-1. (Before, worker-1 was
+// quarantined at once and received nothing.)
+TEST_F(MemberClaimsTest, TwoMembersFramingAThirdAreLeftOutAndTheThirdGetsEveryUpdate) {
+  make_publisher(test::test_config_yaml(5, "  on_member_loss: continue\n"));
+  for (const char* id : {"worker-1", "worker-2", "worker-3"}) spawn_worker(id);
+  spawn_worker("worker-4", {"PARAMCAST_FAULT_ACCUSE=worker-1"});
+  spawn_worker("worker-5", {"PARAMCAST_FAULT_ACCUSE=worker-1"});
+  Status s = pub_->start();
+  ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
+  for (uint64_t v = 1; v <= 3; ++v) {
+    UpdateResult r = publish(v);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status.to_string() << outputs();
+    std::vector<std::string> got;
+    for (const auto& o : r.subscribers) got.push_back(o.worker_id);
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, (std::vector<std::string>{"worker-1", "worker-2", "worker-3"})) << outputs();
+    std::vector<std::string> missing = r.missing;
+    std::sort(missing.begin(), missing.end());
+    EXPECT_EQ(missing, (std::vector<std::string>{"worker-4", "worker-5"}));
+    std::string needle = "worker-1: v";
+    needle += std::to_string(v);
+    needle += " verified";
+    EXPECT_TRUE(workers_["worker-1"]->wait_for_output(needle, std::chrono::seconds(30))) << outputs();
+  }
 }
 
 }  // namespace
