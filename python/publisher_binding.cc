@@ -331,6 +331,7 @@ void bind_results(py::module_& m) {
       .def_readonly("link_rate", &SubscriberOutcome::link_rate)
       .def_readonly("shed", &SubscriberOutcome::shed)
       .def_readonly("refused_delta", &SubscriberOutcome::refused_delta)
+      .def_readonly("unconfirmed", &SubscriberOutcome::unconfirmed)
       .def("__repr__", [](const SubscriberOutcome& o) {
         return "<SubscriberOutcome " + o.worker_id + " " + (o.status.ok() ? "applied" : o.status.to_string()) + ">";
       });
@@ -352,6 +353,7 @@ void bind_results(py::module_& m) {
       .def_readonly("missing", &UpdateResult::missing)
       .def_readonly("shed", &UpdateResult::shed)
       .def_readonly("refused_delta", &UpdateResult::refused_delta)
+      .def_readonly("unconfirmed", &UpdateResult::unconfirmed)
       .def_readonly("precommitted", &UpdateResult::precommitted)
       .def_readonly("slowest", &UpdateResult::slowest)
       .def_property_readonly("mismatches", [](const UpdateResult& r) {

@@ -158,12 +158,15 @@ void PublisherImpl::log_result(const UpdateResult& r) {
   counters_.record(r.status, r.seconds, r.bytes, r.wire_bytes);
   if (!r.ok()) {
     PC_WARN("publisher: update v" << r.version << " failed: " << r.status.to_string());
-  } else if (!r.missing.empty() || !r.shed.empty()) {
-    PC_WARN("publisher: update v" << r.version << " applied to " << r.subscribers.size() - r.shed.size() << " of "
+  } else if (!r.missing.empty() || !r.shed.empty() || !r.unconfirmed.empty()) {
+    PC_WARN("publisher: update v" << r.version << " applied to "
+                                  << r.subscribers.size() - r.shed.size() - r.unconfirmed.size() << " of "
                                   << cfg_.expected_count() << " subscribers"
                                   << (r.missing.empty() ? "" : "; missing: " + join_ids(r.missing))
                                   << (r.shed.empty() ? "" : "; shed (link below publisher.slow_member_floor): " +
-                                                                join_ids(r.shed)));
+                                                                join_ids(r.shed))
+                                  << (r.unconfirmed.empty() ? "" : "; no Applied within apply_timeout (dirty): " +
+                                                                       join_ids(r.unconfirmed)));
   }
 }
 
@@ -488,6 +491,7 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
                                           waited("apply_timeout", cfg_.publisher.apply_timeout, until) +
                                               " after the data plane finished");
   if (shedding) apply_shed(r, data, code);
+  if (data.ok() && cfg_.publisher.on_member_loss == MemberLossPolicy::kContinue) apply_unconfirmed(r, code);
   const auto strike = apply_delta_refusals(plan, r, data, code);
   if (!strike.empty()) needs_reform_ = true;  // without them once quarantined
   set_link_rates(r);
@@ -551,6 +555,28 @@ std::set<std::string> PublisherImpl::shed_members() {
   for (const auto& [rank, l] : round_.reported_links())
     if (l.parent >= 0 && l.parent < world) add(l.parent, l.link);
   return out;
+}
+
+// A member alive that said nothing of its Applied within apply_timeout
+// after this rank's data plane finished (stuck in its on_update_end, or
+// hostile) does not hold every other member's update hostage: with
+// on_member_loss: continue it is named, dirty, and the update stands for the
+// members that applied it (at least one must have). Called with mu_ held.
+void PublisherImpl::apply_unconfirmed(UpdateResult& r, Code& code) {
+  bool applied_any = false;
+  for (const auto& o : r.subscribers) applied_any = applied_any || o.status.ok();
+  if (!applied_any) return;
+  for (auto& o : r.subscribers) {
+    if (o.status.ok() || o.shed || !is_live(o.worker_id) || !round_.silent_on_applied(o.worker_id)) continue;
+    o.unconfirmed = true;
+    o.status = timeout_error(o.status.message() + "; it is dirty (unconfirmed), and the update stands for the "
+                                                  "members that applied it (on_member_loss: continue)");
+    r.unconfirmed.push_back(o.worker_id);
+  }
+  if (!r.unconfirmed.empty()) {
+    code = others_code(r.subscribers);
+    needs_reform_ = true;  // its communicator may be mid-update: a new group next time
+  }
 }
 
 void PublisherImpl::apply_shed(UpdateResult& r, const Status& data, Code& code) {

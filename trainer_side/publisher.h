@@ -54,6 +54,10 @@ struct SubscriberOutcome {
   // plan: the others applied it). Its status says so; it does not fail the
   // update, and it gets dense updates until it applied one.
   bool refused_delta = false;
+  // Alive, but never reported Applied within publisher.apply_timeout after
+  // the data plane finished (on_member_loss: continue): named dirty, and
+  // the update stands for the members that applied it.
+  bool unconfirmed = false;
 };
 
 struct UpdateResult {
@@ -77,6 +81,9 @@ struct UpdateResult {
   // on for the others; each is named in `subscribers`, did not apply this
   // version, and gets dense updates until it applied one (docs/errors.md).
   std::vector<std::string> refused_delta;
+  // Alive but silent on Applied within apply_timeout (on_member_loss:
+  // continue): dirty until an update reaches them; each named in `subscribers`.
+  std::vector<std::string> unconfirmed;
   // The plan went out without an accept round (publisher.reuse_validated_plan).
   bool precommitted = false;
   // The member whose inbound link was slowest (link_rate, followed down the

@@ -142,6 +142,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // The members a parent in the tree shed during this update (its LinkStats,
   // or its Applied's links). Called with mu_ held.
   std::set<std::string> shed_members();
+  void apply_unconfirmed(UpdateResult& r, Code& code);
   // on_slow_member: shed: the shed members' outcomes, and the update's code
   // without them. Called with mu_ held.
   void apply_shed(UpdateResult& r, const Status& data, Code& code);

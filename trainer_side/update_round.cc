@@ -221,7 +221,8 @@ std::vector<SubscriberOutcome> UpdateRound::applied_outcomes(const IsLive& live,
 Code others_code(const std::vector<SubscriberOutcome>& outcomes) {
   Code code = Code::kOk;
   for (const auto& o : outcomes) {
-    if (!o.shed && !o.refused_delta && !o.status.ok() && (code == Code::kOk || o.status.code() == Code::kPeerLost))
+    if (!o.shed && !o.refused_delta && !o.unconfirmed && !o.status.ok() &&
+        (code == Code::kOk || o.status.code() == Code::kPeerLost))
       code = o.status.code();
   }
   return code;

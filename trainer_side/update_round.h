@@ -69,6 +69,8 @@ class UpdateRound {
   bool plan_answered(const IsLive& live) const;
   bool applied(const IsLive& live) const;
   bool applied_ok(const std::string& id) const;
+  // Said nothing of its Applied: no report, and no heartbeat telling of one.
+  bool silent_on_applied(const std::string& id) const { return !applied_.count(id) && !missed_.count(id); }
 
   // Outcomes after the accept round; `lost` and `rejected` say why it cannot go on.
   // `code`: REJECTED when a member rejected it, else PEER_LOST when one was

@@ -141,6 +141,32 @@ TEST_F(FailFastTest, MemberSilentOnAppliedIsNamedAtApplyTimeout) {
   EXPECT_TRUE(publish(3).ok()) << outputs();
 }
 
+// With on_member_loss: continue, the same silence holds nobody else's
+// update hostage: the update stands for the two that applied it, and the
+// silent member is named dirty (unconfirmed); the next update reaches all.
+TEST_F(FailFastTest, MemberSilentOnAppliedUnderContinueIsNamedDirtyAndTheUpdateStands) {
+  start_three("worker-3", "PARAMCAST_FAULT_LOSE=mute-applied:2", "continue", "  apply_timeout: 3s\n");
+  ASSERT_TRUE(publish(1).ok());
+  UpdateResult r = publish(2);
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_EQ(r.unconfirmed, std::vector<std::string>{"worker-3"});
+  int applied = 0;
+  for (const auto& o : r.subscribers) {
+    applied += o.status.ok();
+    if (o.worker_id == "worker-3") {
+      EXPECT_TRUE(o.unconfirmed);
+      EXPECT_NE(o.status.message().find("did not report applied v2 within apply_timeout (3.000 s)"), std::string::npos)
+          << o.status.to_string();
+    }
+  }
+  EXPECT_EQ(applied, 2);
+  EXPECT_LT(r.seconds, 3.0 + 5.0) << "apply_timeout and a loaded machine's margin";
+  UpdateResult next = publish(3);
+  ASSERT_TRUE(next.ok()) << next.status.to_string() << outputs();
+  EXPECT_TRUE(next.unconfirmed.empty());
+  EXPECT_EQ(next.subscribers.size(), 3u);
+}
+
 TEST_F(FailFastTest, LostAppliedIsRecoveredFromHeartbeats) {
   start_three("worker-1", "PARAMCAST_FAULT_LOSE=applied:2");
   ASSERT_TRUE(publish(1).ok());
