@@ -155,7 +155,7 @@ void PublisherImpl::log_result(const UpdateResult& r) {
   server_.set_delta_figures({kModes[static_cast<int>(cfg_.publisher.delta)], sharded ? sent_.bytes() : baseline_.bytes(),
                              sharded ? (r.ok() ? r.version : 0) : baseline_.version(),
                              r.bytes, r.wire_bytes});
-  counters_.record(r.status, r.seconds, r.bytes, r.wire_bytes);
+  counters_.record(r.status, r.seconds, r.bytes, r.wire_bytes, r.data_seconds, r.apply_seconds);
   if (!r.ok()) {
     PC_WARN("publisher: update v" << r.version << " failed: " << r.status.to_string());
   } else if (!r.missing.empty() || !r.shed.empty() || !r.unconfirmed.empty()) {
@@ -419,6 +419,8 @@ PublisherImpl::MoveState PublisherImpl::start_move() {
     m.group = round_.group();
   }
   m.t0 = Clock::now();
+  move_started_ = m.t0;
+  move_ended_ = {};
   m.links_before = comm_->link_stats();
   return m;
 }
@@ -444,6 +446,7 @@ std::function<void(uint64_t, uint64_t)> PublisherImpl::progress_hook(const Updat
 // After the last byte left (or the data plane failed): the links' figures,
 // and on a failure the communicator aborted and the members told.
 Status PublisherImpl::end_move(const UpdatePlan& plan, const MoveState& m, Status data) {
+  move_ended_ = Clock::now();
   own_links_ = link_delta(m.links_before, comm_->link_stats());
   if (data.code() == Code::kTimeout && Clock::now() >= cap_) {
     // The cap, not a stalled link: say how far the update got, and how fast.
@@ -486,6 +489,14 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
     const auto shed = shedding ? shed_members() : std::set<std::string>();
     return round_.applied([&](const std::string& id) { return is_live(id) && !shed.count(id); }) || stopped_;
   });
+  if (move_ended_ != Clock::time_point{}) {
+    r.data_seconds = std::chrono::duration<double>(move_ended_ - move_started_).count();
+    const auto [last, at] = round_.last_applied();
+    if (!last.empty() && at > move_ended_) {
+      r.apply_seconds = std::chrono::duration<double>(at - move_ended_).count();
+      r.last_to_apply = last;
+    }
+  }
   Code code;
   r.subscribers = round_.applied_outcomes(live, silence(), data, code,
                                           waited("apply_timeout", cfg_.publisher.apply_timeout, until) +

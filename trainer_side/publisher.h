@@ -74,6 +74,16 @@ struct UpdateResult {
   size_t buckets = 0;
   double seconds = 0;
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+  // Where `seconds` went. `data_seconds`: the data plane, from this rank's
+  // first byte to its last (the bytes ParamCast moved: data_gbps() is the
+  // rate it achieved). `apply_seconds`: from then to the last Applied: the
+  // engines' checks of what they received and their on_update_end (and, in
+  // a tree, the last hops still landing), the slowest being `last_to_apply`.
+  // The rest is the plan and the group.
+  double data_seconds = 0;
+  double apply_seconds = 0;
+  std::string last_to_apply;
+  double data_gbps() const { return data_seconds > 0 ? static_cast<double>(bytes) / data_seconds / 1e9 : 0; }
   std::vector<SubscriberOutcome> subscribers;
   std::vector<std::string> missing;  // expected but absent (on_member_loss: continue)
   std::vector<std::string> shed;     // cut from this update for a slow link (on_slow_member: shed)

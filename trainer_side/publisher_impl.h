@@ -52,6 +52,8 @@ class PublisherImpl : public control::ControlServer::Listener {
  public:
   // What one move needs beside the plan: the group it goes to, its start,
   // the links' figures before it, and the bytes sent so far.
+  // When the update in flight's data plane started and ended (update thread).
+  Clock::time_point move_started_{}, move_ended_{};
   struct MoveState {
     std::vector<std::string> group;
     uint64_t epoch = 0;

@@ -191,7 +191,7 @@ void PublisherImpl::stream_abort(StreamState& st, const std::string& why) {
   }
   if (st.status.ok()) st.status = st.r.status = aborted(why);
   st.r.seconds = std::chrono::duration<double>(Clock::now() - st.t0).count();
-  counters_.record(st.r.status, st.r.seconds, 0, 0);
+  counters_.record(st.r.status, st.r.seconds, 0, 0, st.r.data_seconds, st.r.apply_seconds);
   release(st);
 }
 

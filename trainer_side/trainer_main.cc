@@ -236,7 +236,37 @@ struct Totals {
   int failures = 0;
   uint64_t bytes = 0;
   double seconds = 0;
+  double data_seconds = 0, apply_seconds = 0;  // UpdateResult's split of `seconds`
+  void add(const UpdateResult& r) {
+    bytes += r.bytes;
+    seconds += r.seconds;
+    data_seconds += r.data_seconds;
+    apply_seconds += r.apply_seconds;
+  }
 };
+
+std::string seconds_text(double s) {
+  return format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s)));
+}
+
+// Where an update's time went: the data plane (the rate ParamCast moved the
+// bytes at), and the wait for the last Applied after it (the engines'
+// checks of every byte and their on_update_end).
+std::string split_text(const UpdateResult& r) {
+  if (r.data_seconds <= 0) return "";
+  std::string out = "; data plane " + seconds_text(r.data_seconds);
+  char rate[32];
+  std::snprintf(rate, sizeof rate, " (%.2f GB/s)", r.data_gbps());
+  out += rate;
+  if (r.apply_seconds > 0) {
+    out += ", then ";
+    out += seconds_text(r.apply_seconds);
+    out += " to the last Applied (";
+    out += r.last_to_apply;
+    out += ": its checks and on_update_end)";
+  }
+  return out;
+}
 
 // The training loop: a step, then an update, `job.updates` times.
 Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJobOptions& job) {
@@ -246,13 +276,13 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
     model.step(version);
     UpdateResult r = publisher.weight_update(model.views(), version);
     if (r.ok()) {
-      t.bytes += r.bytes;
-      t.seconds += r.seconds;
+      t.add(r);
       const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
                                : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
                                                           : "";
       std::string shed;
       for (const auto& id : r.shed) shed += (shed.empty() ? "; shed: " : ", ") + id;
+      shed += split_text(r);
       print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%.2f GB/s)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
                  wire.c_str(), r.subscribers.size() - r.shed.size(),
@@ -284,18 +314,17 @@ Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Conf
     options.version = static_cast<uint64_t>(u);
     UpdateResult r = publisher.weight_update_sharded(model.shards(), options);
     if (r.ok()) {
-      t.bytes += r.bytes;
-      t.seconds += r.seconds;
+      t.add(r);
       const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
                                : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
                                                           : "";
-      print_line("update v%llu: %zu tensors, %s%s from %d trainer ranks to %zu members in %s (%.2f GB/s)\n",
+      print_line("update v%llu: %zu tensors, %s%s from %d trainer ranks to %zu members in %s (%.2f GB/s)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(), wire.c_str(),
                  config.publisher.ranks, r.subscribers.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
                      .c_str(),
-                 r.gbps());
+                 r.gbps(), split_text(r).c_str());
     } else {
       ++t.failures;
       print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
@@ -392,9 +421,12 @@ int main(int argc, char** argv) {
   print_progress_when_watched(publisher);
   const Totals t = run_updates(publisher, *model.value(), config.trainer);
   events.stop();  // before the summary line, and before shutdown() makes members leave
-  print_line("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%.2f GB/s)\n", config.trainer.updates,
-             t.failures, format_bytes(t.bytes).c_str(), t.seconds,
-             t.seconds > 0 ? static_cast<double>(t.bytes) / t.seconds / 1e9 : 0.0);
+  print_line("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%.2f GB/s); of that the data plane %.3f s "
+             "(%.2f GB/s: the rate ParamCast moved the bytes at), the engines' checks and on_update_end %.3f s after "
+             "it\n",
+             config.trainer.updates, t.failures, format_bytes(t.bytes).c_str(), t.seconds,
+             t.seconds > 0 ? static_cast<double>(t.bytes) / t.seconds / 1e9 : 0.0, t.data_seconds,
+             t.data_seconds > 0 ? static_cast<double>(t.bytes) / t.data_seconds / 1e9 : 0.0, t.apply_seconds);
   publisher.shutdown();
   return t.failures ? 1 : 0;
 }

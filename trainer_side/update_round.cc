@@ -96,6 +96,7 @@ std::map<int, UpdateRound::InboundLink> UpdateRound::reported_links() const {
 bool UpdateRound::record_applied(const std::string& id, proto::Applied::Reader a) {
   if (a.getVersion() != version_) return false;
   AppliedAnswer ans;
+  ans.at = Clock::now();
   ans.bytes = a.getBytes();
   ans.seconds = static_cast<double>(a.getReceiveMs()) / 1000.0;
   // From the network: a member has fewer children than the group has
@@ -136,6 +137,13 @@ bool UpdateRound::applied(const IsLive& live) const {
   for (const auto& id : group_)
     if (!applied_.count(id) && !missed_.count(id) && live(id)) return false;
   return true;
+}
+
+std::pair<std::string, Clock::time_point> UpdateRound::last_applied() const {
+  std::pair<std::string, Clock::time_point> out;
+  for (const auto& [id, a] : applied_)
+    if (out.first.empty() || a.at > out.second) out = {id, a.at};
+  return out;
 }
 
 bool UpdateRound::applied_ok(const std::string& id) const {

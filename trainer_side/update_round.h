@@ -69,6 +69,8 @@ class UpdateRound {
   bool plan_answered(const IsLive& live) const;
   bool applied(const IsLive& live) const;
   bool applied_ok(const std::string& id) const;
+  // The member whose Applied came last, and when (empty: none came).
+  std::pair<std::string, Clock::time_point> last_applied() const;
   // Said nothing of its Applied: no report, and no heartbeat telling of one.
   bool silent_on_applied(const std::string& id) const { return !applied_.count(id) && !missed_.count(id); }
 
@@ -99,6 +101,7 @@ class UpdateRound {
     double seconds = 0;
     std::vector<LinkStats> links;  // what it forwarded, per child (peer = the child's rank)
     Status status;
+    Clock::time_point at;  // when it arrived
   };
   bool record_applied(const std::string& id, proto::Applied::Reader a);
 

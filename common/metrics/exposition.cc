@@ -92,12 +92,21 @@ void Histogram::write(Exposition& out, const std::string& name, const Labels& la
 
 // Update durations: from a small model on loopback (milliseconds) to a
 // large one across nodes (minutes).
-UpdateCounters::UpdateCounters() : duration_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}) {}
+namespace {
+const std::vector<double> kSecondsBounds = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+}  // namespace
 
-void UpdateCounters::record(const Status& status, double seconds, uint64_t bytes, uint64_t wire_bytes) {
+UpdateCounters::UpdateCounters() : duration_(kSecondsBounds), data_(kSecondsBounds), apply_(kSecondsBounds) {}
+
+void UpdateCounters::record(const Status& status, double seconds, uint64_t bytes, uint64_t wire_bytes,
+                            double data_seconds, double apply_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ++results_[status.ok() ? std::string("ok") : std::string(code_name(status.code()))];
   duration_.observe(seconds);
+  if (status.ok() && data_seconds > 0) {
+    data_.observe(data_seconds);
+    apply_.observe(apply_seconds);
+  }
   if (status.ok()) {
     bytes_ += bytes;
     last_gbps_ = seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
@@ -132,6 +141,13 @@ void UpdateCounters::write(Exposition& out, const std::string& prefix, const Lab
     out.sample(prefix + "_wire_bytes_total", labels, static_cast<double>(wire_bytes_));
     out.family(prefix + "_last_update_gbps", "gauge", "Tensor bytes per second of the last successful update, in GB/s.");
     out.sample(prefix + "_last_update_gbps", labels, last_gbps_);
+    out.family(prefix + "_update_data_plane_seconds", "histogram",
+               "Of each successful update's duration: the data plane, the publisher's first byte to its last.");
+    data_.write(out, prefix + "_update_data_plane_seconds", labels);
+    out.family(prefix + "_update_apply_seconds", "histogram",
+               "Of each successful update's duration: from the data plane's end to the last Applied (the engines' "
+               "checks and on_update_end).");
+    apply_.write(out, prefix + "_update_apply_seconds", labels);
   }
 }
 

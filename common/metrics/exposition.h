@@ -59,7 +59,10 @@ class Histogram {
 class UpdateCounters {
  public:
   UpdateCounters();
-  void record(const Status& status, double seconds, uint64_t bytes, uint64_t wire_bytes);
+  // `data_seconds`, `apply_seconds`: the publisher's split of `seconds`
+  // (UpdateResult); 0 where there is none (an engine's figures).
+  void record(const Status& status, double seconds, uint64_t bytes, uint64_t wire_bytes, double data_seconds = 0,
+              double apply_seconds = 0);
   // `prefix`: "paramcast" (publisher) or "paramcast_subscriber".
   void write(Exposition& out, const std::string& prefix, const Labels& labels) const;
   double last_gbps() const;
@@ -67,7 +70,7 @@ class UpdateCounters {
  private:
   mutable std::mutex mu_;
   std::map<std::string, uint64_t> results_;
-  Histogram duration_;
+  Histogram duration_, data_, apply_;
   uint64_t bytes_ = 0, wire_bytes_ = 0;
   double last_gbps_ = 0;
 };

@@ -65,6 +65,13 @@ TEST_F(WeightUpdateTest, EndHookRunsBeforeAppliedAndItsFailureFailsTheUpdate) {
   UpdateResult r1 = pub_->weight_update(t.views());
   ASSERT_TRUE(r1.ok()) << r1.status.to_string();
   EXPECT_EQ(slow_hooks_done.load(), 3) << "weight_update returned before every engine finished post-processing";
+  // The result says where the time went: the 300 ms hooks after the data
+  // plane, not in it (its rate is what ParamCast moved the bytes at).
+  EXPECT_GE(r1.apply_seconds, 0.3) << r1.apply_seconds;
+  EXPECT_GT(r1.data_seconds, 0.0);
+  EXPECT_LE(r1.data_seconds + r1.apply_seconds, r1.seconds + 1e-6);
+  EXPECT_FALSE(r1.last_to_apply.empty());
+  EXPECT_GT(r1.data_gbps(), r1.gbps());
 
   t.fill(2);
   UpdateResult r2 = pub_->weight_update(t.views());
