@@ -342,7 +342,10 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   if (!s.ok()) {
     comm->abort(s.message());  // its peers stop waiting for this rank's transfers
     // A receive that did not settle may still write into the callback's buffers.
-    if (unsettled) new std::map<std::string, std::vector<uint8_t>>(std::move(handed));  // deliberately leaked
+    if (unsettled) {
+      new std::map<std::string, std::vector<uint8_t>>(std::move(handed));  // deliberately leaked
+      if (kept_copy) copy_.abandon();  // the copy's buffers too; the next update starts a new one
+    }
     return s;
   }
   // Every piece landed: the callback gets each of its tensors whole.

@@ -123,7 +123,7 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
     // would carry every byte to every engine rank (and they refuse it), so
     // the update goes point to point, this rank holding every tensor whole.
     std::unique_lock<std::mutex> lock(mu_);
-    if (!wants_.empty()) {
+    if (!slicing_engine_locked().empty() && cfg_.data_plane.backend == Backend::kGloo && !cfg_.data_plane.local) {
       lock.unlock();
       std::vector<ShardView> whole;
       whole.reserve(tensors.size());
@@ -534,45 +534,46 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
 // split_communicator.h); a member on the shm plane is shed by nobody. A
 // claim from any other member (hostile, or confused) is logged, naming its
 // sender, and ignored.
-std::set<std::string> PublisherImpl::shed_members() {
-  std::set<std::string> out;
+std::function<int(int)> PublisherImpl::plane_parent() const {
   const auto& group = round_.group();  // group[i] is rank i + 1
   const int world = static_cast<int>(group.size()) + 1;
   const auto& local = groups_.local();
-  std::vector<int> plane;      // the Gloo plane's ranks, by their index there
-  std::map<int, int> index;    // group rank -> index on the Gloo plane
+  auto plane = std::make_shared<std::vector<int>>();  // the Gloo plane's ranks, by their index there
+  auto index = std::make_shared<std::map<int, int>>();  // group rank -> index on the Gloo plane
   for (int g = 0; g < world; ++g)
     if (g == 0 || local.empty() || static_cast<size_t>(g) >= local.size() || !local[static_cast<size_t>(g)]) {
-      index[g] = static_cast<int>(plane.size());
-      plane.push_back(g);
+      (*index)[g] = static_cast<int>(plane->size());
+      plane->push_back(g);
     }
-  auto parent_of = [&](int g) {
-    auto it = index.find(g);
-    if (it == index.end()) return -2;  // on the shm plane: nobody's to shed
-    const int p = gloo_backend::BinomialTree::of(it->second, static_cast<int>(plane.size()), 0).parent;
-    return p < 0 ? -1 : plane[static_cast<size_t>(p)];
+  return [plane, index](int g) {
+    auto it = index->find(g);
+    if (it == index->end()) return -2;  // on the shm plane: nobody's child
+    const int p = gloo_backend::BinomialTree::of(it->second, static_cast<int>(plane->size()), 0).parent;
+    return p < 0 ? -1 : (*plane)[static_cast<size_t>(p)];
   };
+}
+
+std::set<std::string> PublisherImpl::shed_members() {
+  std::set<std::string> out;
+  const auto& group = round_.group();  // group[i] is rank i + 1
+  const auto parent_of = plane_parent();
   auto name = [&](int rank) { return rank == 0 ? std::string("publisher") : group[static_cast<size_t>(rank) - 1]; };
-  auto add = [&](int parent, const LinkStats& l) {
-    if (!l.shed || l.peer < 1 || static_cast<size_t>(l.peer) > group.size()) return;
-    if (parent_of(l.peer) != parent) {
-      server_.log_peer("forged claim", "'" + control::printable(name(parent)) + "' reported shedding '" + name(l.peer) +
-                                           "', whose parent it is not; ignored");
-      return;
-    }
-    out.insert(group[static_cast<size_t>(l.peer) - 1]);
+  auto credible = [&](int parent, int child) {
+    if (child < 1 || static_cast<size_t>(child) > group.size()) return false;
+    if (parent_of(child) == parent) return true;
+    server_.log_peer("forged claim", "'" + control::printable(name(parent)) + "' reported on the link to '" +
+                                         name(child) + "', whose parent it is not; ignored");
+    return false;
   };
-  for (const auto& l : own_links_) add(0, l);
-  for (const auto& [rank, l] : round_.reported_links())
-    if (l.parent >= 0 && l.parent < world) add(l.parent, l.link);
+  auto add = [&](const LinkStats& l) {
+    if (l.shed) out.insert(group[static_cast<size_t>(l.peer) - 1]);
+  };
+  for (const auto& l : own_links_)
+    if (credible(0, l.peer)) add(l);
+  for (const auto& [rank, l] : round_.reported_links(credible)) add(l.link);
   return out;
 }
 
-// A member alive that said nothing of its Applied within apply_timeout
-// after this rank's data plane finished (stuck in its on_update_end, or
-// hostile) does not hold every other member's update hostage: with
-// on_member_loss: continue it is named, dirty, and the update stands for the
-// members that applied it (at least one must have). Called with mu_ held.
 void PublisherImpl::apply_unconfirmed(UpdateResult& r, Code& code) {
   bool applied_any = false;
   for (const auto& o : r.subscribers) applied_any = applied_any || o.status.ok();
@@ -611,7 +612,8 @@ void PublisherImpl::apply_shed(UpdateResult& r, const Status& data, Code& code) 
 // update was slow (slowest_link.h), and the link rates `paramcast status`
 // shows. Called with mu_ held.
 void PublisherImpl::set_link_rates(UpdateResult& r) {
-  auto links = round_.reported_links();
+  const auto parent_of = plane_parent();
+  auto links = round_.reported_links([&](int parent, int child) { return parent_of(child) == parent; });
   for (const auto& l : own_links_) links[l.peer] = UpdateRound::InboundLink{0, l};
   const auto& group = round_.group();  // group[i] is rank i + 1
   std::map<int, const SubscriberOutcome*> by_rank;

@@ -69,6 +69,8 @@ class PublisherImpl : public control::ControlServer::Listener {
     std::vector<TensorSpec> tensors;
     std::vector<std::pair<uint32_t, reshard::Region>> holds;
     std::string error;  // regions the update cannot use, in words
+    // Wants only: it cuts at least one tensor (or sent regions the update cannot use).
+    bool slices() const { return !holds.empty() || !error.empty(); }
   };
   explicit PublisherImpl(const Config& config);
   ~PublisherImpl() override;
@@ -144,6 +146,11 @@ class PublisherImpl : public control::ControlServer::Listener {
   // The members a parent in the tree shed during this update (its LinkStats,
   // or its Applied's links). Called with mu_ held.
   std::set<std::string> shed_members();
+  // A member's parent in the broadcast tree of the plane it receives on
+  // (the Gloo plane: the publisher and, in a mixed group, the members off
+  // its host; -2 for a member on the shm plane, -1 for the root).
+  std::function<int(int)> plane_parent() const;
+  std::string slicing_engine_locked() const;
   void apply_unconfirmed(UpdateResult& r, Code& code);
   // on_slow_member: shed: the shed members' outcomes, and the update's code
   // without them. Called with mu_ held.

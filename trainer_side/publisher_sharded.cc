@@ -100,6 +100,14 @@ void PublisherImpl::end_trainer_call(const std::string& id, uint64_t seq, const 
                   }));
 }
 
+// An engine that serves slices (its last Wants cut a tensor): the first
+// one's id, or "" (mu_ held).
+std::string PublisherImpl::slicing_engine_locked() const {
+  for (const auto& [id, w] : wants_)
+    if (w.slices()) return id;
+  return "";
+}
+
 bool PublisherImpl::is_trainer_rank(const std::string& id) const {
   for (int r = 1; r < cfg_.publisher.ranks; ++r)
     if (id == trainer_rank_id(r)) return true;
@@ -138,10 +146,8 @@ void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = wants_.find(id);
   if (it != wants_.end() && it->second.seq > out.seq) return;  // an older snapshot, overtaken
-  if (out.holds.empty() && out.error.empty()) {  // it serves every tensor whole again
-    if (it != wants_.end()) wants_.erase(it);
-    return;
-  }
+  // An empty one (it serves every tensor whole again) is kept too, for its
+  // seq: an older snapshot that arrives after it must not come back.
   wants_[id] = std::move(out);
 }
 
@@ -304,7 +310,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     for (const auto& id : sources) taken[id] = std::move(holdings_[id]);
     for (const auto& id : sources) holdings_.erase(id);
     for (const auto& id : group_)
-      if (auto it = wants_.find(id); it != wants_.end()) wants[id] = it->second;
+      if (auto it = wants_.find(id); it != wants_.end() && it->second.slices()) wants[id] = it->second;
   }
   // One plan from every rank's holdings; checked whole before anything moves.
   UpdatePlan shape;

@@ -45,9 +45,9 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!wants_.empty()) {  // a streamed update is a broadcast, which engines with slices refuse
+    if (const std::string engine = slicing_engine_locked(); !engine.empty()) {  // a broadcast: they refuse it
       st->status = st->r.status = invalid_argument(
-          "begin_update: engine " + wants_.begin()->first +
+          "begin_update: engine " + engine +
           " serves slices of the weights (tensor parallelism): updates to it go point to point, whole "
           "(weight_update), not streamed");
       return st;

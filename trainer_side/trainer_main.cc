@@ -280,9 +280,8 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
       const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
                                : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
                                                           : "";
-      std::string shed;
-      for (const auto& id : r.shed) shed += (shed.empty() ? "; shed: " : ", ") + id;
-      shed += split_text(r);
+      std::string shed = split_text(r);  // the shed list ends the line
+      for (size_t i = 0; i < r.shed.size(); ++i) shed += (i ? ", " : "; shed: ") + r.shed[i];
       print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%.2f GB/s)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
                  wire.c_str(), r.subscribers.size() - r.shed.size(),

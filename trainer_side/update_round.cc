@@ -79,15 +79,18 @@ bool UpdateRound::record(const std::string& id, proto::Envelope::Reader env) {
   }
 }
 
-std::map<int, UpdateRound::InboundLink> UpdateRound::reported_links() const {
+std::map<int, UpdateRound::InboundLink> UpdateRound::reported_links(
+    const std::function<bool(int, int)>& credible) const {
   std::map<int, InboundLink> out;
   std::set<int> claimed_twice;
   for (const auto& [id, a] : applied_) {
     const auto at = std::find(group_.begin(), group_.end(), id);
     if (at == group_.end()) continue;
     const int parent = static_cast<int>(at - group_.begin()) + 1;  // group_[i] is rank i + 1
-    for (const auto& l : a.links)
+    for (const auto& l : a.links) {
+      if (credible && !credible(parent, l.peer)) continue;
       if (!out.emplace(l.peer, InboundLink{parent, l}).second) claimed_twice.insert(l.peer);
+    }
   }
   for (int rank : claimed_twice) out.erase(rank);
   return out;
@@ -97,7 +100,7 @@ bool UpdateRound::record_applied(const std::string& id, proto::Applied::Reader a
   if (a.getVersion() != version_) return false;
   AppliedAnswer ans;
   ans.at = Clock::now();
-  ans.bytes = a.getBytes();
+  ans.bytes = std::min(a.getBytes(), total_bytes_);  // from the network: at most the update's bytes
   ans.seconds = static_cast<double>(a.getReceiveMs()) / 1000.0;
   // From the network: a member has fewer children than the group has
   // members (a longer list is ignored whole); only ranks of this group, one

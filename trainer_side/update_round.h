@@ -53,7 +53,10 @@ class UpdateRound {
     int parent = -1;  // the reporting member's rank
     LinkStats link;   // peer: the receiving rank
   };
-  std::map<int, InboundLink> reported_links() const;
+  // `credible(parent, child)`: whether the reporting rank can speak for that
+  // link (it is the child's parent on its plane); others are dropped before
+  // a link claimed twice is dropped, so a forged claim cannot cancel a true one.
+  std::map<int, InboundLink> reported_links(const std::function<bool(int, int)>& credible = {}) const;
 
   // A PlanAccept, PlanReject or Applied from `id` for this round; returns
   // false for anything else (another message, epoch or version).

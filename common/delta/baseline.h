@@ -110,6 +110,13 @@ class Baseline {
     return it == index_.end() ? nullptr : buffers_[it->second];
   }
   uint64_t bytes() const { return bytes_; }
+  // Lets go of its storage without freeing it (a transfer that did not
+  // settle may still write there): deliberately leaked, then empty.
+  void abandon() {
+    new std::vector<uint8_t*>(std::move(buffers_));  // deliberately leaked
+    buffers_.clear();
+    clear();
+  }
   void clear() {
     for (uint8_t* p : buffers_)
       if (p) free_(p);

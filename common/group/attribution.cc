@@ -109,8 +109,8 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
   {
     std::map<int, std::set<int>> lone;  // accused -> its accusers that failed with nobody else
     for (const auto& e : edges) {
-      if (degree(e.a) == 1) lone[e.b].insert(e.a);
-      if (degree(e.b) == 1) lone[e.a].insert(e.b);
+      if (degree(e.a) == 1 && e.a != 0) lone[e.b].insert(e.a);  // the publisher is never left out
+      if (degree(e.b) == 1 && e.b != 0) lone[e.a].insert(e.b);
     }
     for (const auto& [v, who] : lone) {
       const size_t reached = reached_by(v);
@@ -152,8 +152,11 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
     if (bipartite) {
       std::vector<int> side[2];  // side[0] holds the component's lowest rank
       for (int v : component) side[color[v] == color[component.front()] ? 0 : 1].push_back(v);
-      const int out = side[0].size() != side[1].size() ? (side[0].size() < side[1].size() ? 0 : 1)
-                                                       : static_cast<int>((turn + 1) % 2);
+      // The publisher's side is always served (side[0] holds rank 0 when it
+      // is in this component: it is the lowest rank).
+      const int out = component.front() == 0                 ? 1
+                      : side[0].size() != side[1].size() ? (side[0].size() < side[1].size() ? 0 : 1)
+                                                         : static_cast<int>((turn + 1) % 2);
       sides.left_out = side[out];
       sides.kept = side[1 - out];
     } else {
@@ -165,6 +168,7 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
         int pick = -1;
         size_t most = 0;
         for (const auto& [v, peers] : rest) {
+          if (v == 0) continue;  // the publisher stays
           const bool better = peers.size() > most || (peers.size() == most && most > 0 && turn % 2 == 1);
           if (better) {
             pick = v;

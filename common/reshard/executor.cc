@@ -101,7 +101,9 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
     std::shared_ptr<PieceHeader> head = std::make_shared<PieceHeader>();
     const uint8_t* bytes = nullptr;  // the bytes on the wire, contiguous (a receive: once landed)
     uint64_t wire = 0;               // how many
-    std::vector<uint8_t> staging;    // packed bytes (a send) or their landing (a receive) when not contiguous
+    // Packed bytes (a send) or their landing (a receive) when not contiguous;
+    // shared with the sends that relay them (a forward, a repeat).
+    std::shared_ptr<std::vector<uint8_t>> staging = std::make_shared<std::vector<uint8_t>>();
     std::shared_ptr<std::vector<uint8_t>> encoded;  // a send's delta encoding (shared by sends of the same piece)
     LocalBuffer at;                  // this rank's buffer the region is in
     bool direct = false;
@@ -132,9 +134,9 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   auto piece_of = [&](Posted& p) -> uint8_t* {
     const Transfer& x = plan.transfers[p.transfer];
     if (const auto at = contiguous_at(p.at.box, x.region, element(x))) return p.at.data + *at;
-    p.staging.resize(x.bytes);
-    copy_region(p.at.data, p.at.box, p.staging.data(), x.region, x.region, element(x));
-    return p.staging.data();
+    p.staging->resize(x.bytes);
+    copy_region(p.at.data, p.at.box, p.staging->data(), x.region, x.region, element(x));
+    return p.staging->data();
   };
   // The sender's baseline of a piece it sends: its bytes as this version.
   auto record = [&](const Transfer& x, const uint8_t* now) {
@@ -160,6 +162,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
       p.bytes = it->second->bytes;
       p.wire = it->second->wire;
       p.encoded = it->second->encoded;
+      p.staging = it->second->staging;  // its bytes may be there
       return;
     }
     encoded[{x.tensor, x.region}] = &p;
@@ -218,14 +221,14 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   // communicator completes them once no I/O is left on them) before the
   // staging goes; staging whose Work does not settle is let go, never
   // freed under a write.
-  auto fail = [&](const Posted& p, Status s) {
+  auto settle_all = [&](const Status& s) {
     comm.abort(s.message());
     for (Posted* q : all) {
       if (q->work) {
         Status settled = q->work->wait(Clock::now() + kSettleTimeout);
         if (settled.code() == Code::kTimeout || !q->work->settled()) {
           if (q->direct && options.unsettled) *options.unsettled = true;
-          new std::vector<uint8_t>(std::move(q->staging));                    // deliberately leaked
+          new std::shared_ptr<std::vector<uint8_t>>(q->staging);              // deliberately leaked
           new std::shared_ptr<std::vector<uint8_t>>(std::move(q->encoded));  // deliberately leaked
         }
       }
@@ -236,10 +239,14 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
         }
     }
     if (options.sent) options.sent->end_run(false);
+  };
+  auto fail = [&](const Posted& p, Status s) {
+    settle_all(s);
     const Transfer& x = plan.transfers[p.transfer];
     return s.with_context("many-sender plan: '" + name(x) + "' " + x.region.to_string() + " from rank " +
                           std::to_string(x.from) + " to rank " + std::to_string(x.to));
   };
+
   // A received piece that landed (and, in a delta plan, was applied): its
   // bytes checked against the hash that came with them.
   auto verify = [&](Posted& p, const uint8_t* bytes, uint64_t want, const char* what) -> Status {
@@ -249,162 +256,180 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
     return data_corrupt(std::to_string(x.bytes) + " bytes " + what + " with xxh64 " + hex(got) + ", the sender's " +
                         hex(want));
   };
-  std::map<size_t, std::vector<Posted*>> forwards;  // by the transfer that brings their bytes
-  for (auto& p : sends) {
-    const Transfer& x = plan.transfers[p.transfer];
-    if (x.after >= 0) {
-      forwards[static_cast<size_t>(x.after)].push_back(&p);
-      continue;
-    }
-    if (delta) encode(p);
-    post_send(p);
-  }
-  // A received piece goes on to the ranks it is forwarded to: in a delta
-  // plan its header and wire bytes as they came, else from where it landed.
-  auto forward = [&](Posted& p) {
-    for (Posted* f : forwards[p.transfer]) {
-      if (delta) {
-        *f->head = *p.head;
-        f->bytes = p.bytes;
-        f->wire = p.wire;
-      }
-      post_send(*f);
-    }
-  };
-  if (!delta) {
-    // Every receive is posted at once, in schedule order, into its place
-    // (or staging): each link then carries its bytes back to back, with no
-    // barrier between rounds. A forward goes out once the receive that
-    // brings its bytes landed.
-    for (auto& p : recvs) {
+  // Staging, encodings and scratch are allocated as the transfers go; a
+  // machine out of memory fails the run (every posted Work settled first),
+  // it does not end the process.
+  auto run = [&]() -> Status {
+    std::map<size_t, std::vector<Posted*>> forwards;  // by the transfer that brings their bytes
+    for (auto& p : sends) {
       const Transfer& x = plan.transfers[p.transfer];
-      const auto at = contiguous_at(p.at.box, x.region, element(x));
-      p.direct = at.has_value();
-      uint8_t* into = at ? p.at.data + *at : nullptr;
-      if (!at) {
-        p.staging.resize(x.bytes);
-        into = p.staging.data();
+      if (x.after >= 0) {
+        forwards[static_cast<size_t>(x.after)].push_back(&p);
+        continue;
       }
-      p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
-      p.bytes = into;
-      if (options.checksums)
-        p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
+      if (delta) encode(p);
+      post_send(p);
     }
-    for (auto& p : recvs) {
-      const Transfer& x = plan.transfers[p.transfer];
-      if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
-      if (p.sum_work) {
-        if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p, s);
-        if (Status s = verify(p, p.bytes, *p.sum, "arrived"); !s.ok()) return fail(p, s);
-      }
-      stats.wire_received += x.bytes;
-      if (options.received) *options.received += x.bytes;
-      if (!p.direct) copy_region(p.staging.data(), x.region, p.at.data, p.at.box, x.region, element(x));
-      forward(p);
-    }
-  } else {
-    // Round by round: the round's headers, then the receives they announce
-    // (a dense piece into its place, an encoding into staging), then each
-    // applied, checked and forwarded. A round's pieces come from senders,
-    // which posted everything at once, or from forwards of earlier rounds,
-    // which every rank finished before: no rank waits on one that waits
-    // on it.
-    std::vector<uint8_t> scratch, indices;
-    for (size_t begin = 0; begin < recvs.size();) {
-      size_t end = begin;
-      while (end < recvs.size() && recvs[end].round == recvs[begin].round) ++end;
-      for (size_t i = begin; i < end; ++i) {
-        Posted& p = recvs[i];
-        const Transfer& x = plan.transfers[p.transfer];
-        p.head_work = comm.recv(p.head.get(), sizeof(PieceHeader), x.from, static_cast<uint32_t>(p.transfer) | kHeaderTag);
-      }
-      for (size_t i = begin; i < end; ++i) {
-        Posted& p = recvs[i];
-        const Transfer& x = plan.transfers[p.transfer];
-        if (Status s = p.head_work->wait(deadline); !s.ok()) return fail(p, s);
-        const PieceHeader& h = *p.head;
-        const delta::Header dh{static_cast<delta::Kind>(h.kind), h.unit, h.changed, h.wire_bytes, {h.hash},
-                               Checksum::kXxh64};
-        const std::string what = "'" + name(x) + "' " + x.region.to_string() + " from rank " + std::to_string(x.from);
-        if (h.kind > static_cast<uint8_t>(delta::Kind::kUnchanged))
-          return fail(p, data_corrupt("delta header of " + what + ": unknown encoding " + std::to_string(h.kind)));
-        if (h.kind != static_cast<uint8_t>(delta::Kind::kDense) && h.unit != element(x))
-          return fail(p, data_corrupt("delta header of " + what + ": unit " + std::to_string(h.unit) + ", the " +
-                                      std::string(dtype_name(plan.tensors[x.tensor].dtype)) + " element is " +
-                                      std::to_string(element(x)) + " bytes"));
-        if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
-          // check_header's rules, with the unit of a dense piece free.
-          if (h.wire_bytes != x.bytes)
-            return fail(p, data_corrupt("delta header of " + what + ": dense of " + std::to_string(h.wire_bytes) +
-                                        " wire bytes, expected " + std::to_string(x.bytes)));
-        } else if (Status s = delta::check_header(dh, x.bytes, 1, what); !s.ok()) {
-          return fail(p, s);
+    // A received piece goes on to the ranks it is forwarded to: in a delta
+    // plan its header and wire bytes as they came, else from where it landed.
+    auto forward = [&](Posted& p) {
+      for (Posted* f : forwards[p.transfer]) {
+        if (delta) {
+          *f->head = *p.head;
+          f->bytes = p.bytes;
+          f->wire = p.wire;
+          f->staging = p.staging;  // where those bytes are, unless in place: kept while the forward reads them
         }
-        p.wire = h.wire_bytes;
-        if (!p.wire) continue;
-        uint8_t* into = nullptr;
-        if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
-          const auto at = contiguous_at(p.at.box, x.region, element(x));
-          p.direct = at.has_value();
-          if (at) into = p.at.data + *at;
-        }
-        if (!into) {
-          p.staging.resize(p.wire);
-          into = p.staging.data();
-        }
-        p.bytes = into;
-        p.work = comm.recv(into, p.wire, x.from, static_cast<uint32_t>(p.transfer));
+        post_send(*f);
       }
-      for (size_t i = begin; i < end; ++i) {
-        Posted& p = recvs[i];
+    };
+    if (!delta) {
+      // Every receive is posted at once, in schedule order, into its place
+      // (or staging): each link then carries its bytes back to back, with no
+      // barrier between rounds. A forward goes out once the receive that
+      // brings its bytes landed.
+      for (auto& p : recvs) {
         const Transfer& x = plan.transfers[p.transfer];
-        const PieceHeader& h = *p.head;
-        if (p.work)
-          if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
-        stats.wire_received += p.wire;
-        if (options.received) *options.received += p.wire;
-        const auto kind = static_cast<delta::Kind>(h.kind);
         const auto at = contiguous_at(p.at.box, x.region, element(x));
-        if (kind == delta::Kind::kDense) {
-          if (Status s = verify(p, p.bytes, h.hash, "arrived"); !s.ok()) return fail(p, s);
-          if (!p.direct) copy_region(p.bytes, x.region, p.at.data, p.at.box, x.region, element(x));
-        } else {
-          // The region as it is (the base), changed in place: straight in
-          // the buffer when contiguous, else packed, changed and unpacked.
-          uint8_t* region = at ? p.at.data + *at : nullptr;
-          if (!region) {
-            scratch.resize(x.bytes);
-            copy_region(p.at.data, p.at.box, scratch.data(), x.region, x.region, element(x));
-            region = scratch.data();
-          }
-          if (kind != delta::Kind::kUnchanged) {
-            const delta::Header dh{kind, h.unit, h.changed, h.wire_bytes, {h.hash}, Checksum::kXxh64};
-            const std::string what = "'" + name(x) + "' " + x.region.to_string() + " from rank " + std::to_string(x.from);
-            if (Status s = delta::apply(dh, p.bytes, x.bytes, {delta::Segment{nullptr, region, 0, x.bytes}}, what, indices);
-                !s.ok())
-              return fail(p, s);
-          }
-          if (Status s = verify(p, region, h.hash,
-                                ("after its delta onto v" + std::to_string(options.delta_base) +
-                                 " (this rank's bytes were not that version)").c_str());
-              !s.ok())
-            return fail(p, s);
-          if (!at) copy_region(region, x.region, p.at.data, p.at.box, x.region, element(x));
+        p.direct = at.has_value();
+        uint8_t* into = at ? p.at.data + *at : nullptr;
+        if (!at) {
+          p.staging->resize(x.bytes);
+          into = p.staging->data();
         }
+        p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
+        p.bytes = into;
+        if (options.checksums)
+          p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
+      }
+      for (auto& p : recvs) {
+        const Transfer& x = plan.transfers[p.transfer];
+        if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
+        if (p.sum_work) {
+          if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p, s);
+          if (Status s = verify(p, p.bytes, *p.sum, "arrived"); !s.ok()) return fail(p, s);
+        }
+        stats.wire_received += x.bytes;
+        if (options.received) *options.received += x.bytes;
+        if (!p.direct) copy_region(p.staging->data(), x.region, p.at.data, p.at.box, x.region, element(x));
         forward(p);
       }
-      begin = end;
+    } else {
+      // Round by round: the round's headers, then the receives they announce
+      // (a dense piece into its place, an encoding into staging), then each
+      // applied, checked and forwarded. A round's pieces come from senders,
+      // which posted everything at once, or from forwards of earlier rounds,
+      // which every rank finished before: no rank waits on one that waits
+      // on it.
+      std::vector<uint8_t> scratch, indices;
+      for (size_t begin = 0; begin < recvs.size();) {
+        size_t end = begin;
+        while (end < recvs.size() && recvs[end].round == recvs[begin].round) ++end;
+        for (size_t i = begin; i < end; ++i) {
+          Posted& p = recvs[i];
+          const Transfer& x = plan.transfers[p.transfer];
+          p.head_work = comm.recv(p.head.get(), sizeof(PieceHeader), x.from, static_cast<uint32_t>(p.transfer) | kHeaderTag);
+        }
+        for (size_t i = begin; i < end; ++i) {
+          Posted& p = recvs[i];
+          const Transfer& x = plan.transfers[p.transfer];
+          if (Status s = p.head_work->wait(deadline); !s.ok()) return fail(p, s);
+          const PieceHeader& h = *p.head;
+          const delta::Header dh{static_cast<delta::Kind>(h.kind), h.unit, h.changed, h.wire_bytes, {h.hash},
+                                 Checksum::kXxh64};
+          const std::string what = "'" + name(x) + "' " + x.region.to_string() + " from rank " + std::to_string(x.from);
+          if (h.kind > static_cast<uint8_t>(delta::Kind::kUnchanged))
+            return fail(p, data_corrupt("delta header of " + what + ": unknown encoding " + std::to_string(h.kind)));
+          if (h.kind != static_cast<uint8_t>(delta::Kind::kDense) && h.unit != element(x))
+            return fail(p, data_corrupt("delta header of " + what + ": unit " + std::to_string(h.unit) + ", the " +
+                                        std::string(dtype_name(plan.tensors[x.tensor].dtype)) + " element is " +
+                                        std::to_string(element(x)) + " bytes"));
+          if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
+            // check_header's rules, with the unit of a dense piece free.
+            if (h.wire_bytes != x.bytes)
+              return fail(p, data_corrupt("delta header of " + what + ": dense of " + std::to_string(h.wire_bytes) +
+                                          " wire bytes, expected " + std::to_string(x.bytes)));
+          } else if (Status s = delta::check_header(dh, x.bytes, 1, what); !s.ok()) {
+            return fail(p, s);
+          } else if (h.kind != static_cast<uint8_t>(delta::Kind::kUnchanged) && h.wire_bytes >= x.bytes) {
+            // An encoder sends a delta only when it is smaller than the piece.
+            return fail(p, data_corrupt("delta header of " + what + ": " + std::to_string(h.wire_bytes) +
+                                        " wire bytes for a piece of " + std::to_string(x.bytes)));
+          }
+          p.wire = h.wire_bytes;
+          if (!p.wire) continue;
+          uint8_t* into = nullptr;
+          if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
+            const auto at = contiguous_at(p.at.box, x.region, element(x));
+            p.direct = at.has_value();
+            if (at) into = p.at.data + *at;
+          }
+          if (!into) {
+            p.staging->resize(p.wire);
+            into = p.staging->data();
+          }
+          p.bytes = into;
+          p.work = comm.recv(into, p.wire, x.from, static_cast<uint32_t>(p.transfer));
+        }
+        for (size_t i = begin; i < end; ++i) {
+          Posted& p = recvs[i];
+          const Transfer& x = plan.transfers[p.transfer];
+          const PieceHeader& h = *p.head;
+          if (p.work)
+            if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
+          stats.wire_received += p.wire;
+          if (options.received) *options.received += p.wire;
+          const auto kind = static_cast<delta::Kind>(h.kind);
+          const auto at = contiguous_at(p.at.box, x.region, element(x));
+          if (kind == delta::Kind::kDense) {
+            if (Status s = verify(p, p.bytes, h.hash, "arrived"); !s.ok()) return fail(p, s);
+            if (!p.direct) copy_region(p.bytes, x.region, p.at.data, p.at.box, x.region, element(x));
+          } else {
+            // The region as it is (the base), changed in place: straight in
+            // the buffer when contiguous, else packed, changed and unpacked.
+            uint8_t* region = at ? p.at.data + *at : nullptr;
+            if (!region) {
+              scratch.resize(x.bytes);
+              copy_region(p.at.data, p.at.box, scratch.data(), x.region, x.region, element(x));
+              region = scratch.data();
+            }
+            if (kind != delta::Kind::kUnchanged) {
+              const delta::Header dh{kind, h.unit, h.changed, h.wire_bytes, {h.hash}, Checksum::kXxh64};
+              const std::string what = "'" + name(x) + "' " + x.region.to_string() + " from rank " + std::to_string(x.from);
+              if (Status s = delta::apply(dh, p.bytes, x.bytes, {delta::Segment{nullptr, region, 0, x.bytes}}, what, indices);
+                  !s.ok())
+                return fail(p, s);
+            }
+            if (Status s = verify(p, region, h.hash,
+                                  ("after its delta onto v" + std::to_string(options.delta_base) +
+                                   " (this rank's bytes were not that version)").c_str());
+                !s.ok())
+              return fail(p, s);
+            if (!at) copy_region(region, x.region, p.at.data, p.at.box, x.region, element(x));
+          }
+          forward(p);
+        }
+        begin = end;
+      }
     }
+    for (auto& p : sends) {
+      if (!p.work && !p.head_work) return fail(p, internal_error("a forward whose bytes never came"));
+      for (const auto* w : {&p.head_work, &p.work, &p.sum_work})
+        if (*w)
+          if (Status s = (*w)->wait(deadline); !s.ok()) return fail(p, s);
+    }
+    if (options.sent) options.sent->end_run(true);
+    if (options.stats) *options.stats = stats;
+    return Status();
+  };
+  try {
+    return run();
+  } catch (const std::bad_alloc&) {
+    const Status s = unavailable("many-sender plan: rank " + std::to_string(rank) +
+                                        " has no memory for its staging or encodings");
+    settle_all(s);
+    return s;
   }
-  for (auto& p : sends) {
-    if (!p.work && !p.head_work) return fail(p, internal_error("a forward whose bytes never came"));
-    for (const auto* w : {&p.head_work, &p.work, &p.sum_work})
-      if (*w)
-        if (Status s = (*w)->wait(deadline); !s.ok()) return fail(p, s);
-  }
-  if (options.sent) options.sent->end_run(true);
-  if (options.stats) *options.stats = stats;
-  return Status();
 }
 
 }  // namespace paramcast::reshard

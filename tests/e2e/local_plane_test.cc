@@ -164,7 +164,7 @@ void run_mixed_group(const std::string& forger) {
     // plane (the publisher is both remote members'), and the claims are named.
     EXPECT_EQ(trainer->output().find("shed:"), std::string::npos) << trainer->output();
     EXPECT_EQ(trainer->output().find("(shed)"), std::string::npos) << trainer->output();
-    EXPECT_NE(trainer->output().find("'" + forger + "' reported shedding"), std::string::npos) << trainer->output();
+    EXPECT_NE(trainer->output().find("'" + forger + "' reported on the link to"), std::string::npos) << trainer->output();
   }
   test::remove_tree(dir);
 }

@@ -112,6 +112,11 @@ std::string GlooCommunicator::forged_notice(const Sentinels::Notice& n) const {
   return "";
 }
 
+std::set<int> GlooCommunicator::forged_senders() {
+  std::lock_guard<std::mutex> lock(forged_mu_);
+  return forged_;
+}
+
 Sentinels::Notice GlooCommunicator::next_notice() {
   return sentinels_.first_notice([this](const Sentinels::Notice& n) {
     const std::string why = forged_notice(n);
@@ -195,7 +200,7 @@ void GlooCommunicator::watch() {
     if (error_.ok() && busy_locked()) {
       const auto peers = stream_peers_locked();
       lock.unlock();
-      const auto b = sentinels_.broken(peers);
+      const auto b = sentinels_.broken(peers, forged_senders());
       const auto n = next_notice();  // a notice precedes its sender's close: it explains the break
       if (n.from >= 0)
         fail(notice_status(n), Notify::kNever, n.blamed);
@@ -221,7 +226,7 @@ std::pair<Status, int> GlooCommunicator::cause_of(const Status& failure) {
     std::lock_guard<std::mutex> lock(mu_);
     peers = stream_peers_locked();
   }
-  const auto b = sentinels_.broken(peers);
+  const auto b = sentinels_.broken(peers, forged_senders());
   return {failure, b.rank >= 0 ? b.rank : options_.rank};
 }
 

@@ -201,6 +201,7 @@ class GlooCommunicator : public Communicator {
   // The first notice a peer could have sent (forged_notice); a forged one is
   // logged once per sender and ignored.
   Sentinels::Notice next_notice();
+  std::set<int> forged_senders();
   std::string forged_notice(const Sentinels::Notice& n) const;
   std::pair<Status, int> stalled_locked(Clock::time_point now);
   std::pair<Status, int> cause_of(const Status& failure);

@@ -71,7 +71,7 @@ bool Sentinels::said_goodbye(int peer) const { return word(peer) == kGoodbye; }
 // A peer that wrote a word first (a goodbye, or a notice the caller reads)
 // is not counted: the word completed the receive, which then never fails.
 // Either precedes its end of stream on the same connection.
-Sentinels::Broken Sentinels::broken(const std::vector<int>& peers) {
+Sentinels::Broken Sentinels::broken(const std::vector<int>& peers, const std::set<int>& disregarded) {
   std::lock_guard<std::mutex> lock(broken_mu_);
   for (int i : peers) {
     auto& r = receives_[static_cast<size_t>(i)];
@@ -79,7 +79,7 @@ Sentinels::Broken Sentinels::broken(const std::vector<int>& peers) {
     try {
       r->waitRecv(nullptr, std::chrono::hours(1));
     } catch (const std::exception& e) {
-      if (word(i) == 0) return Broken{i, e.what()};
+      if (word(i) == 0 || disregarded.count(i)) return Broken{i, e.what()};
     }
   }
   return Broken{};

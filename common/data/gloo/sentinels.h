@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,9 @@ class Sentinels {
     int rank = -1;
     std::string what;
   };
-  Broken broken(const std::vector<int>& peers);
+  // `disregarded`: peers whose word was forged (abort.cc): a word from them
+  // explains nothing, so their broken connection still counts.
+  Broken broken(const std::vector<int>& peers, const std::set<int>& disregarded = {});
 
  private:
   NoticeWord word(int peer) const { return __atomic_load_n(&words_[static_cast<size_t>(peer)], __ATOMIC_ACQUIRE); }

@@ -135,6 +135,23 @@ TEST(AttributionTest, ASymmetricPartitionIsOneAndTheSidesTakeTurns) {
   }
 }
 
+// The publisher is never left out, whatever a member claims about it and
+// whatever the turn: a member that says it could not reach the publisher is
+// the side left out.
+TEST(AttributionTest, ThePublisherIsNeverLeftOut) {
+  std::map<int, RankReport> r;
+  r[2].unreachable = {0};
+  for (uint64_t turn : {0u, 1u}) EXPECT_EQ(attribute(4, r, {0, 1, 2, 3}, turn).left_out, std::vector<int>{2}) << turn;
+  // A triangle with the publisher on it (not two sides).
+  std::map<int, RankReport> t;
+  t[1].unreachable = {0, 2};
+  t[2].unreachable = {0, 1};
+  for (uint64_t turn : {0u, 1u}) {
+    const auto v = attribute(5, t, {0, 1, 2, 3, 4}, turn);
+    for (int out : v.left_out) EXPECT_NE(out, 0) << turn;
+  }
+}
+
 // The property the attribution is built for, over random groups: while fewer
 // than half of the members lie, no honest member (every link between honest
 // ranks works) is ever named, whatever the liars claim, whichever links they
@@ -174,6 +191,7 @@ TEST(AttributionTest, NoHonestMemberIsEverNamedWhileFewerThanHalfLie) {
       complete.insert(k);
     }
     const auto v = attribute(world, r, complete, next());
+    for (int out : v.left_out) ASSERT_NE(out, 0) << "the publisher left out; round " << round;
     for (const auto& b : v.blamed)
       ASSERT_TRUE(liar.count(b.rank)) << "honest rank " << b.rank << " named; round " << round << ", " << members
                                       << " members, " << liars << " liars";
