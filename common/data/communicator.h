@@ -65,6 +65,11 @@ struct GroupOptions {
   // the other ranks (renumbered in order), the shm plane rank 0 and these.
   std::vector<bool> local;
   std::string local_bootstrap;  // the shm plane's, when any rank is local
+  // shm root: each reader's own secret by its rank on the shm plane (what
+  // its JoinGroup carried, index 0 unused); a reader must present its own,
+  // so no holder of a secret attaches as another rank. Empty: every reader
+  // presents the bootstrap's secret (tools that share one bootstrap).
+  std::vector<std::string> shm_rank_secrets;
   // shm: bytes of each of the ring's two slots (the root's choice: the data
   // plane's bucket size; readers take it from the segment).
   uint64_t shm_slot_bytes = 64ull << 20;

@@ -41,7 +41,7 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(const GroupOptions& 
     case Backend::kGloo:
       return gloo_backend::create(options, store, evidence);
     case Backend::kShm:
-      return shm_backend::create(options, store);
+      return shm_backend::create(options, store, evidence);
     case Backend::kNccl:
 #if PARAMCAST_HAVE_NCCL
       return nccl_backend::create(options, store);

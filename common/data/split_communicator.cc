@@ -115,7 +115,9 @@ StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOpt
   const GroupOptions backend_options = remote.options(options, Backend::kGloo, options.bootstrap);
   // Both planes form at once (each bounded by init_timeout).
   std::future<StatusOr<std::unique_ptr<Communicator>>> shm;
-  if (in_shm) shm = std::async(std::launch::async, [&] { return shm_backend::create(shm_options, store); });
+  FormationEvidence shm_evidence;  // in the shm plane's ranks (the root's: who did not attach)
+  if (in_shm)
+    shm = std::async(std::launch::async, [&] { return shm_backend::create(shm_options, store, &shm_evidence); });
   StatusOr<std::unique_ptr<Communicator>> backend = std::unique_ptr<Communicator>();
   FormationEvidence plane_evidence;  // in the Gloo plane's ranks
   if (in_backend) backend = gloo_backend::create(backend_options, store, &plane_evidence);
@@ -125,6 +127,8 @@ StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOpt
   }
   StatusOr<std::unique_ptr<Communicator>> shared = std::unique_ptr<Communicator>();
   if (in_shm) shared = shm.get();
+  if (evidence)
+    for (int r : shm_evidence.unreachable) evidence->unreachable.push_back(local.ranks.at(static_cast<size_t>(r)));
   if (!shared.ok()) return shared.status().with_context("shm plane");
   if (!backend.ok()) return backend.status().with_context("gloo plane");
   if (!root && !in_shm && !in_backend) return internal_error("rank is in neither plane");

@@ -1,5 +1,7 @@
 #include "common/group/group_host.h"
 
+#include "common/data/shm/segment.h"
+
 #include "common/control/messages.h"
 #include "common/data/shm/host_identity.h"
 #include "common/group/attribution.h"
@@ -95,6 +97,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   GroupOptions go;
   go.local = local_;
   go.local_bootstrap = local_bootstrap_;
+  go.shm_rank_secrets = shm_secrets_;  // the root checks each reader's
   go.epoch = epoch;
   go.rank = 0;
   go.world_size = static_cast<int>(members.size()) + 1;
@@ -179,6 +182,12 @@ void GroupHost::tell_failed(uint64_t epoch, const std::vector<std::string>& memb
   }
 }
 
+// Whether group rank `rank` reads the publisher's shared memory this epoch.
+bool GroupHost::on_shm_plane(int rank) const {
+  if (cfg_.data_plane.backend == Backend::kShm) return true;
+  return rank >= 0 && static_cast<size_t>(rank) < local_.size() && local_[static_cast<size_t>(rank)];
+}
+
 // Weighs what the formation showed. Named: the members the evidence points
 // at (attribution.h), those that failed on their own (a GroupFailed without
 // evidence), lied about being ready, were lost, or (when nothing ended the
@@ -211,6 +220,10 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
       const std::string& id = names[static_cast<size_t>(b.rank)];
       named[id] = describe(b, names);
+      // On the shm plane, "unreachable from the publisher" means it never
+      // took the segment: no data port, no address.
+      if (on_shm_plane(b.rank) && std::count(b.unreachable_from.begin(), b.unreachable_from.end(), 0))
+        named[id] = "did not attach to the publisher's shared memory (shm plane) within init_timeout";
       // This rank's own connects, or two or more peers: conclusive.
       const bool by_publisher = std::count(b.unreachable_from.begin(), b.unreachable_from.end(), 0) ||
                                 std::count(b.address_missed_by.begin(), b.address_missed_by.end(), 0);
@@ -245,9 +258,11 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       const std::string bound = "init_timeout (" + std::to_string(cfg_.data_plane.init_timeout.count()) + "ms)";
       for (const auto& id : members) {
         if (named.count(id) || ready_.count(id) || failed_.count(id)) continue;
-        named[id] = cfg_.data_plane.backend == Backend::kGloo && !published_.count(id)
-                        ? "never published its rendezvous address within " + bound
-                        : "not ready within " + bound;
+        const auto rank = assigned_rank_.find(id);
+        const bool gloo = cfg_.data_plane.backend == Backend::kGloo &&
+                          !(rank != assigned_rank_.end() && on_shm_plane(rank->second));
+        named[id] = gloo && !published_.count(id) ? "never published its rendezvous address within " + bound
+                                                  : "not ready within " + bound;
       }
     }
     if (stopped_) problems.push_back("publisher shutting down");
@@ -353,9 +368,26 @@ int GroupHost::store_rank(const std::string& id) {
   return m ? m->rank : -1;
 }
 
+namespace {
+// `n` fresh secrets, one per rank of an shm plane (index 0, the root's, unused),
+// cut from freshly minted shm bootstraps (their last 32 bytes).
+StatusOr<std::vector<std::string>> rank_secrets(size_t n, uint64_t epoch) {
+  std::vector<std::string> out(n);
+  for (size_t r = 1; r < n; ++r) {
+    auto b = mint_bootstrap(Backend::kShm, epoch);
+    if (!b.ok()) return b.status();
+    auto parsed = shm_backend::Bootstrap::parse(*b);
+    if (!parsed.ok()) return parsed.status();
+    out[r] = parsed->secret;
+  }
+  return out;
+}
+}  // namespace
+
 void GroupHost::choose_local(const std::vector<std::string>& members) {
   local_.clear();
   local_bootstrap_.clear();
+  shm_secrets_.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
     plane_rank_.clear();
@@ -381,8 +413,20 @@ void GroupHost::choose_local(const std::vector<std::string>& members) {
     int next = 1;
     for (size_t i = 0; i < members.size(); ++i) plane_rank_[members[i]] = local[i + 1] ? -1 : next++;
   }
+  // Each reader its own secret (by its rank on the shm plane: the local
+  // members in rank order after the root).
+  size_t readers = 0;
+  for (size_t i = 1; i < local.size(); ++i) readers += local[i];
+  auto secrets = rank_secrets(readers + 1, epoch_);
+  if (!secrets.ok()) {
+    PC_WARN("publisher: no shm plane this epoch: " << secrets.status().message());
+    std::lock_guard<std::mutex> lock(mu_);
+    plane_rank_.clear();
+    return;
+  }
   local_ = std::move(local);
   local_bootstrap_ = std::move(*b);
+  shm_secrets_ = std::move(*secrets);
 }
 
 // Mints the bootstrap and sends every member its JoinGroup.
@@ -404,10 +448,28 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
     go.shed_window = cfg_.publisher.slow_member_window;
   }
   go.local = local_;
+  // Backend shm: each reader its own secret too (by its group rank).
+  if (cfg_.data_plane.backend == Backend::kShm && local_.empty()) {
+    auto secrets = rank_secrets(names.size(), epoch);
+    if (!secrets.ok()) return secrets.status();
+    shm_secrets_ = std::move(*secrets);
+  }
+  auto shm_main = cfg_.data_plane.backend == Backend::kShm ? shm_backend::Bootstrap::parse(*bootstrap)
+                                                           : StatusOr<shm_backend::Bootstrap>(shm_backend::Bootstrap{});
+  auto shm_local = local_bootstrap_.empty() ? StatusOr<shm_backend::Bootstrap>(shm_backend::Bootstrap{})
+                                            : shm_backend::Bootstrap::parse(local_bootstrap_);
+  if (!shm_main.ok()) return shm_main.status();
+  if (!shm_local.ok()) return shm_local.status();
+  size_t shm_rank = 0;  // a local member's rank on the shm plane
   for (size_t i = 0; i < members.size(); ++i) {
     go.rank = static_cast<int>(i + 1);
-    // The shm plane's secret goes to the members that read it, nobody else.
-    go.local_bootstrap = !local_.empty() && local_[i + 1] ? local_bootstrap_ : std::string();
+    // The shm plane's bootstrap goes to the members that read it, nobody
+    // else, each with its own secret: it attaches as its own rank only.
+    go.local_bootstrap.clear();
+    if (!local_.empty() && local_[i + 1]) go.local_bootstrap = shm_local->with_secret(shm_secrets_.at(++shm_rank));
+    go.bootstrap = cfg_.data_plane.backend == Backend::kShm && local_.empty()
+                       ? shm_main->with_secret(shm_secrets_.at(i + 1))
+                       : *bootstrap;
     server_.send(members[i], control::make_message(epoch, server_.incarnation(), [&](auto b) {
                    fill_join_group(b.initJoinGroup(), go, names);
                  }));

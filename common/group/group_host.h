@@ -115,11 +115,15 @@ class GroupHost {
   // data_plane.local), and that plane's bootstrap; written by form() only.
   void choose_local(const std::vector<std::string>& members);
   int store_rank(const std::string& id);
+  bool on_shm_plane(int rank) const;
 
   const Config cfg_;
   const std::string host_identity_;  // this process's (data_plane.local), or empty
   std::vector<bool> local_;
   std::string local_bootstrap_;
+  // Each shm reader's own secret, by its rank on the shm plane (index 0
+  // unused; empty without an shm plane): written by form() only.
+  std::vector<std::string> shm_secrets_;
   control::ControlServer& server_;
   HostedStore store_;
   std::atomic<uint64_t> epoch_{0};

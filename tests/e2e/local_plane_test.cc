@@ -80,6 +80,28 @@ TEST_F(LocalPlaneClusterTest, KilledReaderIsNamedAndTheNextUpdateReachesTheOther
     EXPECT_TRUE(workers_[id]->wait_for_output("v2 verified", std::chrono::seconds(10))) << workers_[id]->output();
 }
 
+// A member that says GroupReady without ever taking the publisher's shared
+// memory (a liar with a valid identity): the root names it ("did not
+// attach"), it is quarantined at once on that evidence, and the group forms
+// again without it in the same call: the first update already reaches the
+// others. (Before, every formation failed at init_timeout, the publisher
+// blaming itself, and nobody was struck.)
+TEST_F(LocalPlaneClusterTest, AMemberThatSaysReadyWithoutAttachingIsNamedStruckAndTheOthersGetTheUpdate) {
+  std::string yaml = shm_yaml(3, "  on_member_loss: continue\n");
+  yaml.replace(yaml.find("init_timeout: 30s"), 17, "init_timeout: 3s");
+  make_publisher(yaml);
+  spawn_worker("worker-1");
+  spawn_worker("worker-2", {"PARAMCAST_FAULT_FALSE_READY=1"});
+  spawn_worker("worker-3");
+  ASSERT_TRUE(pub_->start().ok()) << outputs();
+  UpdateResult r = publish(1);
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  EXPECT_EQ(r.missing, std::vector<std::string>{"worker-2"});
+  EXPECT_EQ(r.subscribers.size(), 2u);
+  for (const char* id : {"worker-1", "worker-3"})
+    EXPECT_TRUE(workers_[id]->wait_for_output("v1 verified", std::chrono::seconds(10))) << workers_[id]->output();
+}
+
 // worker-2's data thread wedges after bucket 1 while its control thread
 // keeps heartbeating: the root sees it take nothing and names it.
 TEST_F(LocalPlaneClusterTest, ReaderThatStopsTakingBytesIsNamedByTheStallTimeout) {

@@ -1,5 +1,7 @@
 #include "common/data/shm/segment.h"
 
+#include "common/log.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -116,8 +118,13 @@ Segment::~Segment() {
 StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, uint64_t slot_bytes,
                                                  bool host_slots, std::chrono::milliseconds timeout,
                                                  const std::vector<std::string>& members,
-                                                 const std::function<Status(ShmHeader&)>& prepare) {
+                                                 const std::function<Status(ShmHeader&)>& prepare,
+                                                 const std::vector<std::string>& rank_secrets,
+                                                 std::vector<int>* missing_ranks) {
   if (world < 1 || world > kMaxRanks) return invalid_argument("shm group of " + std::to_string(world) + " ranks");
+  if (!rank_secrets.empty() && rank_secrets.size() != static_cast<size_t>(world))
+    return invalid_argument("shm group of " + std::to_string(world) + " ranks with " +
+                            std::to_string(rank_secrets.size()) + " rank secrets");
   const size_t bytes = kHeaderBytes + (host_slots ? kSlots * slot_bytes : 0);
   if (slot_bytes < 4096 || slot_bytes > kMaxSlotBytes || slot_bytes % 4096)
     return invalid_argument("shm slots of " + std::to_string(slot_bytes) + " bytes");
@@ -164,8 +171,16 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
     setsockopt(peer.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     Request req{};
     if (recv(peer.get(), &req, sizeof req, 0) != static_cast<ssize_t>(sizeof req)) continue;
-    if (!constant_time_equal(req.secret, reinterpret_cast<const uint8_t*>(b.secret.data()), kSecretBytes)) continue;
     if (req.rank < 1 || req.rank >= world) continue;  // a rank already attached may retry: it gets the segment again
+    // Its own secret, for the rank it names: a holder of another rank's
+    // secret cannot attach as that rank.
+    const std::string& want = rank_secrets.empty() ? b.secret : rank_secrets[static_cast<size_t>(req.rank)];
+    if (want.size() != kSecretBytes ||
+        !constant_time_equal(req.secret, reinterpret_cast<const uint8_t*>(want.data()), kSecretBytes)) {
+      PC_WARN("shm segment: a reader (pid " << cred.pid << ") presented another secret than rank " << req.rank
+                                            << "'s; refused");
+      continue;
+    }
     FdMessage m;
     m.payload = 'S';
     cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
@@ -183,6 +198,7 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
     std::string missing;
     for (int r = 1; r < world; ++r)
       if (!attached.count(r)) {
+        if (missing_ranks) missing_ranks->push_back(r);
         if (!missing.empty()) missing += ", ";
         missing += r < static_cast<int>(members.size()) && !members[r].empty() ? members[r] : "rank " + std::to_string(r);
       }

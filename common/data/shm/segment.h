@@ -66,6 +66,8 @@ struct Bootstrap {
   std::string secret;  // 32 bytes
   static StatusOr<Bootstrap> parse(const std::string& bytes);
   static StatusOr<std::string> mint();
+  // The bootstrap bytes with another secret (a reader's own).
+  std::string with_secret(const std::string& secret) const { return "shm1:" + name + ":" + secret; }
 };
 
 class Segment {
@@ -75,11 +77,14 @@ class Segment {
   // `host_slots`), lets `prepare` fill the header before any reader can
   // see it, serves it to every reader, and returns once all attached or
   // `timeout` passed (the error names the ranks that did not attach, by
-  // `members`).
+  // `members`, and `missing` lists them). `rank_secrets` (by rank, may be
+  // empty): the secret each reader must present, its own.
   static StatusOr<std::unique_ptr<Segment>> host(const Bootstrap& b, int world, uint64_t slot_bytes,
                                                  bool host_slots, std::chrono::milliseconds timeout,
                                                  const std::vector<std::string>& members,
-                                                 const std::function<Status(ShmHeader&)>& prepare);
+                                                 const std::function<Status(ShmHeader&)>& prepare,
+                                                 const std::vector<std::string>& rank_secrets = {},
+                                                 std::vector<int>* missing = nullptr);
   // Reader `rank`: connects (the root may not listen yet: retried until
   // `timeout`), receives the descriptor and maps the segment.
   static StatusOr<std::unique_ptr<Segment>> attach(const Bootstrap& b, int rank, int world,

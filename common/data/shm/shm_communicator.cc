@@ -443,7 +443,8 @@ StatusOr<std::unique_ptr<Slots>> cuda_reader_slots(const ShmHeader&, Device devi
 
 std::unique_ptr<Slots> host_slots(const Segment& segment) { return std::make_unique<HostSlots>(segment); }
 
-StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store) {
+StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store,
+                                               FormationEvidence* evidence) {
   (void)store;  // the segment travels over its own socket, named by the bootstrap
   auto b = Bootstrap::parse(options.bootstrap);
   if (!b.ok()) return b.status();
@@ -452,6 +453,7 @@ StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Stor
   const uint64_t slot_bytes = std::max<uint64_t>(4096, (options.shm_slot_bytes + 4095) / 4096 * 4096);
   const std::string where = "rank " + std::to_string(options.rank) + " of epoch " + std::to_string(options.epoch);
   std::unique_ptr<Slots> slots;
+  std::vector<int> missing;  // the root's: readers that did not attach
   auto seg = options.rank == 0
                  ? Segment::host(*b, options.world_size, slot_bytes, !cuda, options.init_timeout, options.members,
                                  [&](ShmHeader& h) -> Status {
@@ -460,8 +462,10 @@ StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Stor
                                    if (!s.ok()) return s.status();
                                    slots = std::move(*s);
                                    return Status();
-                                 })
+                                 },
+                                 options.shm_rank_secrets, &missing)
                  : Segment::attach(*b, options.rank, options.world_size, options.init_timeout);
+  if (evidence) evidence->unreachable.insert(evidence->unreachable.end(), missing.begin(), missing.end());
   if (!seg.ok()) return seg.status().with_context(where);
   if (!slots) {
     if ((*seg)->header().cuda != static_cast<uint32_t>(cuda))

@@ -9,7 +9,9 @@
 
 namespace paramcast::shm_backend {
 
-StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store);
+// The root's `evidence` (may be null): the ranks that did not attach.
+StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Store& store,
+                                               FormationEvidence* evidence = nullptr);
 StatusOr<std::string> mint_bootstrap();
 
 }  // namespace paramcast::shm_backend
