@@ -335,6 +335,7 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   run.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
   // A trainer rank keeps the pieces it sends (publisher.delta, as rank 0).
   run.sent = source_ && cfg_.publisher.delta != DeltaMode::kOff ? &sent_ : nullptr;
+  run.staging_limit = 2 * cfg_.data_plane.bucket_bytes;  // a trainer rank's packed pieces and encodings
   bool unsettled = false;
   run.unsettled = &unsettled;
   Status s = reshard::run_reshard(moves->plan, moves->rounds, rank, *comm, buffers, deadline(), run);

@@ -410,6 +410,7 @@ Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::Sharde
   run.version = plan.version;
   run.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
   run.sent = cfg_.publisher.delta != DeltaMode::kOff ? &sent_ : nullptr;
+  run.staging_limit = 2 * cfg_.data_plane.bucket_bytes;  // packed pieces and encodings: two buckets at a time
   reshard::RunOptions::Stats stats;
   run.stats = &stats;
   Status data = reshard::run_reshard(moves.plan, moves.rounds, 0, *comm_, buffers, cap_, run);

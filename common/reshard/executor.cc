@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 
@@ -261,14 +262,53 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   // it does not end the process.
   auto run = [&]() -> Status {
     std::map<size_t, std::vector<Posted*>> forwards;  // by the transfer that brings their bytes
+    // A rank that only sends keeps its packed pieces and encodings within
+    // staging_limit: before it packs or encodes the next piece, the oldest
+    // sends holding any are waited for and let go. Its sends go in schedule
+    // order and its receivers take them round by round, so the oldest always
+    // completes.
+    std::deque<Posted*> holding;
+    uint64_t held = 0;
+    auto held_by = [](const Posted& q) {
+      return static_cast<uint64_t>(q.staging->size()) + (q.encoded ? q.encoded->size() : 0);
+    };
+    // A delta plan's piece sent again later reuses this send's encoding:
+    // it is kept until its last send is posted.
+    std::map<std::pair<uint32_t, Region>, int> sends_left;
+    for (const auto& p : sends)
+      if (plan.transfers[p.transfer].after < 0)
+        ++sends_left[{plan.transfers[p.transfer].tensor, plan.transfers[p.transfer].region}];
+    auto make_room = [&](const Posted& next, uint64_t need) -> Status {
+      while (options.staging_limit && recvs.empty() && !holding.empty() && held + need > options.staging_limit) {
+        Posted* q = holding.front();
+        const Transfer& qx = plan.transfers[q->transfer];
+        if (delta && sends_left[{qx.tensor, qx.region}] > 0) break;  // its encoding is still to be sent again
+        holding.pop_front();
+        for (const auto* w : {&q->head_work, &q->work, &q->sum_work})
+          if (*w)
+            if (Status s = (*w)->wait(deadline); !s.ok()) return fail(*q, s);
+        held -= held_by(*q);
+        q->staging = std::make_shared<std::vector<uint8_t>>();  // sent: its bytes are free (a repeat holds its own)
+        q->encoded.reset();
+      }
+      (void)next;
+      return Status();
+    };
     for (auto& p : sends) {
       const Transfer& x = plan.transfers[p.transfer];
       if (x.after >= 0) {
         forwards[static_cast<size_t>(x.after)].push_back(&p);
         continue;
       }
+      const bool packs = !contiguous_at(p.at.box, x.region, element(x)).has_value();
+      if (Status s = make_room(p, delta || packs ? x.bytes : 0); !s.ok()) return s;
       if (delta) encode(p);
       post_send(p);
+      --sends_left[{x.tensor, x.region}];
+      if (const uint64_t h = held_by(p); h > 0) {
+        held += h;
+        holding.push_back(&p);
+      }
     }
     // A received piece goes on to the ranks it is forwarded to: in a delta
     // plan its header and wire bytes as they came, else from where it landed.

@@ -74,6 +74,11 @@ struct RunOptions {
   // settle: the data plane may still write there, so the caller must not
   // free those buffers (staging is let go by run_reshard itself).
   bool* unsettled = nullptr;
+  // A rank that only sends holds at most about this many bytes of packed
+  // pieces and encodings at once: past it, a send waits for its oldest
+  // before it packs or encodes the next (0: no limit). A sender's memory is
+  // then its shard, its baseline and this window.
+  uint64_t staging_limit = 0;
   // A delta plan: the version every receiver holds in the regions it wants
   // (0: a dense plan), this update's version, and whether a delta goes
   // whenever it is smaller than dense (publisher.delta: always) or only at

@@ -20,6 +20,7 @@ struct Job {
   std::string mode = "plan";  // or "funnel": gather on rank 0, then publish from it (the baseline)
   int delta_steps = 0;        // versions sent as deltas after the first
   int corrupt_base = -1;      // the rank whose buffers stop holding the base before the first delta
+  uint64_t staging_limit = 0;  // a sender's packed pieces and encodings in flight (RunOptions::staging_limit)
 };
 
 // Runs the job; returns each rank's output and exit code.
@@ -35,7 +36,8 @@ std::vector<std::pair<std::string, int>> run_raw(const Job& job) {
                                     "--layout", job.layout, "--forward", job.forward ? "1" : "0", "--mode", job.mode,
                                     "--store", dir, "--bootstrap", prefix, "--delta-steps",
                                     std::to_string(job.delta_steps), "--corrupt-base",
-                                    std::to_string(job.corrupt_base)}));
+                                    std::to_string(job.corrupt_base), "--staging-limit",
+                                    std::to_string(job.staging_limit)}));
   std::vector<std::pair<std::string, int>> out;
   for (auto& p : ranks) {
     auto code = p->wait_for(std::chrono::seconds(180));
@@ -127,6 +129,7 @@ TEST(ReshardExecTest, GatherThenPublishBaselineIsBitExact) {
 TEST(ReshardExecTest, DeltasPerPieceMoveOnlyChangedElementsIntoSlicesBitExact) {
   Job job{"megatron", 2, 2, 2};
   job.delta_steps = 2;
+  job.staging_limit = 16384;  // a window far below a shard: senders wait for their oldest sends
   auto out = run(job);
   for (int v = 2; v <= 3; ++v) {
     const std::string step = "delta v" + std::to_string(v) + ":";

@@ -248,6 +248,7 @@ int main(int argc, char** argv) {
   SentBaseline sent_baseline;
   RunOptions first;
   first.version = 1;
+  first.staging_limit = std::strtoull(f.get("staging-limit", "0").c_str(), nullptr, 10);
   if (delta_steps > 0) first.sent = &sent_baseline;
   Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline, first);
   if (s.ok() && funnel) {
@@ -284,6 +285,7 @@ int main(int argc, char** argv) {
       for (auto& [name, bw] : wanted)  // this engine does not hold v1 any more
         if (!bw.second.empty()) bw.second[bw.second.size() / 2] ^= 0x5a;
     RunOptions step;
+    step.staging_limit = first.staging_limit;
     step.delta_base = static_cast<uint64_t>(v - 1);
     step.version = static_cast<uint64_t>(v);
     step.sent = held.empty() ? nullptr : &sent_baseline;
