@@ -315,8 +315,18 @@ TEST(ShardedWantsTest, AnEngineThatRegistersTheWholeTensorAgainIsPlannedWhole) {
     o.version = v;
     return pub.value()->weight_update({TensorView{w, src_w.data(), Device::cpu()}, TensorView{b, src_b.data(), Device::cpu()}}, o);
   };
+  // The engine's buffers are read once its own report of the version came
+  // (the data thread wrote them; the report is the hand-over).
+  auto applied = [&](uint64_t v) {
+    for (int i = 0; i < 200; ++i) {
+      auto report = sub.value()->next_report(std::chrono::milliseconds(100));
+      if (report && report->version >= v) return report->status.ok();
+    }
+    return false;
+  };
   UpdateResult r1 = publish(1);
   ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  ASSERT_TRUE(applied(1));
   EXPECT_EQ(r1.buckets, 0u);  // point to point: rows 4..7 of w and b
   ASSERT_EQ(r1.subscribers.size(), 1u);
   EXPECT_EQ(r1.subscribers[0].bytes, 16u * 4 + 4u * 4);
@@ -331,6 +341,7 @@ TEST(ShardedWantsTest, AnEngineThatRegistersTheWholeTensorAgainIsPlannedWhole) {
   }
   ASSERT_TRUE(r2.ok()) << r2.status.to_string();
   EXPECT_GT(r2.buckets, 0u) << "still planned as a slice";
+  ASSERT_TRUE(applied(r2.version));
   EXPECT_EQ(dst_w, src_w);
   EXPECT_EQ(dst_b, src_b);
   sub.value()->stop();
