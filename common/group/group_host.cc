@@ -17,9 +17,9 @@ namespace {
 // A member whose connection was lost meanwhile: the loss is handled (and
 // named) as a loss; it is no evidence of a member breaking formation.
 constexpr const char* kLostDuringFormation = "lost during group formation";
-// After the first GroupFailed with evidence, how long the other ranks' reports
-// (and this rank's own connects) still count: the members that failed with
-// the same peer report within milliseconds of each other.
+// After a formation's first failure, how long the other ranks' reports (and
+// this rank's own connects) still count: the members that failed with the
+// same peer report within milliseconds of each other.
 constexpr Millis kEvidenceWindow(1500);
 constexpr const char* kFalseReady = "said GroupReady without having published its rendezvous address";
 }  // namespace
@@ -81,7 +81,8 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     failed_.clear();
     evidence_.clear();
     false_ready_.clear();
-    have_evidence_ = false;
+    failed_alone_.clear();
+    have_failure_ = false;
     assigned_rank_.clear();
     for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
   }
@@ -121,10 +122,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   auto comm = create_communicator(go, store, &own);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!own.empty() && !have_evidence_) {
-      have_evidence_ = true;
-      first_evidence_ = Clock::now();
-    }
+    if (!own.empty()) note_failure_locked();
   }
   // Formed: wait for every member. Failed on evidence: the members' reports
   // for the rest of the window. Failed otherwise: what they said by now.
@@ -162,9 +160,10 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
 std::string GroupHost::doomed(const std::vector<std::string>& members) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return "publisher shutting down";
-  // A failure without evidence ends it now; with evidence, after the window.
-  for (const auto& [id, why] : failed_)
-    if (!evidence_.count(id) || Clock::now() >= first_evidence_ + kEvidenceWindow) return id + ": " + why;
+  // A failure ends it once the window for the other ranks' reports passed
+  // (wait_for_members ends the wait sooner when every member answered).
+  if (have_failure_ && Clock::now() >= first_failure_ + kEvidenceWindow)
+    for (const auto& [id, why] : failed_) return id + ": " + why;
   for (const auto& id : members)
     if (!server_.is_live(id)) return id + ": " + kLostDuringFormation;
   return "";
@@ -200,7 +199,7 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
   std::map<int, RankReport> reports;
   if (own_failed) reports[0] = RankReport{own.unreachable, own.no_address};
   // Whose word covers every peer: this rank when its mesh formed or it
-  // reported; a member that reported or was ready.
+  // reported; a member that reported (with evidence or without) or was ready.
   std::set<int> complete;
   if (!own_failed || !own.empty()) complete.insert(0);
   std::map<std::string, std::string> named;
@@ -213,8 +212,12 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       auto rank = assigned_rank_.find(id);
       if (rank != assigned_rank_.end()) reports[rank->second] = RankReport{e.unreachable, e.no_address};
     }
+    // A GroupFailed without evidence names nobody: its sender's word is that
+    // it reached every peer it could tell of (the word a GroupReady gives,
+    // so a liar gains nothing by it).
     for (const auto& [id, rank] : assigned_rank_)
-      if (evidence_.count(id) || (ready_.count(id) && !false_ready_.count(id))) complete.insert(rank);
+      if (evidence_.count(id) || failed_alone_.count(id) || (ready_.count(id) && !false_ready_.count(id)))
+        complete.insert(rank);
     const Verdict verdict = attribute(static_cast<int>(names.size()), reports, complete, turn_);
     for (const auto& b : verdict.blamed) {
       if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
@@ -243,11 +246,17 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       left_out_[id] = LeftOut{"left out after a failed formation the evidence could not attribute", until};
       left.push_back(id);
     }
+    // A member that failed without evidence beside a verdict (someone
+    // named or left out) most likely failed because of it (the member named
+    // gave up and closed its pairs): said, not held against it.
+    const bool explained = !named.empty() || !verdict.left_out.empty();
     for (const auto& id : members) {
       if (named.count(id)) continue;
       if (false_ready_.count(id)) {
         named[id] = kFalseReady;
         conclusive.insert(id);
+      } else if (failed_alone_.count(id) && explained) {
+        problems.push_back(id + " also failed (" + failed_[id] + "): not held against it beside the verdict");
       } else if (failed_.count(id) && !evidence_.count(id)) {
         named[id] = failed_[id];
       } else if (!server_.is_live(id)) {
@@ -477,6 +486,12 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   return bootstrap;
 }
 
+void GroupHost::note_failure_locked() {
+  if (have_failure_) return;
+  have_failure_ = true;
+  first_failure_ = Clock::now();
+}
+
 void GroupHost::wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -488,10 +503,11 @@ void GroupHost::wait_for_members(const std::vector<std::string>& members, Clock:
       pending = true;
     }
     if (!pending) return;
+    // After the first failure, the others' reports for the rest of the
+    // window: a member's failure is often the echo of another's (a peer
+    // that gave up closes its pairs), and the verdict needs every word.
     Clock::time_point until = deadline;
-    for (const auto& [id, why] : failed_)  // a failure without evidence ends it now
-      if (!evidence_.count(id)) return;
-    if (have_evidence_) until = std::min(until, first_evidence_ + kEvidenceWindow);
+    if (have_failure_) until = std::min(until, first_failure_ + kEvidenceWindow);
     if (Clock::now() >= until) return;
     cv_.wait_until(lock, until);
   }
@@ -511,10 +527,14 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
       if (needs_address && !published_.count(id)) {
         false_ready_.insert(id);
         failed_[id] = kFalseReady;
-      } else if (static_cast<int64_t>(body.getGroupReady().getRank()) == rank->second) ready_.insert(id);
-      else
+        note_failure_locked();
+      } else if (static_cast<int64_t>(body.getGroupReady().getRank()) == rank->second) {
+        ready_.insert(id);
+      } else {
         failed_[id] = "said GroupReady for rank " + std::to_string(body.getGroupReady().getRank()) +
                       " but was assigned rank " + std::to_string(rank->second);
+        note_failure_locked();
+      }
       break;
     }
     case B::GROUP_FAILED: {
@@ -533,13 +553,9 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
       };
       take(f.getUnreachable(), e.unreachable);
       take(f.getNoAddress(), e.no_address);
-      if (!e.empty()) {
-        evidence_[id] = std::move(e);
-        if (!have_evidence_) {
-          have_evidence_ = true;
-          first_evidence_ = Clock::now();
-        }
-      }
+      if (!e.empty()) evidence_[id] = std::move(e);
+      else failed_alone_.insert(id);
+      note_failure_locked();
       break;
     }
     case B::STORE_SET: {

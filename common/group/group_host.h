@@ -9,12 +9,14 @@
 // ready within data_plane.init_timeout.
 //
 // Formation fails fast and names the right member. Every rank's data-plane
-// mesh is bounded by init_timeout (data/gloo/mesh.h). A GroupFailed that
-// carries evidence (the ranks its sender could not reach) starts a short
-// collection window (kEvidenceWindow, or until every member answered), in
-// which this rank's own connects and the other members' reports still count;
-// a GroupFailed without evidence (the member failed on its own), or a member
-// lost meanwhile, ends the formation at once. Then every member is told with
+// mesh is bounded by init_timeout (data/gloo/mesh.h). A formation's first
+// failure (a GroupFailed, with evidence of the ranks its sender could not
+// reach or without, or a false GroupReady) starts a short collection window
+// (kEvidenceWindow, or until every member answered), in which this rank's
+// own connects and the other members' reports still count: one member's
+// failure is often the echo of another's (a peer that gave up closed its
+// pairs), and a verdict on part of the word can name the wrong member. A
+// member lost meanwhile ends the formation at once. Then every member is told with
 // a GroupFailed of the epoch, and the evidence is weighed (attribution.h):
 // the member the others could not reach, or whose address never reached
 // them, is named with the evidence ("worker-5: unreachable from publisher,
@@ -99,6 +101,7 @@ class GroupHost {
   // Waits for every member's GroupReady or GroupFailed, until `deadline`, or
   // the end of the evidence window once a member failed.
   void wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline);
+  void note_failure_locked();  // the formation's first failure opens the collection window
   // What went wrong, per member, from what they said, this rank's evidence
   // and who is still live; strikes counted. Empty: formed.
   std::vector<std::string> judge(const std::vector<std::string>& members, const FormationEvidence& own,
@@ -136,8 +139,9 @@ class GroupHost {
   std::map<std::string, std::string> failed_;
   std::map<std::string, FormationEvidence> evidence_;  // from members' GroupFailed, in group ranks
   std::set<std::string> false_ready_;                   // said GroupReady without publishing an address
-  Clock::time_point first_evidence_{};                  // the first GroupFailed with evidence (collection window)
-  bool have_evidence_ = false;
+  std::set<std::string> failed_alone_;                  // sent GroupFailed without evidence
+  Clock::time_point first_failure_{};                   // the formation's first failure (collection window)
+  bool have_failure_ = false;
   std::map<std::string, int> assigned_rank_;
   // Mixed groups: a member's rank in the backend's plane (what its
   // rendezvous keys carry), -1 for one on the shm plane; empty otherwise.

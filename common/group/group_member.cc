@@ -64,6 +64,9 @@ GroupMember::GroupMember(std::string worker_id, control::ControlClient& client)
       at = end + 1;
     }
   }
+  if (const char* ms = std::getenv("PARAMCAST_FAULT_REPORT_AFTER_MS")) report_after_ = Millis(std::atoll(ms));
+  const char* echo = std::getenv("PARAMCAST_FAULT_FAIL_FIRST_FORMATION");
+  fail_first_ = echo && std::strcmp(echo, "1") == 0;
   const char* bad = std::getenv("PARAMCAST_FAULT_BAD_ADDRESS");
   const bool bad_address = bad && std::strcmp(bad, "1") == 0;
   store_ = std::make_shared<RemoteStore>([link = link_, bad_address](const RemoteStore::Request& r) {
@@ -184,6 +187,12 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
       comm = StatusOr<std::unique_ptr<Communicator>>(unavailable("PARAMCAST_FAULT_ACCUSE: claims it could not reach " +
                                                                  std::to_string(evidence.unreachable.size()) + " peers"));
   }
+  if (comm.ok() && fail_first_) {  // test hook: the echo of another member's failure, without evidence
+    fail_first_ = false;
+    comm = StatusOr<std::unique_ptr<Communicator>>(
+        unavailable("PARAMCAST_FAULT_FAIL_FIRST_FORMATION: a peer closed its pair (no evidence)"));
+  }
+  if (report_after_.count() > 0) std::this_thread::sleep_for(report_after_);  // test hook: a slow control path
   if (!comm.ok()) {
     PC_WARN(id_ << ": group epoch " << options.epoch << " failed: " << comm.status().message());
     client_.send(control::make_message(options.epoch, client_.incarnation(), [&](auto b) {

@@ -23,6 +23,10 @@
 // PARAMCAST_FAULT_ACCUSE=worker-1,... makes it, once its mesh connected,
 // say GroupFailed claiming it could not reach those members of the group
 // (a member that frames others; peers and publisher reached them).
+// PARAMCAST_FAULT_FAIL_FIRST_FORMATION=1 makes its first formation fail
+// without evidence once its mesh connected (the echo of another member's
+// failure); PARAMCAST_FAULT_REPORT_AFTER_MS=N sends each GroupReady or
+// GroupFailed N ms late (a slow control path).
 //
 // Threads: join() on the data thread; the on_* methods on the control thread.
 #pragma once
@@ -71,6 +75,8 @@ class GroupMember {
   const std::string id_;
   bool false_ready_ = false;  // PARAMCAST_FAULT_FALSE_READY
   std::vector<std::string> accuse_;  // PARAMCAST_FAULT_ACCUSE
+  bool fail_first_ = false;          // PARAMCAST_FAULT_FAIL_FIRST_FORMATION
+  Millis report_after_{0};           // PARAMCAST_FAULT_REPORT_AFTER_MS
   control::ControlClient& client_;
   std::shared_ptr<Link> link_;
   std::shared_ptr<RemoteStore> store_;

@@ -87,5 +87,38 @@ TEST_F(MemberClaimsTest, TwoMembersFramingAThirdAreLeftOutAndTheThirdGetsEveryUp
   }
 }
 
+// The order of the word: an honest member fails its first formation without
+// evidence at once (as one does whose pair a framer closed), and the two
+// framers' accusations come 300 ms later. The formation waits for every
+// member's word (the collection window) before the verdict: the framers are
+// left out and the honest member's echo is not held against it. (Before, the
+// evidence-less failure ended the formation at once: the verdict saw one
+// failure and no accusation, and the update failed.)
+TEST_F(MemberClaimsTest, AnHonestEchoReportedBeforeTheFramersWordDoesNotHideTheirAccusation) {
+  make_publisher(test::test_config_yaml(5, "  on_member_loss: continue\n"));
+  spawn_worker("worker-1");
+  spawn_worker("worker-2");
+  spawn_worker("worker-3", {"PARAMCAST_FAULT_FAIL_FIRST_FORMATION=1"});
+  spawn_worker("worker-4", {"PARAMCAST_FAULT_ACCUSE=worker-1", "PARAMCAST_FAULT_REPORT_AFTER_MS=300"});
+  spawn_worker("worker-5", {"PARAMCAST_FAULT_ACCUSE=worker-1", "PARAMCAST_FAULT_REPORT_AFTER_MS=300"});
+  Status s = pub_->start();
+  ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
+  for (uint64_t v = 1; v <= 2; ++v) {
+    UpdateResult r = publish(v);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status.to_string() << outputs();
+    std::vector<std::string> got;
+    for (const auto& o : r.subscribers) got.push_back(o.worker_id);
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, (std::vector<std::string>{"worker-1", "worker-2", "worker-3"})) << outputs();
+    for (const char* id : {"worker-1", "worker-3"}) {
+      std::string needle = id;
+      needle += ": v";
+      needle += std::to_string(v);
+      needle += " verified";
+      EXPECT_TRUE(workers_[id]->wait_for_output(needle, std::chrono::seconds(30))) << outputs();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace paramcast
