@@ -34,7 +34,8 @@ set(paramcast_public_headers   # source path -> path under include/paramcast
   common/log.h common/log.h
   common/plan.h common/plan.h
   common/status.h common/status.h
-  common/tensor.h common/tensor.h)
+  common/tensor.h common/tensor.h
+  common/transform/transform.h common/transform/transform.h)
 set(paramcast_header_dir ${PROJECT_BINARY_DIR}/include/paramcast)
 set(paramcast_header_map "")
 list(LENGTH paramcast_public_headers n)

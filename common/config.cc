@@ -292,6 +292,31 @@ void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p,
       {"slow_member_floor", [&](N v, P q) { c.publisher.slow_member_floor = L.size(v, q, 1); }},
       {"slow_member_window", [&](N v, P q) { c.publisher.slow_member_window = L.duration(v, q); }},
       {"reuse_validated_plan", [&](N v, P q) { c.publisher.reuse_validated_plan = L.boolean(v, q); }},
+      {"transforms", [&](N v, P q) {
+        if (!v.IsSequence()) L.fail(v, q, "expected a list of rules like {match: \"*.weight\", fp8: block}");
+        c.publisher.transforms.clear();
+        for (size_t i = 0; i < v.size(); ++i) {
+          const std::string qi = q + "[" + std::to_string(i) + "]";
+          transform::Rule rule;
+          rule.where = L.where(v[i]) + " " + qi;
+          L.map(v[i], qi, {
+            {"match", [&](N m, P mq) { rule.match = L.scalar(m, mq, "a glob over tensor names"); }},
+            {"cast", [&](N m, P mq) {
+              rule.cast = L.choice<DType>(m, mq, {{"bf16", DType::kBF16}, {"fp16", DType::kF16}, {"fp32", DType::kF32}});
+            }},
+            {"fp8", [&](N m, P mq) {
+              rule.fp8 = L.choice<transform::Fp8Scaling>(m, mq, {{"block", transform::Fp8Scaling::kBlock},
+                                                                {"channel", transform::Fp8Scaling::kChannel},
+                                                                {"tensor", transform::Fp8Scaling::kTensor}});
+            }},
+            {"keep", [&](N m, P mq) { rule.keep = L.boolean(m, mq); }},
+          });
+          if (rule.match.empty()) L.fail(v[i], qi, "a rule needs match (a glob over tensor names, e.g. \"*.weight\")");
+          const int kinds = (rule.cast ? 1 : 0) + (rule.fp8 ? 1 : 0) + (rule.keep ? 1 : 0);
+          if (kinds != 1) L.fail(v[i], qi, "a rule gives exactly one of cast, fp8 or keep: true");
+          c.publisher.transforms.push_back(std::move(rule));
+        }
+      }},
       {"delta", [&](N v, P q) {
         auto mode = [&](N m, P mq) {
           c.publisher.delta = L.choice<DeltaMode>(
@@ -420,6 +445,14 @@ void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c
   if (c.data_plane.backend == Backend::kNccl && !any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");
+  if (!c.publisher.transforms.empty() && c.publisher.ranks > 1)
+    L.fail(root["publisher"]["transforms"], "publisher.transforms",
+           "a many-sender job (publisher.ranks > 1) sends every tensor as it is: transforms there are not built "
+           "yet (each sender would quantize its own rows, blocks aligned with its shard)");
+  if (!c.publisher.transforms.empty() && c.publisher.device.is_cuda())
+    L.fail(root["publisher"]["transforms"], "publisher.transforms",
+           "transforms run on host tensors (publisher.device is " + c.publisher.device.to_string() +
+               "): the CUDA quantizer is not built yet");
 }
 
 Config parse(const YAML::Node& root, const std::string& file) {

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "common/transform/transform.h"
 
 namespace paramcast {
 
@@ -154,6 +155,12 @@ struct PublisherOptions {
   // costs the model's bytes there). Host tensors' baseline is host memory
   // either way. Default: host
   DeltaBaseline delta_baseline = DeltaBaseline::kHost;
+  // What travels instead of the trainer's bytes, by tensor name
+  // (common/transform/transform.h): a list of {match: GLOB, cast:
+  // bf16|fp16|fp32}, {match: GLOB, fp8: block|channel|tensor} or {match:
+  // GLOB, keep: true}; the first match decides. Default: none (every tensor
+  // as it is)
+  std::vector<transform::Rule> transforms;
 };
 
 struct SubscriberOptions {

@@ -14,6 +14,16 @@
 namespace paramcast::python {
 namespace {
 
+// An update's transforms (a list of rule dicts, as publisher.transforms
+// takes them in YAML), read by the same loader; None: the config's.
+std::optional<std::vector<transform::Rule>> rules_from(const py::object& rules) {
+  if (rules.is_none()) return std::nullopt;
+  py::dict publisher, config;
+  publisher["transforms"] = rules;
+  config["publisher"] = publisher;
+  return config_from_dict(config).publisher.transforms;
+}
+
 class UpdateHandle {
  public:
   UpdateHandle(std::shared_future<UpdateResult> f, std::vector<py::object> keep)
@@ -189,7 +199,7 @@ class PyPublisher {
 
   // items: (name, tensor, dtype override or None, CUDA stream or None).
   std::shared_ptr<UpdateHandle> submit(const py::list& items, std::optional<uint64_t> version, uintptr_t after_stream,
-                                       bool partial) {
+                                       bool partial, const py::object& transforms) {
     std::vector<TensorView> views;
     std::vector<py::object> keep;
     views.reserve(items.size());
@@ -207,6 +217,7 @@ class PyPublisher {
     options.version = version;
     options.after_stream = reinterpret_cast<void*>(after_stream);
     options.partial = partial;
+    options.transforms = rules_from(transforms);
     Publisher& p = live();
     std::shared_future<UpdateResult> f;
     {
@@ -240,7 +251,8 @@ class PyPublisher {
   }
 
   // manifest: (name, ParamCast dtype name, shape) triples.
-  std::unique_ptr<PyUpdate> begin_update(const py::list& manifest, std::optional<uint64_t> version, bool partial) {
+  std::unique_ptr<PyUpdate> begin_update(const py::list& manifest, std::optional<uint64_t> version, bool partial,
+                                         const py::object& transforms) {
     std::vector<TensorSpec> specs;
     specs.reserve(manifest.size());
     for (auto item : manifest) {
@@ -258,6 +270,7 @@ class PyPublisher {
     UpdateOptions options;
     options.version = version;
     options.partial = partial;
+    options.transforms = rules_from(transforms);
     Publisher& p = live();
     std::unique_ptr<Update> u;
     {
@@ -346,6 +359,7 @@ void bind_results(py::module_& m) {
       .def_readonly("delta", &UpdateResult::delta)
       .def_readonly("dense_because", &UpdateResult::dense_because)
       .def_readonly("tensors", &UpdateResult::tensors)
+      .def_readonly("transformed", &UpdateResult::transformed)
       .def_readonly("buckets", &UpdateResult::buckets)
       .def_readonly("seconds", &UpdateResult::seconds)
       .def_property_readonly("gbps", &UpdateResult::gbps)
@@ -384,9 +398,10 @@ void bind_publisher(py::module_& m) {
       .def_property_readonly("metrics_endpoint", &PyPublisher::metrics_endpoint)
       .def("start", &PyPublisher::start)
       .def("submit", &PyPublisher::submit, py::arg("items"), py::arg("version"), py::arg("after_stream"),
-           py::arg("partial") = false)
+           py::arg("partial") = false, py::arg("transforms") = py::none())
       .def("submit_sharded", &PyPublisher::submit_sharded, py::arg("items"), py::arg("version"))
-      .def("begin_update", &PyPublisher::begin_update, py::arg("manifest"), py::arg("version"), py::arg("partial"))
+      .def("begin_update", &PyPublisher::begin_update, py::arg("manifest"), py::arg("version"), py::arg("partial"),
+           py::arg("transforms") = py::none())
       .def("stats", &PyPublisher::stats)
       .def("poll_event", &PyPublisher::poll_event)
       .def("close", &PyPublisher::close);

@@ -118,6 +118,23 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
                                 "PublisherRank::weight_update on the others)");
     return r;
   }
+  if (const auto& rules = options.transforms ? *options.transforms : cfg_.publisher.transforms; !rules.empty()) {
+    // What travels: the transformed tensors (cast, fp8 and its scales), held
+    // for this call; the rest as the caller's own bytes.
+    auto wire = transform::apply_all(tensors, rules);
+    if (!wire.ok()) {
+      UpdateResult r;
+      r.tensors = tensors.size();
+      r.status = wire.status();
+      PC_WARN("publisher: update refused before any byte moved: " << r.status.to_string());
+      return r;
+    }
+    UpdateOptions as_is = options;
+    as_is.transforms = std::vector<transform::Rule>{};
+    UpdateResult r = weight_update(wire->views, as_is);
+    r.transformed = wire->transformed;
+    return r;
+  }
   {
     // Engines with tensor parallelism want their slices only: a broadcast
     // would carry every byte to every engine rank (and they refuse it), so
@@ -806,7 +823,9 @@ std::string Publisher::metrics_endpoint() const { return impl_->metrics_endpoint
 Status Publisher::start() { return impl_->start(); }
 
 UpdateResult Publisher::weight_update(const std::vector<TensorView>& tensors, std::optional<uint64_t> version) {
-  return impl_->weight_update(tensors, UpdateOptions{version});
+  UpdateOptions options;
+  options.version = version;
+  return impl_->weight_update(tensors, options);
 }
 
 UpdateResult Publisher::weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options) {
@@ -818,7 +837,9 @@ UpdateResult Publisher::weight_update(const std::vector<TensorView>& tensors, co
 
 std::future<UpdateResult> Publisher::weight_update_async(std::vector<TensorView> tensors,
                                                          std::optional<uint64_t> version) {
-  return weight_update_async(std::move(tensors), UpdateOptions{version});
+  UpdateOptions options;
+  options.version = version;
+  return weight_update_async(std::move(tensors), std::move(options));
 }
 
 std::future<UpdateResult> Publisher::weight_update_async(std::vector<TensorView> tensors, UpdateOptions options) {

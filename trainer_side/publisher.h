@@ -70,7 +70,8 @@ struct UpdateResult {
   // publisher.delta on and the update went dense: why ("worker-3 at v5",
   // "no baseline yet", "the manifest changed", ...). Empty otherwise.
   std::string dense_because;
-  size_t tensors = 0;
+  size_t tensors = 0;      // tensors that travelled (an fp8 tensor and its scales count two)
+  size_t transformed = 0;  // the caller's tensors a transform changed (cast, fp8)
   size_t buckets = 0;
   double seconds = 0;
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
@@ -129,6 +130,10 @@ struct UpdateOptions {
   // and the engines are consistent at the new version. Without it, a
   // registered tensor missing from the update is a mismatch. Default: false
   bool partial = false;
+  // What travels instead of the trainer's bytes, by tensor name, for this
+  // update (common/transform/transform.h): replaces publisher.transforms;
+  // an empty list sends every tensor as it is. Unset: publisher.transforms.
+  std::optional<std::vector<transform::Rule>> transforms;
 };
 
 class PublisherImpl;

@@ -86,6 +86,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // begin_stream until stream_finish or stream_abort.
   std::unique_ptr<StreamState> begin_stream(const std::vector<TensorSpec>& manifest, const UpdateOptions& options);
   Status stream_send(StreamState& st, const TensorView& tensor, void* after_stream);
+  Status stream_send_wire(StreamState& st, const TensorView& tensor, void* after_stream);  // as it travels
   UpdateResult stream_finish(StreamState& st);
   void stream_abort(StreamState& st, const std::string& why);
   void release(StreamState& st);

@@ -200,6 +200,11 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     r.status = invalid_argument("weight_update_sharded: a streamed update is open on this thread");
     return r;
   }
+  if (options.transforms && !options.transforms->empty()) {
+    r.status = invalid_argument("weight_update_sharded: a many-sender update sends every tensor as it is "
+                                "(UpdateOptions::transforms are not built for it yet)");
+    return r;
+  }
   std::lock_guard<UpdateGate> ulock(update_mu_);
   if (!options.version) ++sharded_calls_;
   const auto t0 = Clock::now();

@@ -2,6 +2,7 @@
 // Update handle, over the same protocol steps as weight_update (plan ->
 // group -> check -> move -> applied), with the move driven by the caller's
 // send()s (stream::StreamSender) instead of a list of tensors at hand.
+#include <set>
 #include <unordered_map>
 
 #include "common/control/messages.h"
@@ -26,6 +27,12 @@ struct StreamState {
   Status status;        // the first failure
   PublisherImpl::MoveState move;
   std::unique_ptr<stream::StreamSender> sender;
+  // Transforms (publisher.transforms or the update's): the manifest names
+  // the caller's tensors; the plan what travels. Per transformed tensor, what
+  // the caller sends (its spec) and what it becomes.
+  std::vector<transform::Rule> rules;
+  std::unordered_map<std::string, std::pair<TensorSpec, transform::Transform>> transforms;
+  std::unordered_map<std::string, std::string> scales;  // scale tensor -> the tensor it belongs to
 };
 
 std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<TensorSpec>& manifest,
@@ -57,7 +64,36 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   streaming_ = true;
   st->t0 = Clock::now();
   cap_ = st->t0 + cfg_.publisher.update_timeout;
-  auto plan = make_plan(manifest, options, true, st->r);
+  st->rules = options.transforms ? *options.transforms : cfg_.publisher.transforms;
+  std::vector<TensorSpec> wire;
+  wire.reserve(manifest.size());
+  std::set<std::string> names;
+  for (const auto& spec : manifest) names.insert(spec.name);
+  for (const auto& spec : manifest) {
+    auto how = transform::resolve(st->rules, spec);
+    if (!how.ok()) {
+      st->status = st->r.status = how.status();
+      return st;
+    }
+    const auto specs = transform::wire_specs(spec, *how);
+    if (!how->none()) {
+      st->transforms[spec.name] = {spec, *how};
+      ++st->r.transformed;
+    }
+    if (specs.size() > 1) {
+      if (names.count(specs[1].name)) {
+        st->status = st->r.status = invalid_argument("tensor '" + spec.name + "': " + transform::describe(*how, st->rules) +
+                                                     " sends its scales as '" + specs[1].name +
+                                                     "', which is also a tensor of this update");
+        return st;
+      }
+      st->scales[specs[1].name] = spec.name;
+    }
+    wire.insert(wire.end(), specs.begin(), specs.end());
+  }
+  const size_t transformed = st->r.transformed;
+  auto plan = make_plan(wire, options, true, st->r);
+  st->r.transformed = transformed;
   if (!plan.ok()) {
     st->status = st->r.status = plan.status();
     return st;
@@ -104,6 +140,40 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
 
 Status PublisherImpl::stream_send(StreamState& st, const TensorView& t, void* after_stream) {
   if (st.ended) return invalid_argument("update v" + std::to_string(st.plan.version) + " has ended");
+  if (!st.status.ok()) return st.status;
+  const std::string v = "update v" + std::to_string(st.plan.version) + ": ";
+  auto tr = st.transforms.find(t.spec.name);
+  if (tr == st.transforms.end()) {
+    if (auto scale = st.scales.find(t.spec.name); scale != st.scales.end()) {
+      const Status bad = invalid_argument(v + "tensor '" + t.spec.name + "' is the scales of '" + scale->second +
+                                          "', which its transform sends: send '" + scale->second + "' only");
+      stream_abort(st, bad.message());
+      st.status = st.r.status = bad;
+      return bad;
+    }
+    return stream_send_wire(st, t, after_stream);
+  }
+  // A tensor a rule transforms: checked against what the caller said it
+  // would send, transformed here (host memory held until its sends return).
+  const TensorSpec& want = tr->second.first;
+  Status bad;
+  if (t.spec.dtype != want.dtype)
+    bad = invalid_argument(v + "tensor '" + t.spec.name + "': dtype expected " + std::string(dtype_name(want.dtype)) +
+                           ", got " + std::string(dtype_name(t.spec.dtype)));
+  else if (t.spec.shape != want.shape)
+    bad = invalid_argument(v + "tensor '" + t.spec.name + "': shape expected " + want.shape_string() + ", got " +
+                           t.spec.shape_string());
+  auto wire = bad.ok() ? transform::apply_all({t}, st.rules) : StatusOr<transform::Transformed>(bad);
+  if (!wire.ok()) {
+    stream_abort(st, wire.status().message());
+    st.status = st.r.status = wire.status();
+    return wire.status();
+  }
+  for (const auto& piece : wire->views) PC_RETURN_IF_ERROR(stream_send_wire(st, piece, nullptr));
+  return Status();
+}
+
+Status PublisherImpl::stream_send_wire(StreamState& st, const TensorView& t, void* after_stream) {
   if (!st.status.ok()) return st.status;
   const std::string v = "update v" + std::to_string(st.plan.version) + ": ";
   Status bad;

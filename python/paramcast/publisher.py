@@ -55,11 +55,18 @@ class Publisher:
         self._core.start()
         return self
 
-    def weight_update(self, named_tensors, version=None, partial=False):
+    def weight_update(self, named_tensors, version=None, partial=False, transforms=None):
         """Sends ``named_tensors`` (a dict or any iterable of ``(name, tensor)``) to every subscriber.
 
         ``partial=True``: the tensors are a subset of the engines' (LoRA
         adapters, a trainable subset); the others keep their bytes.
+
+        ``transforms``: what travels instead of the trainer's bytes for this
+        update, as ``publisher.transforms`` takes it (a list of dicts:
+        ``{"match": "*proj.weight", "fp8": "block"}``, ``{"match": "*",
+        "cast": "bf16"}``, ``{"match": "*norm*", "keep": True}``; the first
+        match decides); ``[]`` sends every tensor as it is; ``None`` uses the
+        config's. docs/transforms.md.
 
         Returns the :class:`paramcast.UpdateResult` when every subscriber has
         applied the update; raises :class:`paramcast.UpdateError` otherwise.
@@ -71,7 +78,7 @@ class Publisher:
         self._not_inside_a_stream("weight_update")
         with self._lock:
             self._finish_interrupted()
-            handle = self._submit(named_tensors, version, partial)
+            handle = self._submit(named_tensors, version, partial, transforms)
             try:
                 result = _wait(handle)
             except KeyboardInterrupt:
@@ -106,7 +113,7 @@ class Publisher:
             raise UpdateError(result)
         return result
 
-    def stream(self, manifest, version=None, partial=False):
+    def stream(self, manifest, version=None, partial=False, transforms=None):
         """A streamed update: ``with pub.stream(manifest) as u: u.send(name, tensor)``.
 
         ``manifest`` names every tensor before any exists: a module (from its
@@ -118,14 +125,16 @@ class Publisher:
         can gather one parameter, send it and free it. Leaving the block
         finishes the update (``u.result``; an :class:`UpdateError` if it
         failed); an exception inside it aborts the update, leaving the
-        engines dirty at its version until the next one.
+        engines dirty at its version until the next one. ``transforms`` as
+        for :meth:`weight_update`: the manifest names the trainer's tensors,
+        each is transformed as it is sent.
         """
         entries = make_manifest(manifest)
         self._not_inside_a_stream("stream")
         self._lock.acquire()
         try:
             self._finish_interrupted()
-            core = self._core.begin_update(entries, version, partial)
+            core = self._core.begin_update(entries, version, partial, transforms)
         except BaseException:
             self._lock.release()
             raise
@@ -192,7 +201,7 @@ class Publisher:
         self.close()
         return False
 
-    def _submit(self, named_tensors, version, partial=False):
+    def _submit(self, named_tensors, version, partial=False, transforms=None):
         items = []
         stream = None
         for name, tensor in named_items(named_tensors, "weight_update"):
@@ -200,7 +209,7 @@ class Publisher:
             if s is not None and stream is None:
                 stream = s
             items.append((name, obj, dtype, s))
-        return self._core.submit(items, version, stream or 0, partial)
+        return self._core.submit(items, version, stream or 0, partial, transforms)
 
     def _not_inside_a_stream(self, what):
         # Waiting for the update lock that this thread's own open stream holds would never end.

@@ -1,0 +1,324 @@
+#include "common/transform/transform.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+namespace paramcast::transform {
+
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+// Element i of a host tensor of dtype `d` (F32, F16 or BF16) as float32.
+float load(const void* data, DType d, uint64_t i) {
+  switch (d) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(data)[i]);
+    default: return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+  }
+}
+
+std::string rule_name(const std::vector<Rule>& rules, int rule) {
+  if (rule < 0 || static_cast<size_t>(rule) >= rules.size()) return "";
+  const Rule& r = rules[static_cast<size_t>(rule)];
+  std::string out = r.where.empty() ? "rule " + std::to_string(rule) : r.where;
+  out += " (match '";
+  out += r.match;
+  out += "')";
+  return out;
+}
+
+// One group of elements sharing a scale: amax, refusing non-finite values.
+struct Amax {
+  float value = 0;
+  int64_t bad = -1;  // flat index of the first non-finite element
+};
+
+}  // namespace
+
+bool glob_match(const std::string& pattern, const std::string& name) {
+  size_t p = 0, n = 0, star = std::string::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = n;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+StatusOr<Transform> resolve(const std::vector<Rule>& rules, const TensorSpec& spec) {
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const Rule& r = rules[i];
+    if (!glob_match(r.match, spec.name)) continue;
+    Transform t;
+    t.rule = static_cast<int>(i);
+    if (r.keep) return t;
+    auto refuse = [&](const std::string& why) {
+      std::string msg = "tensor '" + spec.name + "' " + spec.shape_string() + " (";
+      msg += dtype_name(spec.dtype);
+      msg += "): ";
+      msg += why;
+      msg += "; ";
+      msg += rule_name(rules, static_cast<int>(i));
+      msg += " matches it (exempt it with keep: true ahead of that rule)";
+      return invalid_argument(msg);
+    };
+    if (!is_float(spec.dtype))
+      return refuse(r.fp8 ? "fp8 takes a float tensor (F32, F16, BF16)" : "cast takes a float tensor (F32, F16, BF16)");
+    if (r.fp8) {
+      if (spec.shape.size() != 2) return refuse("fp8 takes a 2-D tensor (a weight matrix)");
+      t.kind = Transform::Kind::kFp8;
+      t.to = DType::kF8E4M3;
+      t.scaling = *r.fp8;
+      return t;
+    }
+    if (r.cast) {
+      if (!is_float(*r.cast)) return refuse("cast goes to bf16, fp16 or fp32");
+      if (*r.cast == spec.dtype) return t;  // already what the engine serves
+      t.kind = Transform::Kind::kCast;
+      t.to = *r.cast;
+      return t;
+    }
+    return t;
+  }
+  return Transform{};
+}
+
+std::vector<int64_t> scale_shape(const std::vector<int64_t>& shape, Fp8Scaling scaling) {
+  const int64_t rows = shape.size() == 2 ? shape[0] : 0, cols = shape.size() == 2 ? shape[1] : 0;
+  switch (scaling) {
+    case Fp8Scaling::kBlock: return {(rows + kBlock - 1) / kBlock, (cols + kBlock - 1) / kBlock};
+    case Fp8Scaling::kChannel: return {rows, 1};
+    default: return {1};
+  }
+}
+
+std::vector<TensorSpec> wire_specs(const TensorSpec& spec, const Transform& t) {
+  switch (t.kind) {
+    case Transform::Kind::kNone: return {spec};
+    case Transform::Kind::kCast: return {TensorSpec{spec.name, t.to, spec.shape}};
+    default:
+      return {TensorSpec{spec.name, DType::kF8E4M3, spec.shape},
+              TensorSpec{spec.name + kScaleSuffix, DType::kF32, scale_shape(spec.shape, t.scaling)}};
+  }
+}
+
+std::string describe(const Transform& t, const std::vector<Rule>& rules) {
+  std::string out;
+  switch (t.kind) {
+    case Transform::Kind::kNone: out = "as is"; break;
+    case Transform::Kind::kCast:
+      out = "cast: ";
+      out += dtype_name(t.to);
+      break;
+    default:
+      out = t.scaling == Fp8Scaling::kBlock ? "fp8: block" : t.scaling == Fp8Scaling::kChannel ? "fp8: channel"
+                                                                                              : "fp8: tensor";
+  }
+  if (const std::string r = rule_name(rules, t.rule); !r.empty() && !t.none()) out += " by " + r;
+  return out;
+}
+
+// ------------------------------------------------------------ scalars
+uint8_t e4m3fn_from_float(float x) {
+  const uint8_t sign = static_cast<uint8_t>((bits_of(x) >> 24) & 0x80);
+  const float a = std::fabs(x);
+  if (a < 0.015625f) {  // below 2^-6, the smallest normal: multiples of 2^-9 (a * 512 is exact)
+    // Round to nearest even; 8 is the smallest normal's code (0x08).
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f)));
+  }
+  const uint32_t u = bits_of(a);
+  int e = static_cast<int>(u >> 23) - 127;
+  const uint32_t mant = u & 0x7FFFFF;
+  uint32_t keep = mant >> 20;  // 3 of 23 mantissa bits
+  const uint32_t rest = mant & 0xFFFFF;
+  if (rest > 0x80000 || (rest == 0x80000 && (keep & 1))) ++keep;
+  if (keep == 8) {
+    keep = 0;
+    ++e;
+  }
+  return static_cast<uint8_t>(sign | static_cast<uint8_t>(((e + 7) << 3) | static_cast<int>(keep)));
+}
+
+float e4m3fn_to_float(uint8_t code) {
+  const float sign = (code & 0x80) ? -1.0f : 1.0f;
+  const int e = (code >> 3) & 0xF, m = code & 7;
+  if (e == 15 && m == 7) return std::nanf("");
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);
+  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+}
+
+uint16_t bf16_from_float(float x) {
+  if (std::isnan(x)) return 0x7FC0;
+  const uint32_t u = bits_of(x);
+  return static_cast<uint16_t>((u + (((u >> 16) & 1) + 0x7FFF)) >> 16);
+}
+
+float bf16_to_float(uint16_t bits) { return float_of(static_cast<uint32_t>(bits) << 16); }
+
+uint16_t f16_from_float(float f) {
+  // IEEE half, round to nearest even, overflow to infinity, NaN to 0x7E00.
+  const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = bits_of(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = float_of((bias >> 1) + 0x07800000u) + base;
+  const uint32_t b = bits_of(base);
+  const uint32_t exp_bits = (b >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = b & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return float_of(sign | 0x7F800000u | (mant << 13));
+  return float_of(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+// ------------------------------------------------------------ apply
+Status apply(const TensorView& src, const Transform& t, void* out, float* scales) {
+  if (src.device.is_cuda())
+    return invalid_argument("tensor '" + src.spec.name + "': transforms run on host tensors (" + describe(t) +
+                         " of a " + src.device.to_string() + " tensor needs the CUDA kernel, not built yet)");
+  auto numel = src.spec.numel();
+  if (!numel.ok()) return numel.status();
+  const uint64_t n = *numel;
+  const DType from = src.spec.dtype;
+  if (t.kind == Transform::Kind::kNone) {
+    std::memcpy(out, src.data, n * dtype_size(from));
+    return Status();
+  }
+  if (t.kind == Transform::Kind::kCast) {
+    for (uint64_t i = 0; i < n; ++i) {
+      const float v = load(src.data, from, i);
+      switch (t.to) {
+        case DType::kF32: static_cast<float*>(out)[i] = v; break;
+        case DType::kF16: static_cast<uint16_t*>(out)[i] = f16_from_float(v); break;
+        default: static_cast<uint16_t*>(out)[i] = bf16_from_float(v); break;
+      }
+    }
+    return Status();
+  }
+  // fp8: rows x cols in groups that share a scale.
+  const int64_t rows = src.spec.shape[0], cols = src.spec.shape[1];
+  auto* q = static_cast<uint8_t*>(out);
+  auto non_finite = [&](int64_t flat) {
+    std::string msg = "tensor '" + src.spec.name + "': element [" + std::to_string(flat / std::max<int64_t>(cols, 1)) +
+                      ", " + std::to_string(flat % std::max<int64_t>(cols, 1)) + "] is not finite (";
+    msg += std::to_string(load(src.data, from, static_cast<uint64_t>(flat)));
+    msg += "): ";
+    msg += describe(t);
+    msg += " cannot scale it; nothing was sent";
+    return invalid_argument(msg);
+  };
+  auto scale_of = [](float amax) { return amax == 0.0f ? 1.0f : amax / kFp8Max; };
+  auto quantize = [&](float v, float scale) { return e4m3fn_from_float(std::clamp(v / scale, -kFp8Max, kFp8Max)); };
+  if (t.scaling == Fp8Scaling::kTensor || t.scaling == Fp8Scaling::kChannel) {
+    const bool per_row = t.scaling == Fp8Scaling::kChannel;
+    float amax = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (per_row) amax = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = load(src.data, from, static_cast<uint64_t>(r * cols + c));
+        if (!std::isfinite(v)) return non_finite(r * cols + c);
+        amax = std::max(amax, std::fabs(v));
+      }
+      if (per_row) scales[r] = scale_of(amax);
+    }
+    if (!per_row) scales[0] = scale_of(amax);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float scale = per_row ? scales[r] : scales[0];
+      for (int64_t c = 0; c < cols; ++c)
+        q[r * cols + c] = quantize(load(src.data, from, static_cast<uint64_t>(r * cols + c)), scale);
+    }
+    return Status();
+  }
+  const int64_t bcols = (cols + kBlock - 1) / kBlock;
+  std::vector<float> amax(static_cast<size_t>(bcols));
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {  // one stripe of 128 rows at a time
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    std::fill(amax.begin(), amax.end(), 0.0f);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = load(src.data, from, static_cast<uint64_t>(r * cols + c));
+        if (!std::isfinite(v)) return non_finite(r * cols + c);
+        float& m = amax[static_cast<size_t>(c / kBlock)];
+        m = std::max(m, std::fabs(v));
+      }
+    float* row_scales = scales + (r0 / kBlock) * bcols;
+    for (int64_t b = 0; b < bcols; ++b) row_scales[b] = scale_of(amax[static_cast<size_t>(b)]);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        q[r * cols + c] = quantize(load(src.data, from, static_cast<uint64_t>(r * cols + c)), row_scales[c / kBlock]);
+  }
+  return Status();
+}
+
+StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const std::vector<Rule>& rules) {
+  Transformed out;
+  std::set<std::string> names;
+  for (const auto& t : tensors) names.insert(t.spec.name);
+  for (const auto& t : tensors) {
+    auto how = resolve(rules, t.spec);
+    if (!how.ok()) return how.status();
+    if (how->none()) {
+      out.views.push_back(t);
+      continue;
+    }
+    const auto specs = wire_specs(t.spec, *how);
+    if (specs.size() > 1 && names.count(specs[1].name))
+      return invalid_argument("tensor '" + t.spec.name + "': " + describe(*how, rules) + " sends its scales as '" +
+                              specs[1].name + "', which is also a tensor of this update");
+    std::vector<uint8_t*> buffers;
+    for (const auto& spec : specs) {
+      auto bytes = spec.nbytes();
+      if (!bytes.ok()) return bytes.status();
+      try {
+        out.owned.emplace_back(new uint8_t[std::max<uint64_t>(*bytes, 1)]);
+      } catch (const std::bad_alloc&) {
+        return unavailable("tensor '" + spec.name + "': no host memory for its " + std::to_string(*bytes) +
+                           " bytes (" + describe(*how) + ")");
+      }
+      out.owned_bytes += *bytes;
+      buffers.push_back(out.owned.back().get());
+      out.views.push_back(TensorView{spec, buffers.back(), Device::cpu()});
+    }
+    PC_RETURN_IF_ERROR(apply(t, *how, buffers[0], buffers.size() > 1 ? reinterpret_cast<float*>(buffers[1]) : nullptr));
+    ++out.transformed;
+  }
+  return out;
+}
+
+}  // namespace paramcast::transform

@@ -1,0 +1,110 @@
+// Transforms on send: the engine receives what it serves, not what the
+// trainer holds.
+//
+// A trainer trains in BF16 (FP32 master weights) while its engines may serve
+// BF16 from an FP32 trainer, or FP8. Rules in the publisher's config
+// (publisher.transforms, overridable per update: UpdateOptions::transforms)
+// pick, by tensor name, what travels instead of the trainer's bytes:
+//   cast: bf16 | fp16 | fp32   the same shape in another float dtype
+//                              (round to nearest even, as PyTorch's .to())
+//   fp8: block | channel | tensor
+//                              float8 e4m3fn, plus `<name>_scale_inv` in
+//                              float32: one scale per 128x128 block (the
+//                              layout DeepSeek-V3 checkpoints and vLLM's
+//                              block-FP8 linear layers load), per row
+//                              ([rows, 1]), or one for the tensor ([1])
+//   keep: true                 the tensor travels as it is (an exemption
+//                              ahead of a broader rule)
+// The first rule whose `match` (a glob over the whole name: `*` any run of
+// characters, `?` one) matches decides; a tensor no rule matches travels as
+// it is. fp8 takes a 2-D float tensor, cast a float tensor: a rule matching
+// anything else is an error naming the tensor and the rule.
+//
+// The quantization is exact and reproducible (docs/transforms.md has the
+// reference in PyTorch, which the tests check this against bit for bit):
+// per block (row, tensor) of x as float32,
+//   amax  = max |x|                       (a non-finite x is refused)
+//   scale = amax / 448  (float32), or 1 where amax is 0
+//   q     = e4m3fn(clamp(x / scale, -448, 448))   round to nearest even
+//   <name>_scale_inv = scale              (x ~ q * scale_inv)
+//
+// Pure: no I/O, no lock; host memory only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace paramcast::transform {
+
+enum class Fp8Scaling : uint8_t { kBlock, kChannel, kTensor };
+inline constexpr int64_t kBlock = 128;        // fp8: block is 128 x 128 elements
+inline constexpr float kFp8Max = 448.0f;      // the largest finite e4m3fn
+inline constexpr const char* kScaleSuffix = "_scale_inv";
+
+struct Rule {
+  std::string match;
+  std::optional<DType> cast;        // cast: bf16 | fp16 | fp32
+  std::optional<Fp8Scaling> fp8;    // fp8: block | channel | tensor
+  bool keep = false;                // keep: true
+  std::string where;                // for errors: "publisher.transforms[2]" (file:line in a config)
+  bool operator==(const Rule& o) const { return match == o.match && cast == o.cast && fp8 == o.fp8 && keep == o.keep; }
+};
+
+// What one tensor becomes on the wire.
+struct Transform {
+  enum class Kind : uint8_t { kNone, kCast, kFp8 };
+  Kind kind = Kind::kNone;
+  DType to = DType::kF32;                  // kCast: the wire dtype
+  Fp8Scaling scaling = Fp8Scaling::kBlock;  // kFp8
+  int rule = -1;                            // the rule that chose it (-1: none)
+  bool none() const { return kind == Kind::kNone; }
+};
+
+// Whole-name glob: `*` any run of characters (also none), `?` any one.
+bool glob_match(const std::string& pattern, const std::string& name);
+
+// The transform the first matching rule gives `spec`; an error naming the
+// tensor and the rule when the rule cannot apply to it.
+StatusOr<Transform> resolve(const std::vector<Rule>& rules, const TensorSpec& spec);
+
+// What travels for `spec`: itself, the cast tensor, or the fp8 tensor and
+// its scales (in that order).
+std::vector<TensorSpec> wire_specs(const TensorSpec& spec, const Transform& t);
+std::vector<int64_t> scale_shape(const std::vector<int64_t>& shape, Fp8Scaling scaling);
+
+// "fp8: block" / "cast: bf16" / "as is", with the rule's place when known.
+std::string describe(const Transform& t, const std::vector<Rule>& rules = {});
+
+// Writes what travels for host tensor `src` into `out` (wire_specs(...)[0]'s
+// bytes) and, for fp8, `scales` (wire_specs(...)[1]'s). An error names the
+// tensor and the first non-finite element's index (fp8).
+Status apply(const TensorView& src, const Transform& t, void* out, float* scales);
+
+// A whole update's tensors as they travel: views of the caller's own bytes
+// where no rule applies, of buffers owned here where one does (the fp8
+// tensor, then its scales, in the caller's order). Refused, naming the
+// tensor: a rule that cannot apply, a scale's name that another tensor of
+// the update has, a non-finite value under fp8, a CUDA tensor.
+struct Transformed {
+  std::vector<TensorView> views;
+  std::vector<std::unique_ptr<uint8_t[]>> owned;
+  size_t transformed = 0;    // tensors a rule changed
+  uint64_t owned_bytes = 0;  // host memory held for them
+};
+StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const std::vector<Rule>& rules);
+
+// The scalar conversions, exposed for tests: round to nearest even.
+uint8_t e4m3fn_from_float(float x);  // |x| <= 448 and finite (apply clamps first)
+float e4m3fn_to_float(uint8_t code);
+uint16_t bf16_from_float(float x);
+uint16_t f16_from_float(float x);
+float bf16_to_float(uint16_t bits);
+float f16_to_float(uint16_t bits);
+
+}  // namespace paramcast::transform
