@@ -41,11 +41,83 @@ std::string rule_name(const std::vector<Rule>& rules, int rule) {
   return out;
 }
 
-// One group of elements sharing a scale: amax, refusing non-finite values.
-struct Amax {
-  float value = 0;
-  int64_t bad = -1;  // flat index of the first non-finite element
-};
+
+// e4m3fn of finite x, saturated to +-448, without branches (the loops
+// vectorize): |x| is clamped on its bits; below 2^-6 the multiples of 2^-9
+// (a * 512 + 2^23 rounds to nearest even in the float's low bits); above,
+// the exponent and top 3 mantissa bits rounded to nearest even (the carry
+// runs into the exponent).
+inline uint8_t encode(float x) {
+  const uint32_t w = bits_of(x);
+  const uint32_t sign = (w >> 24) & 0x80;
+  uint32_t u = w & 0x7FFFFFFFu;
+  u = u < 0x43E00000u ? u : 0x43E00000u;  // 448
+  const uint32_t sub = bits_of(float_of(u) * 512.0f + 8388608.0f) - 0x4B000000u;
+  const uint32_t norm = ((u + 0x7FFFFu + ((u >> 20) & 1)) >> 20) - 960u;
+  return static_cast<uint8_t>((u < 0x3C800000u ? sub : norm) | sign);  // 2^-6
+}
+
+inline float scale_of(float amax) { return amax == 0.0f ? 1.0f : amax / kFp8Max; }
+
+// max |x| over [begin, end), on the bits of |x| (they order as the values
+// do); `bad` set when any x is not finite (its bits are at least inf's).
+template <class Load>
+inline float amax_of(const Load& load, int64_t begin, int64_t end, bool& bad) {
+  uint32_t m = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t a = bits_of(load(i)) & 0x7FFFFFFFu;
+    m = a > m ? a : m;
+  }
+  bad = bad || m >= 0x7F800000u;
+  return float_of(m);
+}
+
+template <class Load>
+inline void quantize_run(const Load& load, int64_t begin, int64_t end, float scale, uint8_t* q) {
+  for (int64_t i = begin; i < end; ++i) q[i] = encode(load(i) / scale);
+}
+
+// Returns the flat index of the first non-finite element, or -1 (written).
+template <class Load>
+int64_t fp8_kernel(const Load& load, int64_t rows, int64_t cols, Fp8Scaling scaling, uint8_t* q, float* scales) {
+  bool bad = false;
+  auto first_bad = [&] {
+    for (int64_t i = 0; i < rows * cols; ++i)
+      if (!std::isfinite(load(i))) return i;
+    return int64_t{-1};
+  };
+  if (scaling == Fp8Scaling::kTensor) {
+    const float s = scale_of(amax_of(load, 0, rows * cols, bad));
+    if (bad) return first_bad();
+    scales[0] = s;
+    quantize_run(load, 0, rows * cols, s, q);
+    return -1;
+  }
+  if (scaling == Fp8Scaling::kChannel) {
+    for (int64_t r = 0; r < rows; ++r) scales[r] = scale_of(amax_of(load, r * cols, (r + 1) * cols, bad));
+    if (bad) return first_bad();
+    for (int64_t r = 0; r < rows; ++r) quantize_run(load, r * cols, (r + 1) * cols, scales[r], q);
+    return -1;
+  }
+  const int64_t bcols = (cols + kBlock - 1) / kBlock;
+  std::vector<float> amax(static_cast<size_t>(bcols));
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {  // one stripe of 128 rows at a time
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    std::fill(amax.begin(), amax.end(), 0.0f);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < bcols; ++b) {
+        const float m = amax_of(load, r * cols + b * kBlock, r * cols + std::min(cols, (b + 1) * kBlock), bad);
+        amax[static_cast<size_t>(b)] = std::max(amax[static_cast<size_t>(b)], m);
+      }
+    if (bad) return first_bad();
+    float* row_scales = scales + (r0 / kBlock) * bcols;
+    for (int64_t b = 0; b < bcols; ++b) row_scales[b] = scale_of(amax[static_cast<size_t>(b)]);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < bcols; ++b)
+        quantize_run(load, r * cols + b * kBlock, r * cols + std::min(cols, (b + 1) * kBlock), row_scales[b], q);
+  }
+  return -1;
+}
 
 }  // namespace
 
@@ -143,25 +215,7 @@ std::string describe(const Transform& t, const std::vector<Rule>& rules) {
 }
 
 // ------------------------------------------------------------ scalars
-uint8_t e4m3fn_from_float(float x) {
-  const uint8_t sign = static_cast<uint8_t>((bits_of(x) >> 24) & 0x80);
-  const float a = std::fabs(x);
-  if (a < 0.015625f) {  // below 2^-6, the smallest normal: multiples of 2^-9 (a * 512 is exact)
-    // Round to nearest even; 8 is the smallest normal's code (0x08).
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f)));
-  }
-  const uint32_t u = bits_of(a);
-  int e = static_cast<int>(u >> 23) - 127;
-  const uint32_t mant = u & 0x7FFFFF;
-  uint32_t keep = mant >> 20;  // 3 of 23 mantissa bits
-  const uint32_t rest = mant & 0xFFFFF;
-  if (rest > 0x80000 || (rest == 0x80000 && (keep & 1))) ++keep;
-  if (keep == 8) {
-    keep = 0;
-    ++e;
-  }
-  return static_cast<uint8_t>(sign | static_cast<uint8_t>(((e + 7) << 3) | static_cast<int>(keep)));
-}
+uint8_t e4m3fn_from_float(float x) { return encode(x); }
 
 float e4m3fn_to_float(uint8_t code) {
   const float sign = (code & 0x80) ? -1.0f : 1.0f;
@@ -231,59 +285,31 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
     }
     return Status();
   }
-  // fp8: rows x cols in groups that share a scale.
+  // fp8: rows x cols in groups that share a scale, one kernel per source dtype.
   const int64_t rows = src.spec.shape[0], cols = src.spec.shape[1];
-  auto* q = static_cast<uint8_t*>(out);
-  auto non_finite = [&](int64_t flat) {
-    std::string msg = "tensor '" + src.spec.name + "': element [" + std::to_string(flat / std::max<int64_t>(cols, 1)) +
-                      ", " + std::to_string(flat % std::max<int64_t>(cols, 1)) + "] is not finite (";
-    msg += std::to_string(load(src.data, from, static_cast<uint64_t>(flat)));
-    msg += "): ";
-    msg += describe(t);
-    msg += " cannot scale it; nothing was sent";
-    return invalid_argument(msg);
-  };
-  auto scale_of = [](float amax) { return amax == 0.0f ? 1.0f : amax / kFp8Max; };
-  auto quantize = [&](float v, float scale) { return e4m3fn_from_float(std::clamp(v / scale, -kFp8Max, kFp8Max)); };
-  if (t.scaling == Fp8Scaling::kTensor || t.scaling == Fp8Scaling::kChannel) {
-    const bool per_row = t.scaling == Fp8Scaling::kChannel;
-    float amax = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (per_row) amax = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        const float v = load(src.data, from, static_cast<uint64_t>(r * cols + c));
-        if (!std::isfinite(v)) return non_finite(r * cols + c);
-        amax = std::max(amax, std::fabs(v));
-      }
-      if (per_row) scales[r] = scale_of(amax);
-    }
-    if (!per_row) scales[0] = scale_of(amax);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float scale = per_row ? scales[r] : scales[0];
-      for (int64_t c = 0; c < cols; ++c)
-        q[r * cols + c] = quantize(load(src.data, from, static_cast<uint64_t>(r * cols + c)), scale);
-    }
-    return Status();
+  int64_t bad = -1;
+  switch (from) {
+    case DType::kF32:
+      bad = fp8_kernel([p = static_cast<const float*>(src.data)](int64_t i) { return p[i]; }, rows, cols, t.scaling,
+                       static_cast<uint8_t*>(out), scales);
+      break;
+    case DType::kBF16:
+      bad = fp8_kernel([p = static_cast<const uint16_t*>(src.data)](int64_t i) { return bf16_to_float(p[i]); }, rows,
+                       cols, t.scaling, static_cast<uint8_t*>(out), scales);
+      break;
+    default:
+      bad = fp8_kernel([p = static_cast<const uint16_t*>(src.data)](int64_t i) { return f16_to_float(p[i]); }, rows,
+                       cols, t.scaling, static_cast<uint8_t*>(out), scales);
   }
-  const int64_t bcols = (cols + kBlock - 1) / kBlock;
-  std::vector<float> amax(static_cast<size_t>(bcols));
-  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {  // one stripe of 128 rows at a time
-    const int64_t r1 = std::min(rows, r0 + kBlock);
-    std::fill(amax.begin(), amax.end(), 0.0f);
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < cols; ++c) {
-        const float v = load(src.data, from, static_cast<uint64_t>(r * cols + c));
-        if (!std::isfinite(v)) return non_finite(r * cols + c);
-        float& m = amax[static_cast<size_t>(c / kBlock)];
-        m = std::max(m, std::fabs(v));
-      }
-    float* row_scales = scales + (r0 / kBlock) * bcols;
-    for (int64_t b = 0; b < bcols; ++b) row_scales[b] = scale_of(amax[static_cast<size_t>(b)]);
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        q[r * cols + c] = quantize(load(src.data, from, static_cast<uint64_t>(r * cols + c)), row_scales[c / kBlock]);
-  }
-  return Status();
+  if (bad < 0) return Status();
+  const int64_t c = std::max<int64_t>(cols, 1);
+  std::string msg = "tensor '" + src.spec.name + "': element [" + std::to_string(bad / c) + ", " +
+                    std::to_string(bad % c) + "] is not finite (";
+  msg += std::to_string(load(src.data, from, static_cast<uint64_t>(bad)));
+  msg += "): ";
+  msg += describe(t);
+  msg += " cannot scale it; nothing was sent";
+  return invalid_argument(msg);
 }
 
 StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const std::vector<Rule>& rules) {
