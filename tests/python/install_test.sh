@@ -3,7 +3,10 @@
 #   1. the python3 on PATH (pyenv's, with a current PyTorch): `python3 -m build --wheel`, then the wheel
 #      installed into a venv that sees that PyTorch;
 #   2. Debian's /usr/bin/python3 (PyTorch 1.13): `pip install <repo>` into a venv that sees it;
-#   3. a venv with no PyTorch at all: the example says PyTorch is missing, in so many words.
+#   3. a venv with no PyTorch at all: the example says PyTorch is missing, in so many words;
+#   4. the README's quick start on the python3 on PATH: a fresh venv (nothing of the system's),
+#      `pip install <repo>`, `pip install torch==<that python's torch>` (which brings no numpy), and
+#      examples/python/launch.py runs to identical logits.
 # In each venv, from a directory outside the checkout: `import paramcast` comes from the venv, a
 # publisher and an engine move a verified update, the tools are on the venv's PATH, and the example
 # trainer finds the installed package (never build/python: it is not on the path here).
@@ -77,6 +80,22 @@ if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
   fi
   grep -q "this example needs PyTorch" "$work/bare.out" || { cat "$work/bare.out"; exit 1; }
   "$work/venv-bare/bin/python" -c "import paramcast" # the package itself imports without PyTorch
+
+  # The same build directory as the wheel's above: pip's build recompiles nothing of the project.
+  torch_want="$("$current" -c 'import torch; print(torch.__version__.split("+")[0])')"
+  echo "== a fresh venv: pip install $src, pip install torch==$torch_want, examples/python/launch.py"
+  "$current" -m venv "$work/venv-fresh"
+  "$work/venv-fresh/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$work/build-current" "$src" \
+    > "$work/build-fresh.log" 2>&1 || { tail -40 "$work/build-fresh.log"; exit 1; }
+  "$work/venv-fresh/bin/pip" install --quiet --disable-pip-version-check "torch==$torch_want" > "$work/torch-fresh.log" 2>&1 \
+    || { tail -40 "$work/torch-fresh.log"; exit 1; }
+  if "$work/venv-fresh/bin/python" -c "import numpy" 2>/dev/null; then
+    echo "numpy is in the fresh venv: this check would not show that the examples run without it"; exit 1
+  fi
+  timeout 300 "$work/venv-fresh/bin/python" "$src/examples/python/launch.py" --engines 2 --steps 2 > "$work/fresh.out" 2>&1 \
+    || { echo "launch.py failed in a fresh venv:"; cat "$work/fresh.out"; exit 1; }
+  grep -q "logits identical" "$work/fresh.out" || { cat "$work/fresh.out"; exit 1; }
+  grep -q "^launch: " "$work/fresh.out" && grep "^launch: " "$work/fresh.out"
 fi
 
 echo "== /usr/bin/python3: pip install $src"

@@ -201,12 +201,13 @@ class WorkerError(RuntimeError):
 class Client:
     """The trainer's VLLMWeightSyncClient over ``tp`` worker processes (collective_rpc semantics)."""
 
-    def __init__(self, tp, llama_config_dict, engine_cls_path="paramcast.integrations.vllm.ParamCastWeightTransferEngine"):
+    def __init__(self, tp, llama_config_dict, engine_cls_path="paramcast.integrations.vllm.ParamCastWeightTransferEngine",
+                 target=worker_main):
         ctx = multiprocessing.get_context("spawn")
         self.conns, self.procs = [], []
         for rank in range(tp):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(child, rank, tp, llama_config_dict, engine_cls_path),
+            proc = ctx.Process(target=target, args=(child, rank, tp, llama_config_dict, engine_cls_path),
                                daemon=True, name=f"vllm-worker-{rank}")
             proc.start()
             self.conns.append(parent)

@@ -27,8 +27,16 @@ or ``ParamCastWeightTransferEngine.trainer_send_weights(iterator, args)``
 
 Registered as ``"paramcast"`` with vLLM's factories by :func:`register`,
 which vLLM calls in every worker through the ``vllm.general_plugins`` entry
-point this package declares. Importing this module needs neither vLLM nor a
-GPU; the classes then derive from ``object`` and follow the same contract.
+point this package declares (``VLLM_PLUGINS``, where set, must name
+``paramcast``), and which importing this module calls too where vLLM is
+installed: a trainer loads no vLLM plugins, and
+``WeightTransferTrainerFactory.trainer_init`` finds ``"paramcast"`` once this
+module is imported. Importing it needs neither vLLM nor a GPU; without vLLM
+the classes derive from ``object`` and follow the same contract.
+
+Timeouts: a worker gives up on a round after ``update_info.timeout_s``
+(``DEFAULT_TIMEOUT_S``, 270 s), before vLLM's HTTP client does (300 s), so
+the trainer hears the worker's reason rather than a bare read timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +52,10 @@ from typing import Any, ClassVar
 import paramcast
 
 BACKEND = "paramcast"
+# How long a worker waits for a round (and ParamCast's data thread for vLLM's thread) by default: under
+# the 300 s after which vLLM's HTTPVLLMWeightSyncClient gives up, so that the worker's error, which names
+# what it was waiting for, reaches the trainer first.
+DEFAULT_TIMEOUT_S = 270.0
 
 try:  # vLLM >= 0.25
     from vllm.distributed.weight_transfer.base import WeightTransferEngine as _EngineBase
@@ -88,9 +100,13 @@ class ParamCastInitInfo(_InitInfoBase):
     queue_bytes: int = 1 << 30
     # How long ParamCast's data thread waits for vLLM's thread (update_weights) to take a tensor, and
     # for the round's loads to finish, before it fails the update naming this worker.
-    receive_timeout_s: float = 600.0
+    receive_timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self):
+        for key in ("queue_bytes", "receive_timeout_s"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"paramcast init_info.{key}: expected a positive number, got {value!r}")
         if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("tcp://", "ipc://")):
             raise ValueError(f"paramcast init_info.endpoint: expected the publisher's tcp:// endpoint, "
                              f"got {self.endpoint!r}")
@@ -105,11 +121,14 @@ class ParamCastUpdateInfo(_UpdateInfoBase):
 
     version: int
     names: list = field(default_factory=list)
-    timeout_s: float = 600.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self):
-        if not isinstance(self.version, int) or self.version < 1:
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             raise ValueError(f"paramcast update_info.version: expected a version >= 1, got {self.version!r}")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise ValueError(f"paramcast update_info.timeout_s: expected a positive number of seconds, "
+                             f"got {self.timeout_s!r}")
 
 
 def worker_id_for(prefix, parallel_config):
@@ -181,6 +200,8 @@ class ParamCastWeightTransferEngine(_EngineBase):
         self._queued_bytes = 0
         self._active = False
         self._closed = False
+        self._reload_open = False  # vLLM's layerwise reload begun by start_weight_update, not yet finalized
+        self.worker_id = worker_id_for("vllm", self.parallel_config)
 
     # ---- vLLM's base-class behaviour, for when vLLM is not installed -------------------------
     if not HAVE_VLLM:
@@ -216,9 +237,18 @@ class ParamCastWeightTransferEngine(_EngineBase):
 
     # ---- the contract ------------------------------------------------------------------------
     def init_transfer_engine(self, init_info):
-        """Joins the trainer's ParamCast group as this worker's subscriber (once, at the start of training)."""
+        """Joins the trainer's ParamCast group as this worker's subscriber.
+
+        Called at the start of training, and again after ``shutdown`` (vLLM's
+        ``shutdown_weight_transfer_engine``) for a new trainer connection, any number of times. Called
+        while joined, it leaves the old group first (a restarted trainer re-initializing).
+        """
+        with self._cv:
+            if self._active:
+                raise RuntimeError(f"paramcast: {self.worker_id}: init_transfer_engine during a weight update "
+                                   "(finish it first)")
         if self._sub is not None:
-            raise RuntimeError(f"{self.worker_id}: init_transfer_engine was already called")
+            self.shutdown()
         cfg = {} if init_info.config is None else init_info.config
         if not isinstance(cfg, dict):  # init_info travels as JSON (vLLM's RPC and HTTP routes)
             raise ValueError(f"paramcast init_info.config: expected a dict with the config's YAML keys, "
@@ -233,10 +263,17 @@ class ParamCastWeightTransferEngine(_EngineBase):
                                  "device": f"cuda:{self.device.index if self.device.index is not None else 0}"}
         self.worker_id = worker_id_for(init_info.worker_id_prefix, self.parallel_config)
         self._init = init_info
+        with self._cv:  # a new connection: nothing of the previous one is left behind
+            self._closed = False
+            self._release_queue_locked("the transfer engine was re-initialized")
         sub = paramcast.Subscriber(cfg, self.worker_id)
         sub.on_weights(self._on_weights)
         sub.on_update_end(self._on_update_end)
-        sub.start()
+        try:
+            sub.start()
+        except BaseException:
+            sub.stop()
+            raise
         self._sub = sub
 
     def start_weight_update(self):
@@ -245,6 +282,7 @@ class ParamCastWeightTransferEngine(_EngineBase):
         init = _layerwise("initialize_layerwise_reload")
         if init is not None:
             init(self.model)
+            self._reload_open = True
         with self._cv:
             self._active = True
 
@@ -253,7 +291,10 @@ class ParamCastWeightTransferEngine(_EngineBase):
 
         Returns once that version is applied here. Raises RuntimeError with ParamCast's error, the
         ``load_weights`` exception, or after ``update_info.timeout_s``; ValueError naming any of
-        ``update_info.names`` that did not arrive.
+        ``update_info.names`` that did not arrive. vLLM's worker ends the round when this raises
+        (``finish_weight_update`` is not called), so before raising it ends the round here: the
+        layerwise reload ``start_weight_update`` began is finalized (layers that received nothing get
+        their previous weights back) and queued tensors are dropped; the next round starts clean.
         """
         self._require_init("receive_weights")
         if not self._active:
@@ -293,34 +334,64 @@ class ParamCastWeightTransferEngine(_EngineBase):
                 shown = ", ".join(repr(n) for n in missing[:4]) + \
                     (f", +{len(missing) - 4} more" if len(missing) > 4 else "")
                 raise ValueError(f"{self.worker_id}: update v{update_info.version} did not carry {shown}")
-        except BaseException:
-            with self._cv:
-                self._active = False  # vLLM's worker ends the round when this raises
-                self._cv.notify_all()
+        except BaseException as e:
+            self._end_round(failed=e)
             raise
 
     def finish_weight_update(self):
         """Closes the round (vLLM's layerwise reload finalizes here, where installed)."""
         self._require_init("finish_weight_update")
-        with self._cv:
-            self._active = False
-            self._cv.notify_all()
-        finalize = _layerwise("finalize_layerwise_reload")
-        if finalize is not None:
-            finalize(self.model, self.model_config)
+        self._end_round()
 
     def shutdown(self):
-        """Leaves the ParamCast group; the worker and its model stay. Safe to call more than once."""
+        """Leaves the ParamCast group; the worker and its model stay. Safe to call more than once;
+        ``init_transfer_engine`` joins again afterwards."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
         sub, self._sub = self._sub, None
         if sub is not None:
             sub.stop()
+        with self._cv:
+            self._release_queue_locked("the transfer engine was shut down")
 
     # ---- internals ---------------------------------------------------------------------------
+    def _end_round(self, failed=None):
+        """Closes the round: no more loads, queued tensors dropped, vLLM's layerwise reload finalized."""
+        with self._cv:
+            self._active = False
+            if failed is not None:
+                self._release_queue_locked(f"receive_weights failed: {type(failed).__name__}")
+            self._cv.notify_all()
+        if not self._reload_open:
+            return
+        self._reload_open = False
+        finalize = _layerwise("finalize_layerwise_reload")
+        if finalize is None:
+            return
+        try:
+            finalize(self.model, self.model_config)
+        except Exception as e:
+            if failed is None:
+                raise
+            raise RuntimeError(f"paramcast: {self.worker_id}: the round failed ({failed}), and closing vLLM's "
+                               f"layerwise reload then failed too: {type(e).__name__}: {e}") from failed
+
+    def _release_queue_locked(self, why):
+        # Tensors nobody will load; an end marker's waiting data thread is told why (under self._cv).
+        for item in self._queue:
+            if isinstance(item, _End) and not item.done.is_set():
+                item.load_error = why
+                item.done.set()
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._cv.notify_all()
+
     def _require_init(self, what):
         if self._sub is None:
+            if self._closed:
+                raise RuntimeError(f"paramcast: {self.worker_id}: {what} after shutdown_weight_transfer_engine "
+                                   "(call init_weight_transfer_engine again first)")
             raise RuntimeError(f"paramcast: {what} before init_transfer_engine")
 
     def _take(self, deadline, version):
@@ -424,6 +495,16 @@ class ParamCastTrainerInitInfo(_TrainerInitInfoBase):
     # The endpoint the workers connect to, when the publisher binds a wildcard (tcp://0.0.0.0:PORT or
     # tcp://*:PORT): tcp://<this host's address>:PORT. Default: the publisher's bound endpoint.
     advertise_endpoint: Any = None
+    # How long each worker waits for a round (update_info.timeout_s); with a dict config that sets no
+    # publisher.update_timeout, also the publisher's cap on the update. Keep it under the client's
+    # timeout (vLLM's HTTPVLLMWeightSyncClient: 300 s) so that the workers' reason is what the trainer sees.
+    update_timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self):
+        t = self.update_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+            raise ValueError(f"paramcast trainer init_info.update_timeout_s: expected a positive number of seconds, "
+                             f"got {t!r}")
 
 
 class ParamCastTrainerWeightTransferEngine(_TrainerBase):
@@ -437,13 +518,18 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         self.is_sender = is_sender
         self.rank = rank
         self.publisher = publisher
+        self.update_timeout_s = DEFAULT_TIMEOUT_S
 
     @classmethod
     def trainer_init(cls, init_info, *, client, source=None):
         """On every trainer rank. The sender binds the publisher, has every vLLM worker join, forms the group."""
         if not init_info.is_sender:
             return cls(client=client, source=source, is_sender=False, rank=init_info.rank)
-        publisher = paramcast.Publisher(init_info.config)
+        config = init_info.config
+        if isinstance(config, dict) and "update_timeout" not in (config.get("publisher") or {}):
+            config = dict(config, publisher={**(config.get("publisher") or {}),
+                                             "update_timeout": f"{int(init_info.update_timeout_s * 1000)}ms"})
+        publisher = paramcast.Publisher(config)
         try:
             endpoint = init_info.advertise_endpoint or publisher.endpoint
             if init_info.advertise_endpoint:
@@ -456,10 +542,16 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         except BaseException:
             publisher.close()
             raise
-        return cls(client=client, source=source, is_sender=True, rank=init_info.rank, publisher=publisher)
+        engine = cls(client=client, source=source, is_sender=True, rank=init_info.rank, publisher=publisher)
+        engine.update_timeout_s = init_info.update_timeout_s
+        return engine
 
     def send_weights(self):
-        """One round: start, stream every tensor of the source while the workers receive, finish."""
+        """One round: start, stream every tensor of the source while the workers receive, finish.
+
+        ``finish_weight_update`` is given the ParamCast version as ``weight_version`` (a decimal string):
+        vLLM sets its engine's weight version from it (``/weight_info``, ``LLM.get_weight_version()``).
+        """
         missing = [a for a in ("metadata", "iter_full") if not hasattr(self.source, a)]
         if missing:
             raise TypeError(f"paramcast send_weights: the source ({type(self.source).__name__}) has no "
@@ -475,7 +567,8 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             try:
                 with self.publisher.stream(manifest) as update:
                     receiving = pool.submit(self.client.update_weights,
-                                            {"version": update.version, "names": [n for n, _, _ in manifest]})
+                                            {"version": update.version, "names": [n for n, _, _ in manifest],
+                                             "timeout_s": self.update_timeout_s})
                     for name, tensor in self.source.iter_full():
                         if receiving.done() and receiving.exception() is not None:
                             break  # the workers gave up: their error says why (raised below)
@@ -490,7 +583,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
                 receiving.result()  # the workers' error first: it says what went wrong where
                 raise
             receiving.result()
-        self.client.finish_weight_update()
+        self.client.finish_weight_update(weight_version=str(update.version))
         return update.result
 
     def shutdown(self):
@@ -517,3 +610,9 @@ def register():
     if BACKEND not in getattr(WeightTransferTrainerFactory, "_registry", {}):
         WeightTransferTrainerFactory.register_engine(BACKEND, __name__, "ParamCastTrainerWeightTransferEngine")
     return True
+
+
+# A trainer loads no vLLM plugins: importing this module is what registers "paramcast" there (and it is
+# harmless in vLLM's workers, where the plugin entry point registers it too).
+if HAVE_VLLM:
+    register()
