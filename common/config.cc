@@ -445,10 +445,6 @@ void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c
   if (c.data_plane.backend == Backend::kNccl && !any_cuda)
     L.fail(root["data_plane"].IsDefined() ? root["data_plane"] : root, "data_plane.backend",
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");
-  if (!c.publisher.transforms.empty() && c.publisher.ranks > 1)
-    L.fail(root["publisher"]["transforms"], "publisher.transforms",
-           "a many-sender job (publisher.ranks > 1) sends every tensor as it is: transforms there are not built "
-           "yet (each sender would quantize its own rows, blocks aligned with its shard)");
   if (!c.publisher.transforms.empty() && c.publisher.device.is_cuda())
     L.fail(root["publisher"]["transforms"], "publisher.transforms",
            "transforms run on host tensors (publisher.device is " + c.publisher.device.to_string() +

@@ -46,6 +46,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   Status register_tensor(const TensorView& destination);
   // A trainer rank's part of the next sharded update: sends Holdings.
   Status publish(const std::vector<ShardView>& shards, uint64_t step);
+  // This rank cannot publish its part of `step`: tells rank 0 why (it
+  // refuses the update at once, naming this rank), and returns `why`.
+  Status publish_refused(const Status& why, uint64_t step);
   // Ends a trainer rank's call `seq`: no plan may use its shards any more.
   // `ran`: its update ran (its report came). Otherwise the publisher is told
   // (withdrawn), and a transfer still reading the shards is aborted and

@@ -46,15 +46,33 @@ void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Buil
 }
 }  // namespace
 
+Status SubscriberImpl::publish_refused(const Status& why, uint64_t step) {
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    holdings_.clear();
+    seq = ++publish_seq_;
+    active_seq_ = 0;
+  }
+  client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
+    auto h = b.initHoldings();
+    h.setSeq(seq);
+    h.setStep(step);
+    h.setError(why.message().substr(0, 4096));
+  }));
+  return why;
+}
+
 Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t step) {
   for (const auto& s : shards) {
     const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
     const reshard::Region box = box_of(s, full);
     if (s.local.device.is_cuda())
-      return invalid_argument("shard of '" + s.local.spec.name + "': sharded updates move host memory (Gloo)");
+      return publish_refused(invalid_argument("shard of '" + s.local.spec.name + "': sharded updates move host memory (Gloo)"), step);
     if (!box.inside(full))
-      return invalid_argument("shard of '" + s.local.spec.name + "' " + box.to_string() + " is not inside its shape");
-    if (!box.empty() && !s.local.data) return invalid_argument("shard of '" + s.local.spec.name + "' has no data");
+      return publish_refused(invalid_argument("shard of '" + s.local.spec.name + "' " + box.to_string() + " is not inside its shape"), step);
+    if (!box.empty() && !s.local.data)
+      return publish_refused(invalid_argument("shard of '" + s.local.spec.name + "' has no data"), step);
   }
   uint64_t seq = 0;
   {

@@ -363,6 +363,10 @@ struct Holdings {
   # trainer ranks' calls of the same step only; a call of an earlier step is
   # refused (an Abandon of version 0 naming its seq), one of a later step
   # fails rank 0's call, which is behind.
+  error @5 :Text;
+  # Not empty: this rank cannot publish its part of step `step` (its shards
+  # are refused where it runs, e.g. a transform that cannot apply to them),
+  # and says why: rank 0 refuses the update at once, naming it.
 }
 
 enum DeltaKind {

@@ -313,6 +313,7 @@ class PublisherRank {
   Millis join_timeout_;
   uint64_t last_version_ = 0;
   uint64_t calls_ = 0;  // calls without a step
+  std::vector<transform::Rule> rules_;  // publisher.transforms: applied to this rank's shards
   std::atomic<bool> stopped_{false};
 };
 

@@ -17,7 +17,8 @@ PublisherRank::PublisherRank(std::unique_ptr<SubscriberImpl> impl, std::string i
       id_(std::move(id)),
       endpoint_(config.control.endpoint),
       bound_(config.publisher.update_timeout + config.control.heartbeat_timeout),
-      join_timeout_(config.control.join_timeout) {}
+      join_timeout_(config.control.join_timeout),
+      rules_(config.publisher.transforms) {}
 
 PublisherRank::~PublisherRank() { stop(); }
 
@@ -55,7 +56,21 @@ UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, 
                            format_duration(join_timeout_) + ")");
     return r;
   }
-  if (Status s = impl_->publish(shards, step ? *step : calls_); !s.ok()) {
+  // What travels (publisher.transforms): this rank transforms what it holds,
+  // held until the call returns; a shard the rules cannot apply to refuses
+  // this rank's part, and rank 0 the update, at once.
+  transform::TransformedShards wire;
+  if (!rules_.empty()) {
+    auto t = transform::apply_shards(shards, rules_);
+    if (!t.ok()) {
+      r.status = impl_->publish_refused(t.status(), step ? *step : calls_);
+      r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return r;
+    }
+    wire = std::move(t.value());
+    r.transformed = wire.transformed;
+  }
+  if (Status s = impl_->publish(rules_.empty() ? shards : wire.views, step ? *step : calls_); !s.ok()) {
     r.status = s;
     return r;
   }

@@ -155,6 +155,10 @@ PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id
   SourceHoldings out;
   out.seq = h.getSeq();
   out.step = h.getStep();
+  if (h.hasError() && h.getError().size() > 0) {  // the rank refused its own part
+    out.error = id + " cannot publish its part: " + control::printable(h.getError().cStr(), 1024);
+    return out;
+  }
   // Bounded before anything is read: the plan's checks cost the square of
   // a tensor's regions, and a rank holds one box of a tensor, or a few.
   if (h.getTensors().size() > kMaxHeldTensors || h.getHolds().size() > kMaxHeldTensors * kMaxRegionsPerTensor) {
@@ -200,11 +204,6 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     r.status = invalid_argument("weight_update_sharded: a streamed update is open on this thread");
     return r;
   }
-  if (options.transforms && !options.transforms->empty()) {
-    r.status = invalid_argument("weight_update_sharded: a many-sender update sends every tensor as it is "
-                                "(UpdateOptions::transforms are not built for it yet)");
-    return r;
-  }
   std::lock_guard<UpdateGate> ulock(update_mu_);
   if (!options.version) ++sharded_calls_;
   const auto t0 = Clock::now();
@@ -220,11 +219,24 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
         "data_plane.local: off); this deployment's plane has no point-to-point moves yet");
     return done(r);
   }
+  // What travels (publisher.transforms, or the update's): this rank
+  // transforms what it holds, held for the call; the other ranks theirs.
+  const auto& rules = options.transforms ? *options.transforms : cfg_.publisher.transforms;
+  transform::TransformedShards wire;
+  Status transformed;
+  if (!rules.empty()) {
+    auto t = transform::apply_shards(shards, rules);
+    if (t.ok()) wire = std::move(t.value());
+    else transformed = t.status();
+    r.transformed = wire.transformed;
+  }
+  const std::vector<ShardView>& sent = rules.empty() ? shards : wire.views;
+  r.tensors = sent.size();
   // This rank's own shards: host memory, each a box inside its tensor.
   std::vector<TensorSpec> own_specs;
   std::vector<std::pair<uint32_t, reshard::Region>> own_holds;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const ShardView& s = shards[i];
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const ShardView& s = sent[i];
     TensorSpec full = s.local.spec;
     if (!s.full_shape.empty()) full.shape = s.full_shape;
     reshard::Region box{s.offsets.empty() ? std::vector<int64_t>(full.shape.size(), 0) : s.offsets,
@@ -264,6 +276,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     for (const auto& [id, seq] : partners) end_trainer_call(id, seq, why.message());
     return done(r);
   };
+  if (!transformed.ok()) return refuse(transformed);
   if (Status s = ensure_group(); !s.ok()) return refuse(s);
   // Every trainer rank of the group states its part (within update_timeout).
   std::vector<std::string> group;
@@ -355,7 +368,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (!moves.ok()) return refuse(moves.status().with_context("refused before any byte moved"));
   decide_sharded_delta(*plan, group, r);
   if (plan_round(*plan, r)) {
-    Status data = move_sharded(*plan, *moves, shards, own_holds, r);
+    Status data = move_sharded(*plan, *moves, sent, own_holds, r);
     collect_applied(*plan, data, r);
     // What crossed the data plane: every engine's received bytes (its
     // encodings, in a delta), as each reported them.

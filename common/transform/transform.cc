@@ -347,4 +347,91 @@ StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const st
   return out;
 }
 
+StatusOr<TransformedShards> apply_shards(const std::vector<ShardView>& shards, const std::vector<Rule>& rules) {
+  TransformedShards out;
+  std::set<std::string> names;
+  for (const auto& s : shards) names.insert(s.local.spec.name);
+  for (const auto& s : shards) {
+    TensorSpec full = s.local.spec;
+    if (!s.full_shape.empty()) full.shape = s.full_shape;
+    auto how = resolve(rules, full);
+    if (!how.ok()) return how.status();
+    if (how->none()) {
+      out.views.push_back(s);
+      continue;
+    }
+    const auto specs = wire_specs(full, *how);
+    if (specs.size() > 1 && names.count(specs[1].name))
+      return invalid_argument("tensor '" + full.name + "': " + describe(*how, rules) + " sends its scales as '" +
+                              specs[1].name + "', which is also a tensor of this update");
+    const std::vector<int64_t> offsets = s.offsets.empty() ? std::vector<int64_t>(full.shape.size(), 0) : s.offsets;
+    const std::vector<int64_t>& lengths = s.local.spec.shape;
+    bool empty = false;
+    for (int64_t l : lengths) empty = empty || l == 0;
+    // The box's scales (fp8): where they sit in the scale tensor.
+    std::vector<int64_t> scale_offsets, scale_lengths;
+    if (how->kind == Transform::Kind::kFp8 && !empty) {
+      const int64_t R = full.shape[0], C = full.shape[1];
+      const int64_t r0 = offsets[0], c0 = offsets[1], lr = lengths[0], lc = lengths[1];
+      const bool whole = r0 == 0 && c0 == 0 && lr == R && lc == C;
+      std::string why;
+      if (how->scaling == Fp8Scaling::kTensor && !whole) {
+        why = "fp8: tensor scales by the whole tensor's amax, and this rank holds part of it";
+      } else if (how->scaling == Fp8Scaling::kChannel) {
+        if (c0 != 0 || lc != C) why = "fp8: channel scales whole rows, and this rank holds part of each row";
+        scale_offsets = {r0, 0};
+        scale_lengths = {lr, 1};
+      } else if (how->scaling == Fp8Scaling::kBlock) {
+        auto aligned = [](int64_t at, int64_t len, int64_t end) {
+          return at % kBlock == 0 && (at + len == end || len % kBlock == 0);
+        };
+        if (!aligned(r0, lr, R) || !aligned(c0, lc, C))
+          why = "fp8: block needs a shard's edges on multiples of 128 (or the tensor's end): a block would "
+                "straddle two senders";
+        scale_offsets = {r0 / kBlock, c0 / kBlock};
+        scale_lengths = {(lr + kBlock - 1) / kBlock, (lc + kBlock - 1) / kBlock};
+      } else {
+        scale_offsets = {0};
+        scale_lengths = {1};
+      }
+      if (!why.empty()) {
+        std::string box = "rows [" + std::to_string(r0) + ", " + std::to_string(r0 + lr) + ") cols [" +
+                          std::to_string(c0) + ", " + std::to_string(c0 + lc) + ")";
+        return invalid_argument("shard of '" + full.name + "' " + box + " of " + full.shape_string() + ": " + why +
+                                " (" + describe(*how, rules) + ")");
+      }
+    }
+    // The box itself, transformed as a tensor of its own: block-aligned, its
+    // blocks (rows) are the full tensor's.
+    TensorView local = s.local;
+    local.spec.name = full.name;
+    const auto local_specs = wire_specs(local.spec, *how);
+    std::vector<uint8_t*> buffers;
+    for (size_t k = 0; k < local_specs.size(); ++k) {
+      if (k == 1 && empty) break;  // holds nothing of it: no scales either
+      auto bytes = local_specs[k].nbytes();
+      if (!bytes.ok()) return bytes.status();
+      try {
+        out.owned.emplace_back(new uint8_t[std::max<uint64_t>(*bytes, 1)]);
+      } catch (const std::bad_alloc&) {
+        return unavailable("shard of '" + full.name + "': no host memory for its " + std::to_string(*bytes) +
+                           " bytes (" + describe(*how) + ")");
+      }
+      out.owned_bytes += *bytes;
+      buffers.push_back(out.owned.back().get());
+      ShardView v;
+      v.local = TensorView{local_specs[k], buffers.back(), Device::cpu()};
+      v.local.spec.name = specs[k].name;
+      v.full_shape = specs[k].shape;
+      v.offsets = k == 0 ? offsets : scale_offsets;
+      if (k == 1) v.local.spec.shape = scale_lengths;
+      out.views.push_back(std::move(v));
+    }
+    if (!empty)
+      PC_RETURN_IF_ERROR(apply(local, *how, buffers[0], buffers.size() > 1 ? reinterpret_cast<float*>(buffers[1]) : nullptr));
+    ++out.transformed;
+  }
+  return out;
+}
+
 }  // namespace paramcast::transform

@@ -99,6 +99,22 @@ struct Transformed {
 };
 StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const std::vector<Rule>& rules);
 
+// A many-sender rank's shards as they travel (Publisher::weight_update_sharded,
+// PublisherRank::weight_update): each sender transforms what it holds. A
+// rule applies as to the full tensor; a box of part of it takes `cast` and
+// `fp8: block` when its edges fall on multiples of 128 (or the tensor's
+// end: no block straddles two senders), `fp8: channel` when it holds whole
+// rows; `fp8: tensor` needs the whole tensor. The scales travel as the box
+// of the scale tensor the box's blocks (rows) make. Refused otherwise,
+// naming the tensor, the box and why.
+struct TransformedShards {
+  std::vector<ShardView> views;
+  std::vector<std::unique_ptr<uint8_t[]>> owned;
+  size_t transformed = 0;
+  uint64_t owned_bytes = 0;
+};
+StatusOr<TransformedShards> apply_shards(const std::vector<ShardView>& shards, const std::vector<Rule>& rules);
+
 // The scalar conversions, exposed for tests: round to nearest even.
 uint8_t e4m3fn_from_float(float x);  // |x| <= 448 and finite (apply clamps first)
 float e4m3fn_to_float(uint8_t code);

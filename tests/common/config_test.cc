@@ -131,8 +131,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "bad.yaml:3:7: key 'publisher.transforms[0]': a rule needs match"},
         BadCase{"transform_bad_cast", "publisher:\n  transforms:\n    - {match: x, cast: int8}\n",
                 "expected one of bf16, fp16, fp32"},
-        BadCase{"transform_many_senders", "publisher:\n  ranks: 2\n  transforms:\n    - {match: x, cast: bf16}\n",
-                "key 'publisher.transforms': a many-sender job (publisher.ranks > 1) sends every tensor as it is"},
+
         BadCase{"duplicate_id", "publisher:\n  subscribers: [a, b, a]\n",
                 "bad.yaml:2:23: key 'publisher.subscribers[2]': duplicate worker id 'a'"},
         BadCase{"bad_id_chars", "publisher:\n  subscribers: [\"a b\"]\n", "bad worker id 'a b'"},

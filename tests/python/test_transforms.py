@@ -6,6 +6,8 @@ the plain-PyTorch reference of docs/transforms.md (fp8_reference.py), never
 ParamCast's own quantizer; deltas travel on the quantized bytes; an engine
 that registered what the rules do not send is refused before any byte moves."""
 
+import time
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -214,5 +216,135 @@ def test_fp32_master_weights_cast_to_bf16_on_the_way():
         want = sha256_of({n: t.to(torch.bfloat16) for n, t in master.items()})
         assert engine.call("digest") == want
     finally:
+        engine.close()
+        pub.close()
+
+
+# ---- many senders: each trainer rank quantizes the rows it holds ----------------------------
+
+def _sharded_specs():
+    """Two trainer ranks split every matrix's rows at `cut`; the norm is whole on both (replicated)."""
+    return {"l.q_proj.weight": (256, 200), "l.k_proj.weight": (256, 200), "l.down_proj.weight": (300, 140),
+            "l.norm.weight": (200,)}
+
+
+def _sharded_weights(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in _sharded_specs().items()}
+
+
+def _rows(weights, rank, cut):
+    """This rank's part: rows [0, cut) on rank 0, [cut, end) on rank 1; the norm whole on both."""
+    from paramcast.reshard import Shard
+
+    out = []
+    for name, t in weights.items():
+        if t.dim() == 1:
+            out.append((name, t))
+            continue
+        a, b = (0, cut) if rank == 0 else (cut, t.shape[0])
+        out.append((name, Shard(t[a:b].contiguous(), list(t.shape), [a, 0])))
+    return out
+
+
+def _rank_main(conn, cfg, steps):
+    """Trainer rank 1: for each (seed, cut, transforms-or-None) it is sent, publishes its rows."""
+    import paramcast
+
+    torch.set_num_threads(1)
+    me = paramcast.PublisherRank(cfg, 1).start()
+    try:
+        while True:
+            cmd = conn.recv()
+            if cmd is None:
+                break
+            seed, cut = cmd
+            try:
+                r = me.weight_update(_rows(_sharded_weights(seed), 1, cut))
+                conn.send(("ok", r.version, r.transformed))
+            except paramcast.UpdateError as e:
+                conn.send(("error", 0, str(e)))
+    finally:
+        me.close()
+
+
+SHARDED_RULES = [{"match": "*norm*", "keep": True}, {"match": "*k_proj.weight", "fp8": "channel"},
+                 {"match": "*proj.weight", "fp8": "block"}]
+
+
+def _sharded_expected(weights):
+    out = {}
+    for name, t in weights.items():
+        if t.dim() == 1:
+            out[name] = t
+            continue
+        q, s = ref.quantize(t, "channel" if "k_proj" in name else "block")
+        out[name], out[name + "_scale_inv"] = q, s
+    return out
+
+
+def test_each_trainer_rank_quantizes_its_own_rows_and_engines_hold_the_reference_of_the_whole():
+    import multiprocessing
+
+    cfg = config_dict(subscribers=1)
+    cfg["publisher"]["ranks"] = 2
+    cfg["publisher"]["transforms"] = SHARDED_RULES
+    want0 = _sharded_expected(_sharded_weights(1))
+    specs = [(n, "F8_E4M3" if t.dtype == torch.float8_e4m3fn else "F32" if t.dtype == torch.float32 else "BF16",
+              tuple(t.shape)) for n, t in want0.items()]
+    pub = paramcast.Publisher(cfg)
+    rank_cfg = dict(cfg, control=dict(cfg["control"], endpoint=pub.endpoint))
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    rank1 = ctx.Process(target=_rank_main, args=(child, rank_cfg, 3), daemon=True)
+    rank1.start()
+    engine = BulkEngine(pub.endpoint, "engine-1", "inplace", cfg, specs, engine_buffers)
+    try:
+        engine.wait_ready()
+        pub.start()
+        # Rows split at 128: every block (and every row) within one rank.
+        for seed in (1, 2):
+            weights = _sharded_weights(seed)
+            parent.send((seed, 128))
+            r = pub.weight_update_sharded(_rows(weights, 0, 128))
+            status, version, transformed = parent.recv()
+            assert status == "ok" and version == r.version, (status, version, transformed)
+            assert r.transformed == 3 and transformed == 3
+            want = sha256_of({n: t.contiguous() for n, t in _sharded_expected(weights).items()})
+            got = engine.call("digest")
+            bad = [n for n in want if got.get(n) != want[n]]
+            assert not bad, f"engine differs from the reference of the whole tensors at v{version}: {bad}"
+            assert engine.call("state") == ("consistent", r.version)
+        # Rows split at 100: a block would straddle the two senders. Each rank
+        # refuses its own part, and rank 0 the update, before any byte moves.
+        before = engine.call("digest")
+        parent.send((3, 100))
+        with pytest.raises(paramcast.UpdateError, match=r"straddle two senders") as err:
+            pub.weight_update_sharded(_rows(_sharded_weights(3), 0, 100))
+        assert "rows [0, 100)" in str(err.value), str(err.value)
+        status, _, text = parent.recv()
+        assert status == "error" and "rows [100, 256)" in text, text
+        assert engine.call("digest") == before
+        # Rank 0's rows are aligned, rank 1's are not (it starts at 120): rank
+        # 1 says so to rank 0, whose call ends at once naming it (not at
+        # update_timeout, 60 s here).
+        parent.send((4, 120))
+        t0 = time.monotonic()
+        with pytest.raises(paramcast.UpdateError, match=r"trainer-1 cannot publish its part: shard of .* rows \[120, "
+                                                        r"256\).*straddle two senders"):
+            pub.weight_update_sharded(_rows(_sharded_weights(4), 0, 128))
+        assert time.monotonic() - t0 < 30
+        status, _, text = parent.recv()
+        assert status == "error" and "rows [120, 256)" in text, text
+        assert engine.call("digest") == before
+        # And the next update goes through.
+        parent.send((5, 128))
+        r = pub.weight_update_sharded(_rows(_sharded_weights(5), 0, 128))
+        assert parent.recv()[0] == "ok"
+        want = sha256_of({n: t.contiguous() for n, t in _sharded_expected(_sharded_weights(5)).items()})
+        assert engine.call("digest") == {**engine.call("digest"), **want}
+    finally:
+        parent.send(None)
+        rank1.join(30)
         engine.close()
         pub.close()
