@@ -21,6 +21,9 @@ constexpr const char* kLostDuringFormation = "lost during group formation";
 // this rank's own connects) still count: the members that failed with the
 // same peer report within milliseconds of each other.
 constexpr Millis kEvidenceWindow(1500);
+// This rank's own part failing this long before the deadline failed early
+// (not a backend's own timeout at init_timeout).
+constexpr Millis kOwnDeadlineSlack(200);
 constexpr const char* kFalseReady = "said GroupReady without having published its rendezvous address";
 }  // namespace
 
@@ -120,13 +123,20 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   WatchedStore store(store_, [&] { return doomed(members); });
   FormationEvidence own;
   auto comm = create_communicator(go, store, &own);
+  // This rank's own part failed before the deadline: on evidence, or as the
+  // echo of a member that gave up and closed its pair (Gloo names no peer
+  // then). Either way a failure like a member's: the members' word for the
+  // rest of the window, and its own word covers every peer it did not name.
+  // One that failed at the deadline on its own (NCCL, shm timing out) leaves
+  // the members not ready to be named.
+  const bool own_early = !comm.ok() && (!own.empty() || Clock::now() + kOwnDeadlineSlack < deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!own.empty()) note_failure_locked();
+    if (own_early) note_failure_locked();
   }
-  // Formed: wait for every member. Failed on evidence: the members' reports
-  // for the rest of the window. Failed otherwise: what they said by now.
-  wait_for_members(members, comm.ok() || !own.empty() ? deadline : Clock::now());
+  // Formed, or failed early: every member's word (within the window once
+  // anything failed). Failed at the deadline: what they said by now.
+  wait_for_members(members, comm.ok() || own_early ? deadline : Clock::now());
   store_.end_epoch();  // formed or failed: no rank reads the addresses again
   bool ended_early;
   {
@@ -134,10 +144,10 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     // This rank's own failure ended it early only on evidence (its connects,
     // or another rank's GroupFailed); a backend that timed out on its own
     // (NCCL, shm) leaves the members not ready to be named.
-    ended_early = !failed_.empty() || stopped_ || !own.empty();
+    ended_early = !failed_.empty() || stopped_ || own_early;
   }
   if (!comm.ok()) PC_INFO("publisher: its own part of group epoch " << epoch << ": " << comm.status().message());
-  std::vector<std::string> problems = judge(members, own, !comm.ok(), ended_early);
+  std::vector<std::string> problems = judge(members, own, !comm.ok(), own_early, ended_early);
   if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
   if (!problems.empty()) {
     std::string msg = "group of epoch " + std::to_string(epoch) + " failed to form: ";
@@ -193,15 +203,16 @@ bool GroupHost::on_shm_plane(int rank) const {
 // formation early) were not ready by the deadline. The members that reported
 // evidence against others are witnesses, not culprits.
 std::vector<std::string> GroupHost::judge(const std::vector<std::string>& members, const FormationEvidence& own,
-                                          bool own_failed, bool ended_early) {
+                                          bool own_failed, bool own_early, bool ended_early) {
   std::vector<std::string> names = {"publisher"};
   names.insert(names.end(), members.begin(), members.end());
   std::map<int, RankReport> reports;
   if (own_failed) reports[0] = RankReport{own.unreachable, own.no_address};
-  // Whose word covers every peer: this rank when its mesh formed or it
-  // reported; a member that reported (with evidence or without) or was ready.
+  // Whose word covers every peer: this rank when its mesh formed, it
+  // reported, or it failed before the deadline (its own word, as a member's
+  // GroupFailed); a member that reported (with evidence or without) or was ready.
   std::set<int> complete;
-  if (!own_failed || !own.empty()) complete.insert(0);
+  if (!own_failed || own_early) complete.insert(0);
   std::map<std::string, std::string> named;
   std::set<std::string> conclusive;
   std::vector<std::string> problems;

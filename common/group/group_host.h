@@ -105,7 +105,7 @@ class GroupHost {
   // What went wrong, per member, from what they said, this rank's evidence
   // and who is still live; strikes counted. Empty: formed.
   std::vector<std::string> judge(const std::vector<std::string>& members, const FormationEvidence& own,
-                                 bool own_failed, bool ended_early);
+                                 bool own_failed, bool own_early, bool ended_early);
   // Why formation cannot succeed any more ("" while it still can): a
   // GroupFailed, a lost member, shutdown. Takes mu_.
   std::string doomed(const std::vector<std::string>& members);
