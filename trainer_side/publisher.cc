@@ -133,6 +133,14 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
     as_is.transforms = std::vector<transform::Rule>{};
     UpdateResult r = weight_update(wire->views, as_is);
     r.transformed = wire->transformed;
+    if (r.status.code() == Code::kRejected && wire->transformed > 0 && !r.subscribers.empty()) {
+      std::string hint = r.status.message();
+      hint += " (publisher.transforms changed ";
+      hint += std::to_string(wire->transformed);
+      hint += " tensors: an engine registers what travels, e.g. <name> as F8_E4M3 and <name>_scale_inv as F32 "
+              "for fp8; docs/transforms.md)";
+      r.status = Status(r.status.code(), hint);
+    }
     return r;
   }
   {

@@ -147,6 +147,16 @@ def test_fp8_engines_hold_the_reference_quantization_of_the_trainers_bf16_weight
                 assert r.delta, r.dense_because
                 assert r.wire_bytes < r.bytes * 0.75, (r.wire_bytes, r.bytes)
 
+        # A partial update of one quantized tensor: its scales travel with it,
+        # every other tensor keeps its bytes.
+        q = "model.layers.1.mlp.gate_proj.weight"
+        trainer.step("layers.1.mlp.gate_proj")
+        changed = trainer.bf16()[q]
+        r = pub.weight_update({q: changed}, partial=True)
+        assert r.tensors == 2 and r.transformed == 1
+        weights = dict(weights, **{q: changed})
+        check(engines, weights, r.version)
+
         # The same rules on a streamed update: each tensor quantized as it is sent.
         trainer.step()
         weights = trainer.bf16()
@@ -190,6 +200,7 @@ def test_an_engine_that_registered_what_the_rules_do_not_send_is_refused_before_
         text = str(err.value)
         assert "engine-1" in text and q in text and "F8_E4M3" in text and "BF16" in text, text
         assert "engine-2" in text and q + "_scale_inv" in text and "[2, 2]" in text and "[200, 1]" in text, text
+        assert "publisher.transforms changed 12 tensors: an engine registers what travels" in text, text
         assert [e.call("digest") for e in engines] == before  # nothing moved
         # A rule that cannot apply names the tensor and the rule, before anything moves.
         with pytest.raises(paramcast.UpdateError, match=r"input_layernorm.*fp8 takes a 2-D tensor"):
