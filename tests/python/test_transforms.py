@@ -11,12 +11,13 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-if not hasattr(torch, "float8_e4m3fn"):
-    pytest.skip(f"PyTorch {torch.__version__} has no float8_e4m3fn", allow_module_level=True)
 import paramcast  # noqa: E402
 
 import fp8_reference as ref  # noqa: E402
 from cluster import BulkEngine, config_dict, sha256_of  # noqa: E402
+
+needs_fp8 = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"),
+                               reason=f"PyTorch {torch.__version__} has no float8_e4m3fn")
 
 RULES = [
     {"match": "*norm*", "keep": True},
@@ -105,6 +106,7 @@ def check(engines, weights, version):
         assert not bad, f"{e.worker_id} differs from the reference at v{version}: {bad[:4]}"
 
 
+@needs_fp8
 def test_fp8_engines_hold_the_reference_quantization_of_the_trainers_bf16_weights():
     cfg = config_dict(subscribers=2)
     cfg["data_plane"].update({"bucket_size": "64KiB", "direct_min_size": "32KiB", "checksum": "xxh64"})
@@ -176,6 +178,7 @@ def test_fp8_engines_hold_the_reference_quantization_of_the_trainers_bf16_weight
         pub.close()
 
 
+@needs_fp8
 def test_an_engine_that_registered_what_the_rules_do_not_send_is_refused_before_any_byte_moves():
     cfg = config_dict(subscribers=2)
     cfg["publisher"]["transforms"] = RULES
@@ -294,6 +297,7 @@ def _sharded_expected(weights):
     return out
 
 
+@needs_fp8
 def test_each_trainer_rank_quantizes_its_own_rows_and_engines_hold_the_reference_of_the_whole():
     import multiprocessing
 
