@@ -13,11 +13,24 @@ subscriber; the trainer is the ParamCast publisher. One round:
                                             update_weights(): returns once this version is complete
     client.finish_weight_update()      ->   finish_weight_update()
 
+Tensor-parallel workers receive only their slices. A worker whose model has
+vLLM's parallel layers (Column/MergedColumn/QKV/RowParallelLinear,
+VocabParallelEmbedding, recognized by class name or by the attributes they
+carry) registers, per checkpoint tensor, the slice it serves
+(:func:`tp_destinations`: q, k and v as row ranges of ``qkv_proj``, gate and
+up of ``gate_up_proj``, row-parallel weights along dim 1, norms and
+row-parallel biases whole), written in place; the trainer sends whole tensors
+under their Hugging Face names with one ``weight_update`` and ParamCast's plan
+sends each worker only its slices, point to point. ``init_info.slices``
+("auto", "on", "off") and ``whole_fallback`` choose; a parameter whose slice
+cannot be stated fails ``init_transfer_engine`` naming it.
+
 Engine side, ``init_info`` (``ParamCastInitInfo``): ``endpoint`` (the
 trainer's publisher), ``config`` (the subscribers' ParamCast config as a
 dict with the YAML's keys; ``control.endpoint`` comes from ``endpoint``), and
-``worker_id_prefix``. ``update_info`` (``ParamCastUpdateInfo``):
-``version``, and optionally ``names`` (the checkpoint names the round
+``worker_id_prefix``; ``slices`` and ``whole_fallback`` (above). ``update_info``
+(``ParamCastUpdateInfo``): ``version`` (the round takes the first version
+applied at or above it), and optionally ``names`` (the checkpoint names the round
 carries; a name that did not arrive fails the call).
 
 Trainer side: ``ParamCastTrainerWeightTransferEngine.trainer_init(init_info,
@@ -44,12 +57,15 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import paramcast
+
+_log = logging.getLogger(__name__)
 
 BACKEND = "paramcast"
 # How long a worker waits for a round (and ParamCast's data thread for vLLM's thread) by default: under
@@ -101,8 +117,20 @@ class ParamCastInitInfo(_InitInfoBase):
     # How long ParamCast's data thread waits for vLLM's thread (update_weights) to take a tensor, and
     # for the round's loads to finish, before it fails the update naming this worker.
     receive_timeout_s: float = DEFAULT_TIMEOUT_S
+    # "auto": a worker whose model has vLLM's tensor-parallel layers registers only the slices it serves
+    # (tp_destinations), written in place: no full tensor reaches it; a model without such layers gets
+    # whole tensors through load_weights. "on": slices, or an error. "off": whole tensors, load_weights.
+    slices: str = "auto"
+    # With slices, a parameter whose slice cannot be stated (a quantized or unknown parallel layer) fails
+    # init_transfer_engine naming it; True: that worker gets whole tensors through load_weights instead
+    # (a log line names the parameter).
+    whole_fallback: bool = False
 
     def __post_init__(self):
+        if self.slices not in ("auto", "on", "off"):
+            raise ValueError(f"paramcast init_info.slices: expected 'auto', 'on' or 'off', got {self.slices!r}")
+        if not isinstance(self.whole_fallback, bool):
+            raise ValueError(f"paramcast init_info.whole_fallback: expected true or false, got {self.whole_fallback!r}")
         for key in ("queue_bytes", "receive_timeout_s"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -156,6 +184,167 @@ def _no_mtp_check():
     return disable_mtp_completeness_check()
 
 
+# ---- the slices a tensor-parallel worker serves, read from its model's parallel layers ------------
+# vLLM's parallel layers, by class name (the layer classes import CUDA-bound parts of vLLM, so they are
+# recognized by name, and then by the attributes they carry, never imported).
+_QKV, _MERGED, _COLUMN, _ROW, _VOCAB, _REPLICATED = "qkv", "merged", "column", "row", "vocab", "replicated"
+_KIND_BY_CLASS = {"QKVParallelLinear": _QKV, "MergedColumnParallelLinear": _MERGED,
+                  "ColumnParallelLinear": _COLUMN, "RowParallelLinear": _ROW,
+                  "VocabParallelEmbedding": _VOCAB, "ReplicatedLinear": _REPLICATED}
+# The checkpoint names of a fused layer's parts, where the model states no packed_modules_mapping
+# (vLLM's LLaMA, Qwen2/3, Mistral state this one).
+_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+class UnmappedParameter(ValueError):
+    """A parameter of the worker's model whose slice ParamCast cannot state (the message names it)."""
+
+
+def _layer_kind(module):
+    """The vLLM parallel layer ``module`` is (_QKV, ..., None: not a parallel layer), by class, then by
+    the attributes vLLM's layers carry; "unknown" for a tensor-parallel module of another kind."""
+    for cls in type(module).__mro__:
+        if cls.__name__ in _KIND_BY_CLASS:
+            return _KIND_BY_CLASS[cls.__name__]
+    has = lambda *a: all(hasattr(module, x) for x in a)  # noqa: E731
+    if has("total_num_heads", "num_heads", "num_kv_heads", "head_size", "output_sizes", "tp_rank", "tp_size"):
+        return _QKV
+    if has("output_sizes", "output_size_per_partition", "tp_rank", "tp_size"):
+        return _MERGED
+    if has("output_size_per_partition", "tp_rank", "tp_size"):
+        return _COLUMN
+    if has("input_is_parallel", "input_size_per_partition", "tp_rank", "tp_size"):
+        return _ROW
+    if has("num_embeddings_per_partition", "tp_rank", "tp_size") or has("shard_indices", "tp_size"):
+        return _VOCAB
+    if hasattr(module, "tp_size") or hasattr(module, "tp_rank"):
+        return "unknown"
+    return None
+
+
+def _full_name(prefix, leaf):
+    return f"{prefix}.{leaf}" if prefix else leaf
+
+
+def tp_destinations(model, packed=None):
+    """What one tensor-parallel vLLM worker serves of each checkpoint tensor, read from ``model``'s own
+    parallel layers: ``[(checkpoint name, local tensor, full shape, offsets)]``, each local tensor a
+    view of the worker's parameter (a row range of a fused ``qkv_proj``/``gate_up_proj`` for q, k, v,
+    gate and up), to be written in place.
+
+    Column-parallel (and merged, QKV) layers and vocabulary-parallel embeddings cut dim 0 (QKV by
+    heads, GQA's kv heads replicated where the TP size exceeds them), row-parallel layers dim 1
+    (their bias whole); every other parameter (norms) is whole. ``packed``: a fused layer's
+    checkpoint parts (default: the model's ``packed_modules_mapping``, else LLaMA's). Raises
+    :class:`UnmappedParameter` naming the parameter a layer cannot be mapped for (an unknown
+    tensor-parallel layer, a quantized one, a shape the layer's attributes do not give).
+    """
+    packed = dict(packed or getattr(model, "packed_modules_mapping", None) or _PACKED)
+    out, seen = [], {}
+
+    def fail(pname, module, why):
+        raise UnmappedParameter(f"parameter '{pname}' ({type(module).__name__}): {why}")
+
+    def add(pname, module, name, local, shape, offsets):
+        for d, (o, n) in enumerate(zip(offsets, local.shape)):
+            if o < 0 or o + n > shape[d]:
+                fail(pname, module, f"its slice of '{name}' ({list(offsets)} + {list(local.shape)}) lies outside "
+                                    f"the checkpoint tensor's shape {list(shape)}")
+        out.append((name, local, [int(d) for d in shape], [int(o) for o in offsets]))
+
+    for prefix, module in model.named_modules():
+        kind = _layer_kind(module)
+        for leaf, param in module.named_parameters(recurse=False):
+            pname = _full_name(prefix, leaf)
+            if param is None:
+                continue
+            if id(param) in seen:  # tied (lm_head = embed_tokens): one destination, under its first name
+                continue
+            seen[id(param)] = pname
+            data = param.data
+            if not data.is_contiguous():
+                fail(pname, module, f"is not contiguous (strides {list(data.stride())}): ParamCast writes "
+                                    "only contiguous memory in place")
+            if kind == "unknown":
+                fail(pname, module, "its layer is tensor-parallel (it has tp_rank/tp_size) but is none of vLLM's "
+                                    "Column/MergedColumn/QKV/RowParallelLinear or VocabParallelEmbedding")
+            method = getattr(module, "quant_method", None)
+            if kind is not None and method is not None and type(method).__name__ not in (
+                    "UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"):
+                fail(pname, module, f"its layer is quantized ({type(method).__name__}): its parameters do not "
+                                    "hold the checkpoint's bytes")
+            if kind == _REPLICATED and hasattr(module, "output_sizes"):
+                fail(pname, module, "a merged replicated layer: its checkpoint parts are not named by the model")
+            if kind is None or kind == _REPLICATED:  # norms and other whole parameters
+                add(pname, module, pname, data, list(data.shape), [0] * data.dim())
+                continue
+            rank, tp = int(module.tp_rank), int(module.tp_size)
+            if kind == _ROW:
+                if leaf == "bias" or data.dim() == 1:  # added after the reduction: whole on every rank
+                    add(pname, module, pname, data, list(data.shape), [0] * data.dim())
+                    continue
+                per = int(module.input_size_per_partition)
+                if data.dim() != 2 or data.shape[1] != per:
+                    fail(pname, module, f"shape {list(data.shape)}, expected [*, {per}] (input_size_per_partition)")
+                add(pname, module, pname, data, [data.shape[0], int(module.input_size)], [0, rank * per])
+            elif kind == _COLUMN:
+                per = int(module.output_size_per_partition)
+                if data.shape[0] != per:
+                    fail(pname, module, f"shape {list(data.shape)}, expected [{per}, ...] (output_size_per_partition)")
+                add(pname, module, pname, data, [int(module.output_size)] + list(data.shape[1:]),
+                    [rank * per] + [0] * (data.dim() - 1))
+            elif kind == _VOCAB:
+                idx = getattr(module, "shard_indices", None)
+                if idx is not None:
+                    start, end = int(idx.org_vocab_start_index), int(idx.org_vocab_end_index)
+                    added = int(getattr(idx, "added_vocab_end_index", 0)) \
+                        - int(getattr(idx, "added_vocab_start_index", 0))
+                    if added:
+                        fail(pname, module, f"it carries {added} added (LoRA) vocabulary rows, which no checkpoint "
+                                            "tensor holds")
+                else:
+                    per = int(module.num_embeddings_per_partition)
+                    start = min(rank * per, int(module.org_vocab_size))
+                    end = min(start + per, int(module.org_vocab_size))
+                vocab = int(getattr(module, "org_vocab_size", getattr(module, "num_embeddings", 0)))
+                if data.shape[0] < end - start:
+                    fail(pname, module, f"shape {list(data.shape)} holds fewer than its {end - start} vocabulary rows")
+                add(pname, module, pname, data[:end - start], [vocab] + list(data.shape[1:]),
+                    [start] + [0] * (data.dim() - 1))
+            else:  # _QKV, _MERGED: each checkpoint part a row range of the fused parameter
+                mod_prefix, _, last = prefix.rpartition(".")
+                parts = packed.get(last)
+                if parts is None:
+                    fail(pname, module, f"a fused layer named '{last}', which the model's packed_modules_mapping "
+                                        f"({sorted(packed)}) does not split into checkpoint tensors")
+                if kind == _QKV:
+                    hs = int(module.head_size)
+                    vhs = int(getattr(module, "v_head_size", hs))
+                    nq, nkv = int(module.num_heads), int(module.num_kv_heads)
+                    reps = int(getattr(module, "num_kv_head_replicas", 1))
+                    rows = [nq * hs, nkv * hs, nkv * vhs]
+                    totals = [int(module.total_num_heads) * hs, int(module.total_num_kv_heads) * hs,
+                              int(module.total_num_kv_heads) * vhs]
+                    starts = [rank * rows[0], (rank // reps) * rows[1], (rank // reps) * rows[2]]
+                else:
+                    totals = [int(s) for s in module.output_sizes]
+                    rows = [s // tp for s in totals]
+                    starts = [rank * r for r in rows]
+                if len(parts) != len(rows):
+                    fail(pname, module, f"packed into {len(rows)} parts, but packed_modules_mapping names "
+                                        f"{len(parts)} ({parts})")
+                if data.shape[0] != sum(rows):
+                    fail(pname, module, f"shape {list(data.shape)}, expected {sum(rows)} rows "
+                                        f"({' + '.join(map(str, rows))})")
+                at = 0
+                for part, n, total, start in zip(parts, rows, totals, starts):
+                    name = _full_name(_full_name(mod_prefix, part), leaf)
+                    add(pname, module, name, data[at:at + n], [total] + list(data.shape[1:]),
+                        [start] + [0] * (data.dim() - 1))
+                    at += n
+    return out
+
+
 class _End:
     """Queued by on_update_end after the last tensor of a version: vLLM's thread answers through ``done``."""
 
@@ -201,6 +390,9 @@ class ParamCastWeightTransferEngine(_EngineBase):
         self._active = False
         self._closed = False
         self._reload_open = False  # vLLM's layerwise reload begun by start_weight_update, not yet finalized
+        self._sliced = None  # with slices registered: the checkpoint names this worker serves
+        self._staged = []  # (host buffer registered, the parameter's view it is copied into): off-device slices
+        self._refused_outside = None  # the version on_update_begin refused outside a round
         self.worker_id = worker_id_for("vllm", self.parallel_config)
 
     # ---- vLLM's base-class behaviour, for when vLLM is not installed -------------------------
@@ -267,22 +459,78 @@ class ParamCastWeightTransferEngine(_EngineBase):
             self._closed = False
             self._release_queue_locked("the transfer engine was re-initialized")
         sub = paramcast.Subscriber(cfg, self.worker_id)
-        sub.on_weights(self._on_weights)
-        sub.on_update_end(self._on_update_end)
         try:
+            self._sliced, self._staged = None, []
+            dests = self._destinations(init_info)
+            if dests is None:
+                sub.on_weights(self._on_weights)
+            else:
+                self._register_slices(sub, dests, cfg.get("subscriber", {}).get("device", "cpu"))
+                sub.on_update_begin(self._on_update_begin)
+            sub.on_update_end(self._on_update_end)
             sub.start()
         except BaseException:
             sub.stop()
             raise
         self._sub = sub
 
+    def _destinations(self, init_info):
+        """The slices this worker registers ([(name, view, full shape, offsets)]), or None: whole
+        tensors through load_weights."""
+        if init_info.slices == "off":
+            return None
+        if not any(_layer_kind(m) not in (None, _REPLICATED) for m in self.model.modules()):
+            if init_info.slices == "on":
+                raise ValueError(f"paramcast: {self.worker_id}: init_info.slices is 'on' but the model "
+                                 f"({type(self.model).__name__}) has none of vLLM's tensor-parallel layers")
+            _log.info("%s: the model (%s) has no vLLM tensor-parallel layers: whole tensors through load_weights",
+                      self.worker_id, type(self.model).__name__)
+            return None
+        try:
+            return tp_destinations(self.model)
+        except UnmappedParameter as e:
+            if not init_info.whole_fallback:
+                raise UnmappedParameter(
+                    f"paramcast: {self.worker_id}: cannot state the slice this tensor-parallel worker serves of "
+                    f"{e} (set init_info whole_fallback=true to receive whole tensors through load_weights "
+                    "instead)") from None
+            _log.warning("%s: whole tensors through load_weights (init_info.whole_fallback), since %s",
+                         self.worker_id, e)
+            return None
+
+    def _register_slices(self, sub, dests, device):
+        # Each slice straight into the parameter's view where it lives on the subscriber's device;
+        # elsewhere (a GPU worker on the gloo data plane) into a host buffer of the slice's size, copied
+        # into the parameter on vLLM's thread once the version is in (receive_weights).
+        from paramcast.reshard import Shard
+        torch = paramcast._tensors._torch_module()
+        want = torch.device(device)
+        named = []
+        for name, view, shape, offsets in dests:
+            target = view
+            if view.device.type != want.type or (want.index is not None and view.device.index != want.index):
+                target = torch.empty(view.shape, dtype=view.dtype, device=want,
+                                     pin_memory=want.type == "cpu" and torch.cuda.is_available())
+                target.copy_(view)
+                self._staged.append((target, view))
+            named.append((name, Shard(target, shape, offsets)))
+        sub.register(named)
+        self._sliced = [n for n, _ in named]
+        whole = sum(1 for _, v, shape, _ in dests if list(v.shape) == list(shape))
+        _log.info("%s: registered %d tensors: %d slices written in place, %d whole", self.worker_id, len(named),
+                  len(named) - whole, whole)
+
     def start_weight_update(self):
         """Opens a round: tensors that arrive from now until finish_weight_update are loaded."""
         self._require_init("start_weight_update")
-        init = _layerwise("initialize_layerwise_reload")
+        init = _layerwise("initialize_layerwise_reload") if self._sliced is None else None
         if init is not None:
             init(self.model)
             self._reload_open = True
+        # Failures of updates before this round (one refused outside a round) are not this round's: the
+        # trainer may not know the version it sends to sliced workers before it submits it.
+        while self._sub._core.next_report(0.0) is not None:
+            pass
         with self._cv:
             self._active = True
 
@@ -302,10 +550,30 @@ class ParamCastWeightTransferEngine(_EngineBase):
         deadline = time.monotonic() + update_info.timeout_s
         received, load_error = set(), None
         try:
+            if self._sliced is not None and update_info.names:
+                # The plan refuses these before any byte moves, and then no end of the update comes here.
+                listed = set(update_info.names)
+                extra = [n for n in update_info.names if n not in set(self._sliced)]
+                unsent = [n for n in self._sliced if n not in listed]
+                if extra or unsent:
+                    def show(ns):
+                        return ", ".join(repr(n) for n in ns[:4]) + (f", +{len(ns) - 4} more" if len(ns) > 4 else "")
+                    raise ValueError(f"{self.worker_id}: update v{update_info.version} "
+                                     + "; ".join(w for w in (f"carries {show(extra)}, which this worker does not serve"
+                                                             if extra else "",
+                                                             f"does not carry {show(unsent)}, which it serves"
+                                                             if unsent else "") if w))
             while True:
                 item = self._take(deadline, update_info.version)
                 if isinstance(item, _End):
                     item.load_error = load_error
+                    if not item.error and load_error is None and self._staged:
+                        try:  # before the data thread is released: the buffers hold this version's bytes
+                            for buf, view in self._staged:
+                                view.copy_(buf)
+                        except Exception as e:  # noqa: BLE001 - reported to the publisher and raised below
+                            load_error = item.load_error = f"copying received slices into the model: " \
+                                                           f"{type(e).__name__}: {e}"
                     item.done.set()  # the data thread reports Applied (or the failure) now
                     if item.version < update_info.version:
                         received, load_error = set(), None  # an older update's end: not this round's
@@ -313,6 +581,8 @@ class ParamCastWeightTransferEngine(_EngineBase):
                     if item.error:
                         raise RuntimeError(f"paramcast: {self.worker_id}: update v{item.version} failed here: "
                                            f"{item.error}")
+                    if self._sliced is not None:
+                        received.update(self._sliced)
                     break
                 name, tensor = item
                 if load_error is None:
@@ -324,11 +594,7 @@ class ParamCastWeightTransferEngine(_EngineBase):
                 received.add(name)
             if load_error is not None:
                 raise RuntimeError(f"{self.worker_id}: load_weights failed: {load_error}")
-            try:
-                self._sub.wait_for_version(update_info.version, timeout=max(1.0, deadline - time.monotonic()),
-                                           raise_on_failure=True)
-            except paramcast.Error as e:
-                raise RuntimeError(f"paramcast: {e}") from e
+            self._wait_applied(update_info.version, max(1.0, deadline - time.monotonic()))
             missing = [n for n in update_info.names if n not in received]
             if missing:
                 shown = ", ".join(repr(n) for n in missing[:4]) + \
@@ -394,6 +660,26 @@ class ParamCastWeightTransferEngine(_EngineBase):
                                    "(call init_weight_transfer_engine again first)")
             raise RuntimeError(f"paramcast: {what} before init_transfer_engine")
 
+    def _wait_applied(self, version, timeout):
+        # Subscriber.wait_for_version(version, timeout, raise_on_failure=True), but a failure of the
+        # update refused outside a round (whose report may come late) is not this round's.
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self._sub._core.state()
+            if state[0] == "consistent" and state[1] >= version:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"paramcast: {self.worker_id}: version {version} not applied within {timeout}s "
+                                   f"(state: {state[3]})")
+            self._raise_if_failed(version, min(0.05, left))
+
+    def _raise_if_failed(self, version, wait=0.0):
+        # A failure ParamCast reported here for `version` or a later one (not the one refused outside a round).
+        report = self._sub._core.next_report(wait)
+        if report is not None and report[1] and report[0] >= version and report[0] != self._refused_outside:
+            raise RuntimeError(f"paramcast: {self.worker_id}: update v{report[0]} failed here: {report[1]}")
+
     def _take(self, deadline, version):
         with self._cv:
             while not self._queue:
@@ -403,6 +689,7 @@ class ParamCastWeightTransferEngine(_EngineBase):
                                        f"timeout_s (state: {self._sub.state_detail})")
                 if self._closed:
                     raise RuntimeError(f"paramcast: {self.worker_id}: shut down while receiving v{version}")
+                self._raise_if_failed(version)  # e.g. a plan refused before any byte moved: no end comes
                 self._cv.wait(min(left, 0.05))
             item = self._queue.popleft()
             if not isinstance(item, _End):
@@ -433,9 +720,20 @@ class ParamCastWeightTransferEngine(_EngineBase):
         for name, tensor in weights:
             self._put((name, tensor.clone()), tensor.element_size() * tensor.nelement())
 
+    def _on_update_begin(self, version):
+        # ParamCast's data thread, before a version's bytes are written into the model's parameters.
+        with self._cv:
+            if self._active:
+                return
+            self._refused_outside = version  # its end, whenever it comes, ends no round
+        raise RuntimeError(f"{self.worker_id}: weights arrived outside start/finish_weight_update "
+                           "(the trainer must call start_weight_update on every worker first)")
+
     def _on_update_end(self, version, error):
         # ParamCast's data thread, after the last tensor: Applied leaves once vLLM's thread loaded them all.
         with self._cv:
+            if error is not None and version == self._refused_outside:
+                return None
             if not self._active:
                 if error is None:
                     raise RuntimeError(f"{self.worker_id}: update v{version} ended outside a weight update round")
@@ -499,8 +797,18 @@ class ParamCastTrainerInitInfo(_TrainerInitInfoBase):
     # publisher.update_timeout, also the publisher's cap on the update. Keep it under the client's
     # timeout (vLLM's HTTPVLLMWeightSyncClient: 300 s) so that the workers' reason is what the trainer sees.
     update_timeout_s: float = DEFAULT_TIMEOUT_S
+    # How send_weights sends a round. "stream": one tensor at a time (a sharded trainer gathers one at a
+    # time). "whole": every tensor at once through weight_update, which goes point to point to workers
+    # that serve slices (tensor parallelism), each receiving only its slices. "auto": streams until the
+    # publisher says a worker serves slices, then "whole" from that round on.
+    send: str = "auto"
+    # More fields of the workers' ParamCastInitInfo, e.g. {"slices": "off"} or {"whole_fallback": True}.
+    engine_init: Any = None
 
     def __post_init__(self):
+        if self.send not in ("auto", "stream", "whole"):
+            raise ValueError(f"paramcast trainer init_info.send: expected 'auto', 'stream' or 'whole', "
+                             f"got {self.send!r}")
         t = self.update_timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
             raise ValueError(f"paramcast trainer init_info.update_timeout_s: expected a positive number of seconds, "
@@ -519,6 +827,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         self.rank = rank
         self.publisher = publisher
         self.update_timeout_s = DEFAULT_TIMEOUT_S
+        self.send = "auto"
 
     @classmethod
     def trainer_init(cls, init_info, *, client, source=None):
@@ -535,7 +844,8 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             if init_info.advertise_endpoint:
                 port = publisher.endpoint.rsplit(":", 1)[1]
                 endpoint = endpoint.replace(":PORT", ":" + port)
-            client.init_weight_transfer_engine({"endpoint": endpoint,
+            client.init_weight_transfer_engine({**(init_info.engine_init or {}),
+                                                "endpoint": endpoint,
                                                 "config": init_info.engine_config,
                                                 "worker_id_prefix": init_info.worker_id_prefix})
             publisher.start()
@@ -544,6 +854,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             raise
         engine = cls(client=client, source=source, is_sender=True, rank=init_info.rank, publisher=publisher)
         engine.update_timeout_s = init_info.update_timeout_s
+        engine.send = init_info.send
         return engine
 
     def send_weights(self):
@@ -562,10 +873,29 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             return None
         manifest = [(m.name, m.dtype, tuple(m.shape)) for m in self.source.metadata]
         self.client.start_weight_update()
+        opened = None
+        if self.send != "whole":
+            try:
+                opened = self.publisher.stream(manifest)
+            except paramcast.UpdateError as e:
+                # ParamCast refuses to stream to a worker that registered slices: those go point to point.
+                if self.send == "stream" or "serves slices" not in str(e):
+                    with contextlib.suppress(Exception):
+                        self.client.finish_weight_update()
+                    raise
+                _log.info("paramcast: the vLLM workers serve slices (tensor parallelism): each round is sent "
+                          "whole, point to point, each worker receiving only its slices")
+                self.send = "whole"
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.client.finish_weight_update()
+                raise
+        if opened is None:
+            return self._send_whole(manifest)
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             receiving = None
             try:
-                with self.publisher.stream(manifest) as update:
+                with opened as update:
                     receiving = pool.submit(self.client.update_weights,
                                             {"version": update.version, "names": [n for n, _, _ in manifest],
                                              "timeout_s": self.update_timeout_s})
@@ -585,6 +915,32 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             receiving.result()
         self.client.finish_weight_update(weight_version=str(update.version))
         return update.result
+
+    def _send_whole(self, manifest):
+        # One weight_update: to workers that registered slices, the plan sends each only its slices. Its
+        # version is assigned when it is submitted; the workers wait for the next one applied (a version
+        # a failed update used is not applied, so the last applied + 1 is where they start waiting).
+        try:
+            tensors = list(self.source.iter_full())
+            version = self.publisher.status()["version"] + 1
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.client.finish_weight_update()
+            raise
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            receiving = pool.submit(self.client.update_weights,
+                                    {"version": version, "names": [n for n, _, _ in manifest],
+                                     "timeout_s": self.update_timeout_s})
+            try:
+                result = self.publisher.weight_update(tensors)
+            except BaseException:
+                del tensors
+                receiving.result()  # the workers' error first: it says what went wrong where
+                raise
+            del tensors
+            receiving.result()
+        self.client.finish_weight_update(weight_version=str(result.version))
+        return result
 
     def shutdown(self):
         publisher, self.publisher = self.publisher, None
