@@ -112,17 +112,9 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
       if (degree(e.a) == 1 && e.a != 0) lone[e.b].insert(e.a);  // the publisher is never left out
       if (degree(e.b) == 1 && e.b != 0) lone[e.a].insert(e.b);
     }
-    auto claimed = [&](int reporter, int about) {
-      return std::any_of(claims.begin(), claims.end(),
-                         [&](const Claim& c) { return c.reporter == reporter && c.about == about; });
-    };
     for (const auto& [v, who] : lone) {
       const size_t reached = reached_by(v);
-      // One accuser is enough when the accused's own word contradicts it: v
-      // is complete and did not name its accuser, so by v's word the pair
-      // connected (a pair that does not connect fails on both ends).
-      const bool contradicted = who.size() == 1 && complete.count(v) && !claimed(v, *who.begin());
-      if ((who.size() < 2 && !contradicted) || accusers_of(v).size() >= reached || left.count(v)) continue;
+      if (who.size() < 2 || accusers_of(v).size() >= reached || left.count(v)) continue;
       verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached});
       left.insert(who.begin(), who.end());
     }
@@ -228,16 +220,12 @@ std::vector<std::string> describe_left_out(const Verdict& v, const std::vector<s
   };
   std::vector<std::string> out;
   for (const auto& a : v.accusers) {
-    const bool one = a.accusers.size() == 1;
     std::string line = list(a.accusers);
-    line += one ? " said it could not reach " : " said they could not reach ";
+    line += " said they could not reach ";
     line += name(a.accused);
     line += ", which ";
     line += std::to_string(a.reached_by);
-    line += " ranks reached";
-    line += one ? " (its own word among them)" : "";
-    line += one ? ": it is the suspect, left out of the next formation (not struck)"
-                : ": they are the suspects, left out of the next formation (not struck)";
+    line += " ranks reached: they are the suspects, left out of the next formation (not struck)";
     out.push_back(std::move(line));
   }
   for (const auto& s : v.sides) {

@@ -21,10 +21,7 @@
 //      next formation leaves some members out, never struck:
 //      - accusers: members that each failed only with one member, which two
 //        or more of them accuse while more complete ranks reach it, are the
-//        suspects (two members framing a third), and are left out; so is a
-//        lone accuser whose claim the accused's own word contradicts (the
-//        accused is complete and did not name it: by its word the pair
-//        connected, and a pair that does not connect fails on both ends);
+//        suspects (two members framing a third), and are left out;
 //      - sides: the members of each group of failed pairs left, split into
 //        the two sides that cannot reach each other (a partition); the
 //        smaller side is left out, and on a tie the side `turn` picks, so

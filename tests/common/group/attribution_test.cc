@@ -102,67 +102,6 @@ TEST(AttributionTest, TwoColludersFramingAMemberAreLeftOutNotTheMember) {
   EXPECT_EQ(attribute(6, r, {0, 1, 2, 3, 4, 5}).left_out, (std::vector<int>{4, 5}));
 }
 
-// One member says it cannot reach worker-1, and worker-1 was ready: by its
-// own word the pair connected (a pair that does not connect fails on both
-// ends). The accuser is the suspect, left out whatever the turn; worker-1 is
-// never left out for it. (Before, the two took turns: a lone liar kept an
-// honest member out of every other formation.)
-TEST(AttributionTest, ALoneAccuserTheAccusedContradictsIsLeftOutWhateverTheTurn) {
-  std::map<int, RankReport> r;
-  r[4].unreachable = {1};
-  for (uint64_t turn = 0; turn < 4; ++turn) {
-    const auto v = attribute(5, r, {0, 1, 2, 3, 4}, turn);
-    EXPECT_TRUE(v.blamed.empty());
-    EXPECT_EQ(v.left_out, std::vector<int>{4}) << "turn " << turn;
-    const auto lines = describe_left_out(v, kNames);
-    ASSERT_EQ(lines.size(), 1u);
-    EXPECT_EQ(lines[0],
-              "worker-4 said it could not reach worker-1, which 3 ranks reached (its own word among them): it is the "
-              "suspect, left out of the next formation (not struck)");
-  }
-  // worker-1 said nothing (not complete): the pair is unresolved, the turns hold.
-  EXPECT_EQ(attribute(5, r, {0, 2, 3, 4}, 0).left_out, std::vector<int>{4});
-  EXPECT_EQ(attribute(5, r, {0, 2, 3, 4}, 1).left_out, std::vector<int>{1});
-}
-
-// The property for what no evidence separates, over random groups: liars
-// (fewer than half) that each say they cannot reach one honest member, which
-// every honest rank reaches, never get an honest member left out, whatever
-// the turn.
-TEST(AttributionTest, LiarsAccusingHonestMembersNeverGetOneLeftOut) {
-  uint64_t seed = 0x2545f4914f6cdd1dull;
-  auto next = [&] {
-    seed ^= seed << 13;
-    seed ^= seed >> 7;
-    seed ^= seed << 17;
-    return seed;
-  };
-  for (int round = 0; round < 20000; ++round) {
-    const int members = 2 + static_cast<int>(next() % 9);
-    const int world = members + 1;
-    const int liars = 1 + static_cast<int>(next() % static_cast<uint64_t>((members + 1) / 2));
-    if (2 * liars >= members) continue;
-    std::set<int> liar;
-    while (static_cast<int>(liar.size()) < liars) liar.insert(1 + static_cast<int>(next() % static_cast<uint64_t>(members)));
-    std::vector<int> honest;
-    for (int k = 1; k < world; ++k)
-      if (!liar.count(k)) honest.push_back(k);
-    std::map<int, RankReport> r;
-    std::set<int> complete;
-    for (int k = 0; k < world; ++k) {
-      if (liar.count(k)) {
-        r[k].unreachable = {honest[next() % honest.size()]};
-        if (next() % 2) complete.insert(k);
-      } else {
-        complete.insert(k);
-      }
-    }
-    const auto v = attribute(world, r, complete, next());
-    EXPECT_TRUE(v.blamed.empty()) << round;
-    for (int out : v.left_out) ASSERT_TRUE(liar.count(out)) << "honest rank " << out << " left out; round " << round;
-  }
-}
-
 // {worker-1, worker-2} and {worker-3, worker-4} cannot reach each other; the
 // publisher reaches all four. One partition: nobody is named, one side is
 // served, and the other at the next turn.
