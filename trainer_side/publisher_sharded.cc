@@ -224,7 +224,11 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   const auto& rules = options.transforms ? *options.transforms : cfg_.publisher.transforms;
   transform::TransformedShards wire;
   Status transformed;
-  if (!rules.empty()) {
+  if (options.transforms && cfg_.publisher.ranks > 1 && *options.transforms != cfg_.publisher.transforms)
+    transformed = invalid_argument("weight_update_sharded: UpdateOptions::transforms differ from "
+                                   "publisher.transforms, which the other trainer ranks apply: give every rank the "
+                                   "same rules in the config");
+  else if (!rules.empty()) {
     auto t = transform::apply_shards(shards, rules);
     if (t.ok()) wire = std::move(t.value());
     else transformed = t.status();

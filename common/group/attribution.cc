@@ -114,7 +114,10 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
     }
     for (const auto& [v, who] : lone) {
       const size_t reached = reached_by(v);
-      if (who.size() < 2 || accusers_of(v).size() >= reached || left.count(v)) continue;
+      // The publisher's own connection to v outweighs a peer's claim: it
+      // counts twice here (it is trusted, and its link to v worked).
+      const bool publisher_reached = complete.count(0) && !at_fault.count(0) && !failed.count({0, v});
+      if (who.size() < 2 || accusers_of(v).size() >= reached + (publisher_reached ? 1 : 0) || left.count(v)) continue;
       verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached});
       left.insert(who.begin(), who.end());
     }

@@ -20,8 +20,10 @@
 //   3. what is left no evidence separates, so nobody is named for it; the
 //      next formation leaves some members out, never struck:
 //      - accusers: members that each failed only with one member, which two
-//        or more of them accuse while more complete ranks reach it, are the
-//        suspects (two members framing a third), and are left out;
+//        or more of them accuse while more complete ranks reach it (the
+//        publisher's own reach counting twice: its working connection
+//        outweighs a peer's claim), are the suspects (two members framing a
+//        third), and are left out;
 //      - sides: the members of each group of failed pairs left, split into
 //        the two sides that cannot reach each other (a partition); the
 //        smaller side is left out, and on a tie the side `turn` picks, so

@@ -85,6 +85,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     evidence_.clear();
     false_ready_.clear();
     failed_alone_.clear();
+    first_failed_.clear();
     have_failure_ = false;
     assigned_rank_.clear();
     for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
@@ -132,7 +133,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   const bool own_early = !comm.ok() && (!own.empty() || Clock::now() + kOwnDeadlineSlack < deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (own_early) note_failure_locked();
+    if (own_early) note_failure_locked("publisher");
   }
   // Formed, or failed early: every member's word (within the window once
   // anything failed). Failed at the deadline: what they said by now.
@@ -147,7 +148,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     ended_early = !failed_.empty() || stopped_ || own_early;
   }
   if (!comm.ok()) PC_INFO("publisher: its own part of group epoch " << epoch << ": " << comm.status().message());
-  std::vector<std::string> problems = judge(members, own, !comm.ok(), own_early, ended_early);
+  std::vector<std::string> problems = judge(members, own, !comm.ok(), ended_early);
   if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
   if (!problems.empty()) {
     std::string msg = "group of epoch " + std::to_string(epoch) + " failed to form: ";
@@ -203,16 +204,17 @@ bool GroupHost::on_shm_plane(int rank) const {
 // formation early) were not ready by the deadline. The members that reported
 // evidence against others are witnesses, not culprits.
 std::vector<std::string> GroupHost::judge(const std::vector<std::string>& members, const FormationEvidence& own,
-                                          bool own_failed, bool own_early, bool ended_early) {
+                                          bool own_failed, bool ended_early) {
   std::vector<std::string> names = {"publisher"};
   names.insert(names.end(), members.begin(), members.end());
   std::map<int, RankReport> reports;
   if (own_failed) reports[0] = RankReport{own.unreachable, own.no_address};
-  // Whose word covers every peer: this rank when its mesh formed, it
-  // reported, or it failed before the deadline (its own word, as a member's
-  // GroupFailed); a member that reported (with evidence or without) or was ready.
+  // Whose word covers every peer: this rank when its mesh formed or it
+  // reported evidence; a member that reported evidence or was ready. A
+  // failure without evidence is no such word (Gloo's "connection closed by
+  // peer" names no peer, and its sender's other pairs may not have formed).
   std::set<int> complete;
-  if (!own_failed || own_early) complete.insert(0);
+  if (!own_failed || !own.empty()) complete.insert(0);
   std::map<std::string, std::string> named;
   std::set<std::string> conclusive;
   std::vector<std::string> problems;
@@ -223,12 +225,8 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       auto rank = assigned_rank_.find(id);
       if (rank != assigned_rank_.end()) reports[rank->second] = RankReport{e.unreachable, e.no_address};
     }
-    // A GroupFailed without evidence names nobody: its sender's word is that
-    // it reached every peer it could tell of (the word a GroupReady gives,
-    // so a liar gains nothing by it).
     for (const auto& [id, rank] : assigned_rank_)
-      if (evidence_.count(id) || failed_alone_.count(id) || (ready_.count(id) && !false_ready_.count(id)))
-        complete.insert(rank);
+      if (evidence_.count(id) || (ready_.count(id) && !false_ready_.count(id))) complete.insert(rank);
     const Verdict verdict = attribute(static_cast<int>(names.size()), reports, complete, turn_);
     for (const auto& b : verdict.blamed) {
       if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
@@ -257,17 +255,18 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       left_out_[id] = LeftOut{"left out after a failed formation the evidence could not attribute", until};
       left.push_back(id);
     }
-    // A member that failed without evidence beside a verdict (someone
-    // named or left out) most likely failed because of it (the member named
-    // gave up and closed its pairs): said, not held against it.
-    const bool explained = !named.empty() || !verdict.left_out.empty();
+    // A member that failed without evidence after the formation's first
+    // failure most likely failed because of it (a peer that gave up closed
+    // its pairs, and Gloo names no peer then): said, not held against it.
+    // The first failure is its sender's own.
     for (const auto& id : members) {
       if (named.count(id)) continue;
       if (false_ready_.count(id)) {
         named[id] = kFalseReady;
         conclusive.insert(id);
-      } else if (failed_alone_.count(id) && explained) {
-        problems.push_back(id + " also failed (" + failed_[id] + "): not held against it beside the verdict");
+      } else if (failed_alone_.count(id) && first_failed_ != id) {
+        problems.push_back(id + " also failed (" + failed_[id] + "), after " + first_failed_ +
+                           "'s failure: not held against it");
       } else if (failed_.count(id) && !evidence_.count(id)) {
         named[id] = failed_[id];
       } else if (!server_.is_live(id)) {
@@ -497,10 +496,11 @@ StatusOr<std::string> GroupHost::announce(uint64_t epoch, const std::vector<std:
   return bootstrap;
 }
 
-void GroupHost::note_failure_locked() {
+void GroupHost::note_failure_locked(const std::string& who) {
   if (have_failure_) return;
   have_failure_ = true;
   first_failure_ = Clock::now();
+  first_failed_ = who;
 }
 
 void GroupHost::wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline) {
@@ -538,13 +538,13 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
       if (needs_address && !published_.count(id)) {
         false_ready_.insert(id);
         failed_[id] = kFalseReady;
-        note_failure_locked();
+        note_failure_locked(id);
       } else if (static_cast<int64_t>(body.getGroupReady().getRank()) == rank->second) {
         ready_.insert(id);
       } else {
         failed_[id] = "said GroupReady for rank " + std::to_string(body.getGroupReady().getRank()) +
                       " but was assigned rank " + std::to_string(rank->second);
-        note_failure_locked();
+        note_failure_locked(id);
       }
       break;
     }
@@ -566,7 +566,7 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
       take(f.getNoAddress(), e.no_address);
       if (!e.empty()) evidence_[id] = std::move(e);
       else failed_alone_.insert(id);
-      note_failure_locked();
+      note_failure_locked(id);
       break;
     }
     case B::STORE_SET: {

@@ -101,11 +101,13 @@ class GroupHost {
   // Waits for every member's GroupReady or GroupFailed, until `deadline`, or
   // the end of the evidence window once a member failed.
   void wait_for_members(const std::vector<std::string>& members, Clock::time_point deadline);
-  void note_failure_locked();  // the formation's first failure opens the collection window
+  // The formation's first failure (`who` failed: a member's id, or
+  // "publisher") opens the collection window.
+  void note_failure_locked(const std::string& who);
   // What went wrong, per member, from what they said, this rank's evidence
   // and who is still live; strikes counted. Empty: formed.
   std::vector<std::string> judge(const std::vector<std::string>& members, const FormationEvidence& own,
-                                 bool own_failed, bool own_early, bool ended_early);
+                                 bool own_failed, bool ended_early);
   // Why formation cannot succeed any more ("" while it still can): a
   // GroupFailed, a lost member, shutdown. Takes mu_.
   std::string doomed(const std::vector<std::string>& members);
@@ -140,6 +142,7 @@ class GroupHost {
   std::map<std::string, FormationEvidence> evidence_;  // from members' GroupFailed, in group ranks
   std::set<std::string> false_ready_;                   // said GroupReady without publishing an address
   std::set<std::string> failed_alone_;                  // sent GroupFailed without evidence
+  std::string first_failed_;                            // whose failure opened the window
   Clock::time_point first_failure_{};                   // the formation's first failure (collection window)
   bool have_failure_ = false;
   std::map<std::string, int> assigned_rank_;

@@ -9,6 +9,8 @@ namespace paramcast::transform {
 
 namespace {
 
+constexpr float kTinyAmax = 448.0f * 0x1.0p-149f;  // below this, amax / 448 is 0 in float32
+
 uint32_t bits_of(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -57,7 +59,9 @@ inline uint8_t encode(float x) {
   return static_cast<uint8_t>((u < 0x3C800000u ? sub : norm) | sign);  // 2^-6
 }
 
-inline float scale_of(float amax) { return amax == 0.0f ? 1.0f : amax / kFp8Max; }
+// amax / 448 would underflow to 0 below 448 x 2^-149 (x / 0 is no value):
+// such a block is scaled as a zero block is.
+inline float scale_of(float amax) { return amax < kTinyAmax ? 1.0f : amax / kFp8Max; }
 
 // max |x| over [begin, end), on the bits of |x| (they order as the values
 // do); `bad` set when any x is not finite (its bits are at least inf's).
@@ -269,6 +273,10 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
   auto numel = src.spec.numel();
   if (!numel.ok()) return numel.status();
   const uint64_t n = *numel;
+  if (n > 0 && !src.data) return invalid_argument("tensor '" + src.spec.name + "' has no data pointer");
+  if (t.kind == Transform::Kind::kFp8 && src.spec.shape.size() != 2)
+    return invalid_argument("tensor '" + src.spec.name + "' " + src.spec.shape_string() + ": " + describe(t) +
+                            " takes a 2-D tensor");
   const DType from = src.spec.dtype;
   if (t.kind == Transform::Kind::kNone) {
     std::memcpy(out, src.data, n * dtype_size(from));
@@ -366,6 +374,13 @@ StatusOr<TransformedShards> apply_shards(const std::vector<ShardView>& shards, c
                               specs[1].name + "', which is also a tensor of this update");
     const std::vector<int64_t> offsets = s.offsets.empty() ? std::vector<int64_t>(full.shape.size(), 0) : s.offsets;
     const std::vector<int64_t>& lengths = s.local.spec.shape;
+    bool bad_box = offsets.size() != full.shape.size() || lengths.size() != full.shape.size();
+    for (size_t d = 0; !bad_box && d < lengths.size(); ++d)
+      bad_box = offsets[d] < 0 || lengths[d] < 0 || offsets[d] > full.shape[d] || lengths[d] > full.shape[d] - offsets[d];
+    if (bad_box)
+      return invalid_argument("shard of '" + full.name + "': its box (" + std::to_string(offsets.size()) +
+                              " offsets, local shape " + s.local.spec.shape_string() + ") is not inside " +
+                              full.shape_string());
     bool empty = false;
     for (int64_t l : lengths) empty = empty || l == 0;
     // The box's scales (fp8): where they sit in the scale tensor.

@@ -24,7 +24,8 @@
 // reference in PyTorch, which the tests check this against bit for bit):
 // per block (row, tensor) of x as float32,
 //   amax  = max |x|                       (a non-finite x is refused)
-//   scale = amax / 448  (float32), or 1 where amax is 0
+//   scale = amax / 448  (float32), or 1 where that is 0 (amax 0, or below
+//           448 x 2^-149)
 //   q     = e4m3fn(clamp(x / scale, -448, 448))   round to nearest even
 //   <name>_scale_inv = scale              (x ~ q * scale_inv)
 //

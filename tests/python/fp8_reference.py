@@ -9,10 +9,14 @@ FP8_MAX = 448.0
 BLOCK = 128
 
 
+TINY = FP8_MAX * 2.0 ** -149  # below this amax, amax / 448 is 0 in float32
+
+
 def _scale(amax):
-    """scale = amax / 448 in float32; 1 where amax is 0 (a zero block stays zero)."""
+    """scale = amax / 448 in float32; 1 where that would be 0 (amax 0, or below 448 x 2^-149):
+    such a block is scaled as a zero block."""
     amax = amax.to(torch.float32)
-    return torch.where(amax == 0, torch.ones_like(amax), amax / FP8_MAX)
+    return torch.where(amax < TINY, torch.ones_like(amax), amax / FP8_MAX)
 
 
 def _q(x, scale):

@@ -102,6 +102,26 @@ TEST(AttributionTest, TwoColludersFramingAMemberAreLeftOutNotTheMember) {
   EXPECT_EQ(attribute(6, r, {0, 1, 2, 3, 4, 5}).left_out, (std::vector<int>{4, 5}));
 }
 
+// Two members accuse worker-1; besides the publisher only worker-2 is
+// complete (worker-3 failed without evidence: no word). Two against two,
+// but the publisher's own working connection to worker-1 outweighs a
+// peer's claim: the accusers are the suspects. (Before, the tie went to the
+// sides, and the smaller, worker-1, was left out.)
+TEST(AttributionTest, ThePublishersReachOutweighsATieOfAccusers) {
+  std::map<int, RankReport> r;
+  r[4].unreachable = {1};
+  r[5].unreachable = {1};
+  for (uint64_t turn : {0u, 1u}) {
+    const auto v = attribute(6, r, {0, 1, 2, 4, 5}, turn);
+    EXPECT_TRUE(v.blamed.empty());
+    EXPECT_EQ(v.left_out, (std::vector<int>{4, 5})) << "turn " << turn;
+  }
+  // The publisher failing with another member (worker-3, at fault) leaves its reach of worker-1 as it is.
+  r[0].unreachable = {3};
+  const auto w = attribute(6, r, {0, 1, 2, 4, 5}, 0);
+  EXPECT_EQ(w.accusers.size(), 1u);
+}
+
 // {worker-1, worker-2} and {worker-3, worker-4} cannot reach each other; the
 // publisher reaches all four. One partition: nobody is named, one side is
 // served, and the other at the next turn.

@@ -188,6 +188,44 @@ TEST(TransformFp8Test, ChannelAndTensorScalingAndNonFiniteValuesAreRefused) {
   EXPECT_EQ(bad.message(), "tensor 'w': element [1, 2] is not finite (inf): fp8: block cannot scale it; nothing was sent");
 }
 
+// A block whose amax is so small that amax / 448 is 0 in float32 is scaled
+// as a zero block (scale 1), not divided by zero.
+TEST(TransformFp8Test, ABlockOfTinyValuesIsScaledAsAZeroBlock) {
+  std::vector<float> x = {1e-45f, -2e-45f, 0.0f, 3e-45f};
+  TensorView v{TensorSpec{"w", DType::kF32, {2, 2}}, x.data(), Device::cpu()};
+  std::vector<uint8_t> q(4);
+  float s = 0;
+  ASSERT_TRUE(apply(v, Transform{Transform::Kind::kFp8, DType::kF8E4M3, Fp8Scaling::kBlock, 0}, q.data(), &s).ok());
+  EXPECT_EQ(s, 1.0f);
+  for (uint8_t c : q) EXPECT_EQ(c & 0x7F, 0) << int(c);
+}
+
+TEST(TransformFp8Test, ShardsWhoseBoxIsNotInsideOrHasNoDataAreRefused) {
+  std::vector<Rule> rules(1);
+  rules[0].match = "*";
+  rules[0].fp8 = Fp8Scaling::kBlock;
+  std::vector<uint16_t> x(128 * 4);
+  ShardView ok{TensorView{TensorSpec{"w", DType::kBF16, {128, 4}}, x.data(), Device::cpu()}, {256, 4}, {128, 0}};
+  auto t = apply_shards({ok}, rules);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(t->views.size(), 2u);
+  EXPECT_EQ(t->views[1].offsets, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(t->views[1].full_shape, (std::vector<int64_t>{2, 1}));
+  ShardView one_offset = ok;
+  one_offset.offsets = {128};
+  auto bad = apply_shards({one_offset}, rules);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("is not inside [256, 4]"), std::string::npos) << bad.status().message();
+  ShardView flat = ok;
+  flat.local.spec.shape = {512};
+  EXPECT_FALSE(apply_shards({flat}, rules).ok());
+  ShardView no_data = ok;
+  no_data.local.data = nullptr;
+  auto none = apply_shards({no_data}, rules);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("has no data pointer"), std::string::npos);
+}
+
 TEST(TransformCastTest, CastsEveryElement) {
   std::vector<float> x = {1.0f, -2.5f, 3.14159f, 1e-40f, 70000.0f};
   TensorView v{TensorSpec{"b", DType::kF32, {5}}, x.data(), Device::cpu()};
