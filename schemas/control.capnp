@@ -170,6 +170,10 @@ struct GroupFailed {
   # to reach it. At most one entry per rank of the group; others are ignored.
   noAddress @3 :List(UInt32);
   # Evidence: the ranks whose rendezvous address never arrived.
+  connected @4 :Bool;
+  # Every pair of its mesh connected and it failed after (Gloo's "connection
+  # closed by peer" when a peer gave up): its word is that it reached every
+  # peer.
 }
 
 struct Heartbeat {

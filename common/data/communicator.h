@@ -186,6 +186,10 @@ class Communicator {
 struct FormationEvidence {
   std::vector<int> unreachable;
   std::vector<int> no_address;
+  // Every pair of this rank's mesh connected, and it failed after (Gloo's
+  // "connection closed by peer" when a peer gave up): its word is that it
+  // reached every peer.
+  bool connected = false;
   bool empty() const { return unreachable.empty() && no_address.empty(); }
 };
 

@@ -85,6 +85,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     evidence_.clear();
     false_ready_.clear();
     failed_alone_.clear();
+    connected_.clear();
     first_failed_.clear();
     have_failure_ = false;
     assigned_rank_.clear();
@@ -209,12 +210,12 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
   names.insert(names.end(), members.begin(), members.end());
   std::map<int, RankReport> reports;
   if (own_failed) reports[0] = RankReport{own.unreachable, own.no_address};
-  // Whose word covers every peer: this rank when its mesh formed or it
-  // reported evidence; a member that reported evidence or was ready. A
-  // failure without evidence is no such word (Gloo's "connection closed by
-  // peer" names no peer, and its sender's other pairs may not have formed).
+  // Whose word covers every peer: this rank when its mesh formed, or failed
+  // on evidence or after every pair connected; a member that was ready, or
+  // failed so. A failure otherwise is no such word (a formation cut short:
+  // its sender's pairs may not all have formed).
   std::set<int> complete;
-  if (!own_failed || !own.empty()) complete.insert(0);
+  if (!own_failed || !own.empty() || own.connected) complete.insert(0);
   std::map<std::string, std::string> named;
   std::set<std::string> conclusive;
   std::vector<std::string> problems;
@@ -226,7 +227,8 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       if (rank != assigned_rank_.end()) reports[rank->second] = RankReport{e.unreachable, e.no_address};
     }
     for (const auto& [id, rank] : assigned_rank_)
-      if (evidence_.count(id) || (ready_.count(id) && !false_ready_.count(id))) complete.insert(rank);
+      if (evidence_.count(id) || connected_.count(id) || (ready_.count(id) && !false_ready_.count(id)))
+        complete.insert(rank);
     const Verdict verdict = attribute(static_cast<int>(names.size()), reports, complete, turn_);
     for (const auto& b : verdict.blamed) {
       if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
@@ -566,6 +568,7 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
       take(f.getNoAddress(), e.no_address);
       if (!e.empty()) evidence_[id] = std::move(e);
       else failed_alone_.insert(id);
+      if (e.empty() && f.getConnected()) connected_.insert(id);
       note_failure_locked(id);
       break;
     }

@@ -143,6 +143,7 @@ class GroupHost {
   std::set<std::string> false_ready_;                   // said GroupReady without publishing an address
   std::set<std::string> failed_alone_;                  // sent GroupFailed without evidence
   std::string first_failed_;                            // whose failure opened the window
+  std::set<std::string> connected_;                     // failed after every pair of its mesh connected
   Clock::time_point first_failure_{};                   // the formation's first failure (collection window)
   bool have_failure_ = false;
   std::map<std::string, int> assigned_rank_;

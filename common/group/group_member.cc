@@ -202,6 +202,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
       auto unreachable = f.initUnreachable(static_cast<unsigned>(evidence.unreachable.size()));
       for (size_t i = 0; i < evidence.unreachable.size(); ++i)
         unreachable.set(static_cast<unsigned>(i), static_cast<uint32_t>(evidence.unreachable[i]));
+      f.setConnected(evidence.connected && evidence.empty());
       auto no_address = f.initNoAddress(static_cast<unsigned>(evidence.no_address.size()));
       for (size_t i = 0; i < evidence.no_address.size(); ++i)
         no_address.set(static_cast<unsigned>(i), static_cast<uint32_t>(evidence.no_address[i]));

@@ -203,6 +203,7 @@ StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Stor
       }
       return unavailable(where + " could not form: " + mesh.error);
     }
+    if (evidence) evidence->connected = true;  // what fails from here failed after every pair connected
     auto context = std::make_shared<MeshContext>(options.rank, options.world_size, device, std::move(mesh.context));
     context->setTimeout(kForever);  // the watcher bounds every wait (stall_timeout, op_timeout)
     return std::unique_ptr<Communicator>(new GlooCommunicator(options, std::move(context)));
