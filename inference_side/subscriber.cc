@@ -79,7 +79,8 @@ SubscriberImpl::SubscriberImpl(const Config& cfg, std::string id, bool source)
       client_(std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, false, source), this)),
       group_(std::make_unique<group::GroupMember>(id_, *client_)),
       faults_(transfer::FaultInjection::from_env()),
-      lost_(ControlFaults::from_env()) {}
+      lost_(ControlFaults::from_env()),
+      link_checks_(id_, cfg.data_plane.gloo_hostname, cfg.data_plane.gloo_interface) {}
 
 SubscriberImpl::~SubscriberImpl() { stop(); }
 
@@ -147,6 +148,7 @@ void SubscriberImpl::stop() {
   cv_.notify_all();
   client_->stop();
   if (data_thread_.joinable()) data_thread_.join();
+  link_checks_.stop();
 }
 
 WeightState SubscriberImpl::state() const {
@@ -236,6 +238,14 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
     }
     case B::BUCKET_LAYOUTS: return on_layouts(body.getBucketLayouts());
     case B::BUCKET_DELTA: return on_delta(body.getBucketDelta());
+    case B::LINK_CHECK: {
+      auto r = group::link_check_request(body.getLinkCheck());
+      if (!r.ok()) {
+        PC_WARN(id_ << ": ignored a LinkCheck: " << r.status().message());
+        return;
+      }
+      return link_checks_.offer(std::move(*r));
+    }
     case B::ABANDON: {
       auto a = body.getAbandon();
       {

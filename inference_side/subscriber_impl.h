@@ -29,6 +29,7 @@
 #include "common/delta/baseline.h"
 #include "common/reshard/sent_baseline.h"
 #include "common/group/group_member.h"
+#include "common/group/link_check.h"
 #include "common/plan.h"
 #include "common/transfer/bucket_receiver.h"
 #include "inference_side/control_faults.h"
@@ -155,6 +156,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   ControlFaults lost_;  // test hook: control messages to lose
   std::thread data_thread_;
   std::atomic<bool> stopping_{false};
+  // Link checks the publisher asks for while this member is out of its
+  // group (common/group/link_check.h).
+  group::LinkCheckRunner link_checks_;
   // Round tracking reported in heartbeats (control::WeightReport).
   std::atomic<uint64_t> plan_seen_{0}, answered_{0}, commit_seen_{0}, applied_sent_{0};
 

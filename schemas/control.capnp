@@ -176,6 +176,23 @@ struct GroupFailed {
   # peer.
 }
 
+struct LinkCheck {
+  # Publisher -> a member out of the group after failed formations
+  # (common/group/link_check.h): prove that your data path works, off the
+  # update path, before you are tried in a formation again. Connect from
+  # your data-plane address to `endpoint` (the publisher's, on its data
+  # plane), send `token`, then `bytes` bytes; read `bytes` bytes back and
+  # answer with their xxh64 (8 bytes, little-endian), all within timeoutMs.
+  token @0 :Data;
+  # 16 random bytes naming this check.
+  endpoint @1 :Text;
+  # "address:port" ("[address]:port" for IPv6).
+  bytes @2 :UInt32;
+  # Payload each way (at most 4 MiB).
+  timeoutMs @3 :UInt32;
+  # The whole exchange's bound (at most 60 s).
+}
+
 struct Heartbeat {
   weightVersion @0 :UInt64;
   # Weight version held (subscriber) or last published (publisher).
@@ -613,5 +630,7 @@ struct Envelope {
     # An engine's slices (Subscriber::register_slice), sent when it joins and
     # when it registers one: the regions it serves of each tensor (a tensor
     # it does not list it wants whole). `seq` counts its registrations.
+    linkCheck @27 :LinkCheck;
+    # Publisher -> member: prove your data path works (LinkCheck).
   }
 }

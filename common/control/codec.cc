@@ -205,6 +205,7 @@ const char* body_name(proto::Envelope::Reader envelope) {
       case B::BUCKET_DELTA: return "bucketDelta";
       case B::HOLDINGS: return "holdings";
       case B::WANTS: return "wants";
+      case B::LINK_CHECK: return "linkCheck";
     }
   } catch (const kj::Exception&) {
   }

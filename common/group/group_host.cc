@@ -218,6 +218,7 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
   if (!own_failed || !own.empty() || own.connected) complete.insert(0);
   std::map<std::string, std::string> named;
   std::set<std::string> conclusive;
+  std::set<std::string> data_path;  // named for their data path (a passing link check may end it early)
   std::vector<std::string> problems;
   std::vector<std::string> left;  // left out by what no evidence separates
   {
@@ -234,6 +235,7 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
       const std::string& id = names[static_cast<size_t>(b.rank)];
       named[id] = describe(b, names);
+      data_path.insert(id);
       // On the shm plane, "unreachable from the publisher" means it never
       // took the segment: no data port, no address.
       if (on_shm_plane(b.rank) && std::count(b.unreachable_from.begin(), b.unreachable_from.end(), 0))
@@ -284,6 +286,7 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
                           !(rank != assigned_rank_.end() && on_shm_plane(rank->second));
         named[id] = gloo && !published_.count(id) ? "never published its rendezvous address within " + bound
                                                   : "not ready within " + bound;
+        data_path.insert(id);
       }
     }
     if (stopped_) problems.push_back("publisher shutting down");
@@ -298,7 +301,7 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
   for (const auto& id : members)
     if (named.count(id)) out.push_back(id + ": " + named[id]);
   out.insert(out.end(), problems.begin(), problems.end());
-  count_strikes(members, named, conclusive);
+  count_strikes(members, named, conclusive, data_path);
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_conclusive_.insert(last_conclusive_.end(), left.begin(), left.end());
@@ -310,7 +313,7 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
 // quarantined at once); one that was ready and not named is cleared. Members
 // caught in a formation that another member ended keep what they had.
 void GroupHost::count_strikes(const std::vector<std::string>& members, const std::map<std::string, std::string>& named,
-                              const std::set<std::string>& conclusive) {
+                              const std::set<std::string>& conclusive, const std::set<std::string>& data_path) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
   for (const auto& id : members)
@@ -326,19 +329,45 @@ void GroupHost::count_strikes(const std::vector<std::string>& members, const std
   for (const auto& [id, why] : named) {
     if (why == kLostDuringFormation) continue;
     const bool now_out = conclusive.count(id) > 0;
-    strike_locked(id, why, now_out ? 2 : 0, now);
+    strike_locked(id, why, now_out ? 2 : 0, now, data_path.count(id) > 0);
     if (now_out) last_conclusive_.push_back(id);
   }
 }
 
-void GroupHost::strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now) {
+void GroupHost::strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now,
+                              bool data_path) {
   const auto backoff = cfg_.publisher.quarantine_backoff;
   Strikes& s = strikes_[id];
-  if (s.count > 0 && now - s.last > 32 * backoff) s.count = 0;  // an old failure is forgiven
+  if (s.count > 0 && now - s.last > 32 * backoff) s = Strikes{};  // an old failure is forgiven
+  // Tried again before its quarantine ended (a passing link check let it
+  // out) and failed again: no early way out any more.
+  if (s.count >= 2 && s.until > now) s.burned = true;
   s.count = std::max(s.count + 1, at_least);
   s.reason = reason;
   s.last = now;
+  s.data_path = data_path;
   if (s.count < 2) return;
+  if (!checks_tried_ && cfg_.data_plane.backend == Backend::kGloo) {
+    checks_tried_ = true;
+    auto host = std::make_unique<LinkCheckHost>(
+        cfg_.data_plane.gloo_hostname, cfg_.data_plane.gloo_interface,
+        LinkCheckHost::Hooks{[this] { return due_checks(); },
+                             [this](const std::string& to, const LinkCheckRequest& r) {
+                               server_.send(to, control::make_message(epoch_, server_.incarnation(), [&](auto b) {
+                                 auto c = b.initLinkCheck();
+                                 c.setToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(r.token.data()),
+                                                         r.token.size()));
+                                 c.setEndpoint(r.endpoint);
+                                 c.setBytes(r.bytes);
+                                 c.setTimeoutMs(static_cast<uint32_t>(r.timeout.count()));
+                               }));
+                             }});
+    if (Status started = host->start(); started.ok())
+      checks_ = std::move(host);
+    else
+      PC_WARN("publisher: no link checks (" << started.message()
+                                            << "): a quarantined member is tried again when its backoff ends");
+  }
   const int doublings = std::min(s.count - 2, 4);
   const auto length = backoff * (1 << doublings);
   s.until = now + length;
@@ -355,9 +384,49 @@ std::map<std::string, std::string> GroupHost::excluded(Clock::time_point now) co
     if (l.until > now)
       out[id] = l.reason + "; " + format_duration(std::chrono::duration_cast<Millis>(l.until - now)) + " more";
   for (const auto& [id, s] : strikes_) {
-    if (s.count < 2 || s.until <= now) continue;
-    const auto left = std::chrono::duration_cast<Millis>(s.until - now);
-    out[id] = s.reason + "; quarantined " + format_duration(left) + " more";
+    if (s.count < 2) continue;
+    const bool checked = checked_locked(id);
+    const auto check = checked ? checks_->last(id) : std::nullopt;
+    const bool passed = check && check->passed && check->at > s.last;
+    if (s.until > now) {
+      if (checked && passed && s.data_path && !s.burned) continue;  // its data path works again: tried at once
+      const auto left = std::chrono::duration_cast<Millis>(s.until - now);
+      out[id] = s.reason + "; quarantined " + format_duration(left) + " more";
+    } else if (checked && !passed) {
+      std::string why = s.reason + "; quarantine served, tried again once its data path passes a link check";
+      if (check && check->at > s.last) why += " (the last one failed: " + check->why + ")";
+      out[id] = why;
+    }
+  }
+  return out;
+}
+
+GroupHost::~GroupHost() {
+  std::unique_ptr<LinkCheckHost> checks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    checks = std::move(checks_);
+  }
+  if (checks) checks->stop();  // its thread calls due_checks(): stopped without mu_ held
+}
+
+bool GroupHost::checked_locked(const std::string& id) const {
+  if (!checks_ || cfg_.data_plane.backend != Backend::kGloo) return false;
+  const auto m = server_.member(id);
+  if (!m || m->lost) return false;  // not live: nothing to check (and not in a group anyway)
+  return host_identity_.empty() || m->host_identity != host_identity_;  // this host's members read shm
+}
+
+std::vector<std::string> GroupHost::due_checks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  const auto now = Clock::now();
+  for (const auto& [id, s] : strikes_) {
+    if (s.count < 2 || !checked_locked(id)) continue;
+    const auto check = checks_->last(id);
+    if (check && check->passed && check->at > s.last) continue;  // passed since its last failure
+    // Out early if its data path works; else a check shortly before its backoff ends.
+    if ((s.data_path && !s.burned) || s.until <= now + 2 * kLinkCheckInterval) out.push_back(id);
   }
   return out;
 }

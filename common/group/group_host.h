@@ -31,7 +31,13 @@
 // peers, or for a false GroupReady) is quarantined at once, and
 // last_conclusive() lists it, so that the caller can form again without it
 // within the same update. A formation it is ready in (and not named) clears
-// its strikes, as do 32 backoffs without a failure. A formation that names
+// its strikes, as do 32 backoffs without a failure.
+// On the Gloo plane a member out for strikes is tried again only once its
+// data path passed a link check (link_check.h) after its last failure, so a
+// still-broken member costs no formation when its backoff ends; one struck
+// for a data-path failure (unreachable, its address missed, not ready) is
+// tried again as soon as a check passes, before its backoff ends, once: if
+// it fails again it serves its whole (doubled) backoff. A formation that names
 // every member strikes nobody: its evidence cannot tell which one is at fault.
 // What the evidence cannot separate names nobody (attribution.h, step 3):
 // the suspects of an accusation that more ranks contradict, or one side of a
@@ -59,6 +65,7 @@
 #include "common/config.h"
 #include "common/control/control_server.h"
 #include "common/data/communicator.h"
+#include "common/group/link_check.h"
 #include "common/group/rendezvous_store.h"
 
 namespace paramcast::group {
@@ -66,6 +73,7 @@ namespace paramcast::group {
 class GroupHost {
  public:
   GroupHost(const Config& config, control::ControlServer& server);
+  ~GroupHost();
 
   // `cap`: formation ends by then at the latest (the update's deadline),
   // and by data_plane.init_timeout from now.
@@ -114,7 +122,7 @@ class GroupHost {
   void tell_failed(uint64_t epoch, const std::vector<std::string>& members, const std::string& why);
   // `named`: member → why; `conclusive`: those quarantined at once.
   void count_strikes(const std::vector<std::string>& members, const std::map<std::string, std::string>& named,
-                     const std::set<std::string>& conclusive);
+                     const std::set<std::string>& conclusive, const std::set<std::string>& data_path);
 
   // Which members read this host's shared memory this epoch (rank-indexed,
   // data_plane.local), and that plane's bootstrap; written by form() only.
@@ -155,8 +163,18 @@ class GroupHost {
     std::string reason;
     Clock::time_point last;   // the last failure
     Clock::time_point until;  // quarantined until (count >= 2)
+    bool data_path = false;   // the last failure was its data path's: a passing link check lets it out early
+    bool burned = false;      // it failed again after a check let it out early: it serves its backoff
   };
-  void strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now);
+  // `data_path`: the failure was the member's data path (unreachable, its
+  // address missed, not ready): a passing link check may end it early.
+  void strike_locked(const std::string& id, const std::string& reason, int at_least, Clock::time_point now,
+                     bool data_path = false);
+  // Link checks (link_check.h): whether `id` is checked before it is tried
+  // again (a live member on the Gloo plane, not this host's shm plane), and
+  // who needs a check now. mu_ held / not held.
+  bool checked_locked(const std::string& id) const;
+  std::vector<std::string> due_checks();
   std::map<std::string, Strikes> strikes_;  // consecutive failed formations per worker id
   std::vector<std::string> last_blamed_;
   std::vector<std::string> last_conclusive_;
@@ -167,6 +185,10 @@ class GroupHost {
   };
   std::map<std::string, LeftOut> left_out_;
   uint64_t turn_ = 0;  // which side of a tied partition is served next
+  // Started with the first quarantine (Gloo plane); null before, or where
+  // it could not start (then backoffs alone decide, as without it).
+  std::unique_ptr<LinkCheckHost> checks_;
+  bool checks_tried_ = false;
 };
 
 }  // namespace paramcast::group

@@ -520,14 +520,15 @@ TEST_F(NetnsTest, ASlowMemberIsPlacedAtALeafAtTheNextFormation) {
 // formation cannot connect to worker-2 within init_timeout (3 s), names it on
 // the evidence of the publisher and both other workers, quarantines it, and
 // forms again without it within the same update, so the healthy members keep
-// getting updates and are never blamed. Tried again after each backoff
-// (500 ms, doubling to 8 s), worker-2 is back in the group within 15 s of the
-// heal.
+// getting updates and are never blamed. Its quarantine (6 s) ends while the
+// cut lasts, yet it is not tried again: its link checks fail
+// (common/group/link_check.h), so no later update spends a formation on it.
+// After the heal a check passes and it is back within 15 s.
 TEST_F(NetnsTest, DataPathCutWithControlAliveCostsOneUpdateAndNamesOnlyThatMember) {
   Deployment d;
   d.stall_timeout = "3s";
   d.init_timeout = "3s";
-  d.quarantine_backoff = "500ms";
+  d.quarantine_backoff = "6s";
   ASSERT_NO_FATAL_FAILURE(start(d));
   const size_t from = trainer_->output().size();
   ASSERT_TRUE(lab_->starve(2, kControlPort));
@@ -547,11 +548,17 @@ TEST_F(NetnsTest, DataPathCutWithControlAliveCostsOneUpdateAndNamesOnlyThatMembe
     ++served;
   size_t failed = 0;
   for (size_t at = during.find("FAILED"); at != std::string::npos; at = during.find("FAILED", at + 1)) ++failed;
+  size_t retried = 0;  // formations that included worker-2 and failed with it
+  const std::string again = "forming the group again without worker-2";
+  for (size_t at = during.find(again); at != std::string::npos; at = during.find(again, at + 1)) ++retried;
   std::printf("[figures] %zu updates reached worker-1 and worker-3 while worker-2's data path was cut for %d s; %zu "
-              "failed\n",
-              served, cut_s, failed);
+              "failed; %zu formations tried worker-2\n",
+              served, cut_s, failed, retried);
   EXPECT_GE(served, 5u) << during;
   EXPECT_LE(failed, 1u) << "one broken member costs at most the update in flight:\n" << during;
+  EXPECT_EQ(retried, 1u) << "its quarantine ended during the cut, but its data path never passed a link check:\n"
+                         << during;
+  EXPECT_NE(during.find("link check of 'worker-2' failed"), std::string::npos) << during;
   for (const char* honest : {"worker-1", "worker-3"}) {
     EXPECT_EQ(during.find(std::string(honest) + ": unreachable"), std::string::npos) << honest << ":\n" << during;
     EXPECT_EQ(during.find("subscriber '" + std::string(honest) + "' quarantined"), std::string::npos) << during;
@@ -560,6 +567,28 @@ TEST_F(NetnsTest, DataPathCutWithControlAliveCostsOneUpdateAndNamesOnlyThatMembe
   const size_t before_heal = trainer_->output().size();
   ASSERT_TRUE(lab_->unstarve(2));
   expect_whole_again(Clock::now(), before_heal);
+}
+
+// A member quarantined for a data-path failure whose path heals long before
+// its backoff (60 s) ends is back within 15 s of the heal: its link check
+// passes, and it is tried again at once.
+TEST_F(NetnsTest, AMemberWhoseDataPathHealsIsBackBeforeItsBackoffEnds) {
+  Deployment d;
+  d.stall_timeout = "3s";
+  d.init_timeout = "3s";
+  d.quarantine_backoff = "60s";
+  ASSERT_NO_FATAL_FAILURE(start(d));
+  const size_t from = trainer_->output().size();
+  ASSERT_TRUE(lab_->starve(2, kControlPort));
+  const auto starved = Clock::now();
+  ASSERT_GE(wait_after(*trainer_, from, "subscriber 'worker-2' quarantined for 60.000 s", starved, Ms(30000)), 0)
+      << outputs();
+  std::this_thread::sleep_for(Ms(3000));
+  const size_t before_heal = trainer_->output().size();
+  ASSERT_TRUE(lab_->unstarve(2));
+  expect_whole_again(Clock::now(), before_heal);
+  EXPECT_NE(trainer_->output().find("link check of 'worker-2' passed", before_heal), std::string::npos)
+      << trainer_->output().substr(before_heal);
 }
 
 }  // namespace

@@ -33,6 +33,14 @@ int main(int argc, char** argv) {
   }));
   write(dir, "welcome", make_message(0, 9, [](auto b) { b.initWelcome().setProtocolVersion(proto::PROTOCOL_VERSION); }));
   write(dir, "welcome_probe", make_message(0, 9, [](auto b) { b.initWelcome().setProbe(true); }));
+  write(dir, "link_check", make_message(0, 9, [](auto b) {
+    auto c = b.initLinkCheck();
+    const std::string token(16, 't');
+    c.setToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(token.data()), token.size()));
+    c.setEndpoint("127.0.0.1:9");
+    c.setBytes(1024);
+    c.setTimeoutMs(500);
+  }));
   write(dir, "reject", make_message(0, 9, [](auto b) {
     auto r = b.initReject();
     r.setCode(proto::RejectCode::NOT_MEMBER);

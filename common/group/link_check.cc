@@ -1,0 +1,610 @@
+#include "common/group/link_check.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/xxhash.h"
+
+namespace paramcast::group {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+std::string random_bytes(size_t n) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = getrandom(out.data() + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return out;
+}
+
+// A numeric address and port as a sockaddr.
+bool to_sockaddr(const std::string& address, uint16_t port, sockaddr_storage& out, socklen_t& len) {
+  std::memset(&out, 0, sizeof out);
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&out);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&out);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    len = sizeof(sockaddr_in);
+    return true;
+  }
+  if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    len = sizeof(sockaddr_in6);
+    return true;
+  }
+  return false;
+}
+
+// "address:port" or "[address]:port".
+bool parse_endpoint(const std::string& endpoint, std::string& address, uint16_t& port) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= endpoint.size()) return false;
+  address = endpoint.substr(0, colon);
+  if (address.size() >= 2 && address.front() == '[' && address.back() == ']')
+    address = address.substr(1, address.size() - 2);
+  const std::string digits = endpoint.substr(colon + 1);
+  if (digits.size() > 5 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+  const long p = std::stol(digits);
+  if (p <= 0 || p > 65535) return false;
+  port = static_cast<uint16_t>(p);
+  return true;
+}
+
+std::string endpoint_text(const std::string& address, uint16_t port) {
+  std::string out = address.find(':') == std::string::npos ? address : "[" + address + "]";
+  out += ":";
+  out += std::to_string(port);
+  return out;
+}
+
+int ms_until(Clock::time_point t) {
+  const auto left = std::chrono::duration_cast<Millis>(t - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60000));
+}
+
+// The member's side: whole reads and writes on a non-blocking socket, each
+// bounded by `deadline`.
+// In slices of 100 ms, so that `cancel` ends it soon.
+Status wait_fd(int fd, short events, Clock::time_point deadline, const char* doing, const std::atomic<bool>* cancel) {
+  for (;;) {
+    if (cancel && *cancel) return aborted(std::string(doing) + ": cancelled");
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, std::min(ms_until(deadline), 100));
+    if (n > 0) return Status();
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return unavailable(std::string(doing) + ": poll: " + errno_text(errno));
+    if (Clock::now() >= deadline) return timeout_error(doing);
+  }
+}
+
+Status write_all(int fd, const char* data, size_t n, Clock::time_point deadline, const char* doing,
+                 const std::atomic<bool>* cancel) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::send(fd, data + done, n - done, MSG_NOSIGNAL);
+    if (w > 0) {
+      done += static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      Status s = wait_fd(fd, POLLOUT, deadline, doing, cancel);
+      if (!s.ok()) {
+        std::string what = s.message();
+        what += " (";
+        what += std::to_string(done);
+        what += " of ";
+        what += std::to_string(n);
+        what += " bytes)";
+        return Status(s.code(), what);
+      }
+      continue;
+    }
+    return unavailable(std::string(doing) + ": " + errno_text(errno));
+  }
+  return Status();
+}
+
+Status read_all(int fd, char* data, size_t n, Clock::time_point deadline, const char* doing,
+                const std::atomic<bool>* cancel) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::recv(fd, data + done, n - done, 0);
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return unavailable(std::string(doing) + ": connection closed by the publisher");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      Status s = wait_fd(fd, POLLIN, deadline, doing, cancel);
+      if (!s.ok()) {
+        std::string what = s.message();
+        what += " (";
+        what += std::to_string(done);
+        what += " of ";
+        what += std::to_string(n);
+        what += " bytes)";
+        return Status(s.code(), what);
+      }
+      continue;
+    }
+    return unavailable(std::string(doing) + ": " + errno_text(errno));
+  }
+  return Status();
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+StatusOr<std::string> data_address(const std::string& hostname, const std::string& iface) {
+  if (!iface.empty()) {
+    ifaddrs* all = nullptr;
+    if (getifaddrs(&all) != 0) return unavailable("getifaddrs: " + errno_text(errno));
+    std::string v4, v6;
+    for (ifaddrs* a = all; a; a = a->ifa_next) {
+      if (!a->ifa_addr || iface != a->ifa_name) continue;
+      char text[INET6_ADDRSTRLEN] = {};
+      if (a->ifa_addr->sa_family == AF_INET && v4.empty())
+        v4 = inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+      else if (a->ifa_addr->sa_family == AF_INET6 && v6.empty())
+        v6 = inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, text, sizeof text);
+    }
+    freeifaddrs(all);
+    if (!v4.empty()) return v4;
+    if (!v6.empty()) return v6;
+    return invalid_argument("data_plane.gloo_interface '" + iface + "' has no IP address on this host");
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(hostname.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || !res) return invalid_argument("data_plane.gloo_hostname '" + hostname + "': " + gai_strerror(rc));
+  char text[INET6_ADDRSTRLEN] = {};
+  std::string out;
+  if (res->ai_family == AF_INET)
+    out = inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, text, sizeof text);
+  else if (res->ai_family == AF_INET6)
+    out = inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr, text, sizeof text);
+  freeaddrinfo(res);
+  if (out.empty()) return invalid_argument("data_plane.gloo_hostname '" + hostname + "' resolves to no IP address");
+  return out;
+}
+
+Status run_link_check(const LinkCheckRequest& r, const std::string& hostname, const std::string& iface,
+                      const std::atomic<bool>* cancel) {
+  const auto deadline = Clock::now() + r.timeout;
+  std::string address;
+  uint16_t port = 0;
+  if (!parse_endpoint(r.endpoint, address, port))
+    return invalid_argument("link check endpoint '" + r.endpoint + "' is not address:port");
+  sockaddr_storage to{}, from{};
+  socklen_t to_len = 0, from_len = 0;
+  if (!to_sockaddr(address, port, to, to_len))
+    return invalid_argument("link check endpoint '" + r.endpoint + "' is not a numeric address");
+  auto own = data_address(hostname, iface);
+  if (!own.ok()) return own.status().with_context("link check: this member's data address");
+  if (!to_sockaddr(*own, 0, from, from_len)) return invalid_argument("link check: own address '" + *own + "'");
+  if (from.ss_family != to.ss_family)
+    return invalid_argument("link check: this member's data address " + *own + " cannot reach " + r.endpoint);
+  Fd s;
+  s.fd = ::socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s.fd < 0) return unavailable("link check: socket: " + errno_text(errno));
+  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&from), from_len) != 0)
+    return unavailable("link check: bind to this member's data address " + *own + ": " + errno_text(errno));
+  if (::connect(s.fd, reinterpret_cast<sockaddr*>(&to), to_len) != 0 && errno != EINPROGRESS)
+    return unavailable("link check: connect to " + r.endpoint + ": " + errno_text(errno));
+  const std::string connecting = "link check: connect from " + *own + " to " + r.endpoint;
+  if (Status w = wait_fd(s.fd, POLLOUT, deadline, connecting.c_str(), cancel); !w.ok()) return w;
+  int err = 0;
+  socklen_t el = sizeof err;
+  ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &el);
+  if (err != 0) return unavailable(connecting + ": " + errno_text(err));
+  const int one = 1;
+  ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::string out = r.token;
+  out.resize(r.token.size() + r.bytes, '\x5a');
+  if (Status w = write_all(s.fd, out.data(), out.size(), deadline, "link check: sending to the publisher", cancel); !w.ok())
+    return w;
+  std::string in(r.bytes, '\0');
+  if (Status rd = read_all(s.fd, in.data(), in.size(), deadline, "link check: receiving from the publisher", cancel); !rd.ok())
+    return rd;
+  const uint64_t h = xxh64(in.data(), in.size());
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(h >> (8 * i));
+  return write_all(s.fd, reinterpret_cast<const char*>(le), 8, deadline, "link check: answering the publisher", cancel);
+}
+
+StatusOr<LinkCheckRequest> link_check_request(proto::LinkCheck::Reader m) {
+  LinkCheckRequest r;
+  auto token = m.getToken();
+  if (token.size() != kLinkCheckTokenBytes)
+    return invalid_argument("LinkCheck token of " + std::to_string(token.size()) + " bytes, expected " +
+                            std::to_string(kLinkCheckTokenBytes));
+  r.token.assign(reinterpret_cast<const char*>(token.begin()), token.size());
+  r.endpoint = m.getEndpoint().cStr();
+  std::string address;
+  uint16_t port = 0;
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+  if (!parse_endpoint(r.endpoint, address, port) || !to_sockaddr(address, port, sa, len))
+    return invalid_argument("LinkCheck endpoint '" + r.endpoint.substr(0, 64) + "' is not address:port");
+  r.bytes = m.getBytes();
+  if (r.bytes > kMaxLinkCheckBytes)
+    return invalid_argument("LinkCheck of " + std::to_string(r.bytes) + " bytes, at most " +
+                            std::to_string(kMaxLinkCheckBytes));
+  r.timeout = Millis(m.getTimeoutMs());
+  if (r.timeout <= Millis(0) || r.timeout > kMaxLinkCheckTimeout)
+    return invalid_argument("LinkCheck timeout of " + std::to_string(r.timeout.count()) + " ms, at most " +
+                            std::to_string(kMaxLinkCheckTimeout.count()));
+  return r;
+}
+
+void LinkCheckRunner::offer(LinkCheckRequest r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_ || running_) return;
+  if (thread_.joinable()) thread_.join();  // finished: running_ is false
+  running_ = true;
+  thread_ = std::thread([this, r = std::move(r)] {
+    const Status s = run_link_check(r, hostname_, iface_, &cancel_);
+    if (cancel_) {
+      running_ = false;
+      return;
+    }
+    if (last_ok_ != int(s.ok())) {
+      if (s.ok())
+        PC_INFO(who_ << ": link check to the publisher's data address " << r.endpoint << " passed");
+      else
+        PC_WARN(who_ << ": link check to the publisher's data address failed: " << s.message());
+    }
+    last_ok_ = int(s.ok());
+    running_ = false;
+  });
+}
+
+void LinkCheckRunner::stop() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    t = std::move(thread_);
+  }
+  cancel_ = true;
+  if (t.joinable()) t.join();  // within 100 ms
+}
+
+// ------------------------------------------------------------ LinkCheckHost
+
+struct LinkCheckHost::Pending {
+  std::string id;
+  Clock::time_point deadline;
+  uint32_t bytes = 0;
+  std::string payload;  // what the publisher sends back
+  uint64_t hash = 0;    // its xxh64
+  bool connected = false;
+};
+
+struct LinkCheckHost::Conn {
+  int fd = -1;
+  Clock::time_point deadline;
+  enum class Stage { kToken, kTheirs, kOurs, kHash } stage = Stage::kToken;
+  std::string token;
+  size_t done = 0;   // bytes of the current stage
+  uint32_t bytes = 0;
+  std::string ours;  // the payload to send (copied from Pending)
+  uint64_t hash = 0;
+  char buf[64 << 10];
+};
+
+LinkCheckHost::LinkCheckHost(std::string hostname, std::string iface, Hooks hooks)
+    : hostname_(std::move(hostname)), iface_(std::move(iface)), hooks_(std::move(hooks)) {}
+
+LinkCheckHost::~LinkCheckHost() { stop(); }
+
+Status LinkCheckHost::start() {
+  auto address = data_address(hostname_, iface_);
+  if (!address.ok()) return address.status().with_context("link checks");
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+  if (!to_sockaddr(*address, 0, sa, len)) return invalid_argument("link checks: address '" + *address + "'");
+  listen_fd_ = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) return unavailable("link checks: socket: " + errno_text(errno));
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(listen_fd_, 32) != 0) {
+    const int e = errno;
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    return unavailable("link checks: listen on " + *address + ": " + errno_text(e));
+  }
+  sockaddr_storage bound{};
+  socklen_t bl = sizeof bound;
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &bl);
+  const uint16_t port = ntohs(bound.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                                                         : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  endpoint_ = endpoint_text(*address, port);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return unavailable("link checks: eventfd: " + errno_text(errno));
+  thread_ = std::thread([this] { loop(); });
+  return Status();
+}
+
+void LinkCheckHost::stop() {
+  stop_ = true;
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
+  if (thread_.joinable()) thread_.join();
+  for (auto& c : conns_) ::close(c.fd);
+  conns_.clear();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  listen_fd_ = wake_fd_ = -1;
+}
+
+std::optional<LinkCheckResult> LinkCheckHost::last(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = results_.find(id);
+  if (it == results_.end()) return std::nullopt;
+  return it->second;
+}
+
+void LinkCheckHost::check_now(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requested_.push_back(id);
+  }
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
+}
+
+void LinkCheckHost::finish_locked(const std::string& token, bool passed, const std::string& why) {
+  auto it = pending_.find(token);
+  if (it == pending_.end()) return;
+  const std::string id = it->second.id;
+  pending_.erase(it);
+  auto prev = results_.find(id);
+  if (prev == results_.end() || prev->second.passed != passed)
+    PC_INFO("publisher: link check of '" << id << "' " << (passed ? "passed" : "failed: " + why));
+  results_[id] = LinkCheckResult{passed, why, Clock::now()};
+}
+
+void LinkCheckHost::schedule(Clock::time_point now) {
+  std::vector<std::string> due = hooks_.due ? hooks_.due() : std::vector<std::string>{};
+  std::vector<std::pair<std::string, LinkCheckRequest>> send;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> forced;
+    forced.swap(requested_);
+    for (const auto& id : forced)
+      if (std::find(due.begin(), due.end(), id) == due.end()) due.push_back(id);
+    for (const auto& id : due) {
+      if (pending_.size() >= kMaxChecksInFlight) break;
+      bool in_flight = false;
+      for (const auto& [t, p] : pending_) in_flight = in_flight || p.id == id;
+      if (in_flight) continue;
+      const bool was_forced = std::find(forced.begin(), forced.end(), id) != forced.end();
+      auto s = started_.find(id);
+      if (!was_forced && s != started_.end() && now - s->second < kLinkCheckInterval) continue;
+      started_[id] = now;
+      Pending p;
+      p.id = id;
+      p.deadline = now + kLinkCheckTimeout;
+      p.bytes = kLinkCheckBytes;
+      p.payload = random_bytes(p.bytes);
+      p.hash = xxh64(p.payload.data(), p.payload.size());
+      const std::string token = random_bytes(kLinkCheckTokenBytes);
+      pending_[token] = std::move(p);
+      send.emplace_back(id, LinkCheckRequest{token, endpoint_, kLinkCheckBytes, kLinkCheckTimeout});
+    }
+    // Bounded: what is an hour old goes.
+    for (auto it = results_.begin(); it != results_.end();)
+      it = now - it->second.at > std::chrono::hours(1) ? results_.erase(it) : std::next(it);
+    for (auto it = started_.begin(); it != started_.end();)
+      it = now - it->second > std::chrono::hours(1) ? started_.erase(it) : std::next(it);
+  }
+  for (const auto& [id, r] : send)
+    if (hooks_.send) hooks_.send(id, r);
+}
+
+void LinkCheckHost::expire(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> gone;
+  for (const auto& [token, p] : pending_)
+    if (p.deadline <= now && !p.connected) gone.push_back(token);
+  for (const auto& t : gone) {
+    std::string why = "no connection from its data address to ";
+    why += endpoint_;
+    why += " within ";
+    why += std::to_string(kLinkCheckTimeout.count());
+    why += " ms";
+    finish_locked(t, false, why);
+  }
+}
+
+void LinkCheckHost::accept_all() {
+  for (;;) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    if (conns_.size() >= kMaxChecksInFlight) {  // more connections than checks: not ours
+      ::close(fd);
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    Conn c;
+    c.fd = fd;
+    c.deadline = Clock::now() + kLinkCheckTimeout;  // bounded before its token is known
+    conns_.push_back(std::move(c));
+  }
+}
+
+// One connection's exchange: token, their bytes, ours, the hash of ours.
+bool LinkCheckHost::step(Conn& c) {
+  auto fail = [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_locked(c.token, false, why);
+    return false;
+  };
+  for (;;) {
+    ssize_t n = 0;
+    switch (c.stage) {
+      case Conn::Stage::kToken: {
+        n = ::recv(c.fd, c.buf + c.done, kLinkCheckTokenBytes - c.done, 0);
+        if (n <= 0) break;
+        c.done += static_cast<size_t>(n);
+        if (c.done < kLinkCheckTokenBytes) continue;
+        c.token.assign(c.buf, kLinkCheckTokenBytes);
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(c.token);
+        if (it == pending_.end() || it->second.connected) {  // not a check of ours
+          c.token.clear();
+          return false;
+        }
+        it->second.connected = true;
+        c.deadline = it->second.deadline;
+        c.bytes = it->second.bytes;
+        c.ours = it->second.payload;
+        c.hash = it->second.hash;
+        c.stage = Conn::Stage::kTheirs;
+        c.done = 0;
+        continue;
+      }
+      case Conn::Stage::kTheirs:
+        if (c.done == c.bytes) {
+          c.stage = Conn::Stage::kOurs;
+          c.done = 0;
+          continue;
+        }
+        n = ::recv(c.fd, c.buf, std::min<size_t>(sizeof c.buf, c.bytes - c.done), 0);
+        if (n <= 0) break;
+        c.done += static_cast<size_t>(n);
+        continue;
+      case Conn::Stage::kOurs:
+        if (c.done == c.bytes) {
+          c.stage = Conn::Stage::kHash;
+          c.done = 0;
+          continue;
+        }
+        n = ::send(c.fd, c.ours.data() + c.done, c.bytes - c.done, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        c.done += static_cast<size_t>(n);
+        continue;
+      case Conn::Stage::kHash: {
+        n = ::recv(c.fd, c.buf + c.done, 8 - c.done, 0);
+        if (n <= 0) break;
+        c.done += static_cast<size_t>(n);
+        if (c.done < 8) continue;
+        uint64_t h = 0;
+        for (int i = 0; i < 8; ++i) h |= static_cast<uint64_t>(static_cast<unsigned char>(c.buf[i])) << (8 * i);
+        std::lock_guard<std::mutex> lock(mu_);
+        finish_locked(c.token, h == c.hash, h == c.hash ? "" : "it answered a hash of bytes the publisher did not send");
+        return false;
+      }
+    }
+    // n <= 0
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+    if (c.token.empty()) return false;
+    std::string why = n == 0 ? "the member closed the connection" : "connection failed: " + errno_text(errno);
+    why += c.stage == Conn::Stage::kTheirs ? " after " + std::to_string(c.done) + " of its " +
+                                                 std::to_string(c.bytes) + " bytes"
+           : c.stage == Conn::Stage::kOurs ? " after " + std::to_string(c.done) + " of the publisher's " +
+                                                 std::to_string(c.bytes) + " bytes"
+                                           : " before its answer";
+    return fail(why);
+  }
+}
+
+void LinkCheckHost::loop() {
+  auto next_schedule = Clock::now();
+  while (!stop_) {
+    const auto now = Clock::now();
+    if (now >= next_schedule) {
+      schedule(now);
+      next_schedule = now + Millis(250);
+    }
+    expire(now);
+    std::vector<pollfd> fds;
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (const auto& c : conns_)
+      fds.push_back({c.fd, static_cast<short>(c.stage == Conn::Stage::kOurs ? POLLOUT : POLLIN), 0});
+    auto wake_at = next_schedule;
+    for (const auto& c : conns_) wake_at = std::min(wake_at, c.deadline);
+    const int n = ::poll(fds.data(), fds.size(), ms_until(wake_at) + 1);
+    if (n < 0 && errno != EINTR) {
+      PC_WARN("publisher: link checks stop: poll: " << errno_text(errno));
+      return;
+    }
+    if (fds[0].revents) {
+      uint64_t v;
+      (void)!::read(wake_fd_, &v, sizeof v);
+      next_schedule = Clock::now();  // check_now()
+    }
+    std::vector<Conn*> ready;
+    for (size_t i = 2; i < fds.size(); ++i)
+      if (fds[i].revents) ready.push_back(&conns_[i - 2]);
+    std::vector<int> done;
+    for (Conn* c : ready)
+      if (!step(*c)) done.push_back(c->fd);
+    const auto after = Clock::now();
+    for (auto& c : conns_) {
+      if (std::find(done.begin(), done.end(), c.fd) != done.end() || c.deadline > after) continue;
+      std::string why = "not done within ";
+      why += std::to_string(kLinkCheckTimeout.count());
+      why += " ms: ";
+      why += c.stage == Conn::Stage::kToken ? "no token"
+             : c.stage == Conn::Stage::kTheirs ? std::to_string(c.done) + " of its " + std::to_string(c.bytes) +
+                                                     " bytes arrived"
+             : c.stage == Conn::Stage::kOurs ? std::to_string(c.done) + " of the publisher's " +
+                                                   std::to_string(c.bytes) + " bytes sent"
+                                             : "no answer";
+      if (!c.token.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        finish_locked(c.token, false, why);
+      }
+      done.push_back(c.fd);
+    }
+    for (int fd : done) {
+      ::close(fd);
+      conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [&](const Conn& c) { return c.fd == fd; }),
+                   conns_.end());
+    }
+    if (fds[1].revents) accept_all();
+  }
+}
+
+}  // namespace paramcast::group
