@@ -80,7 +80,7 @@ std::vector<std::string> PublisherImpl::wanted_members(std::map<std::string, std
   return members;
 }
 
-Status PublisherImpl::form_group(Deadline cap, bool retry_without_culprits) {
+Status PublisherImpl::form_group(Deadline cap, int retries, const std::vector<std::string>* only) {
   comm_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -88,7 +88,7 @@ Status PublisherImpl::form_group(Deadline cap, bool retry_without_culprits) {
   }
   auto live = server_.live();
   std::map<std::string, std::string> excluded;
-  std::vector<std::string> members = wanted_members(&excluded);
+  std::vector<std::string> members = only ? *only : wanted_members(&excluded);
   {
     std::lock_guard<std::mutex> lock(mu_);
     group_ = members;
@@ -101,15 +101,23 @@ Status PublisherImpl::form_group(Deadline cap, bool retry_without_culprits) {
   for (const auto& [id, why] : excluded)
     PC_WARN("publisher: forming the group without '" << id << "' (" << why << ")");
   auto comm = groups_.form(members, cap);
-  // Members named on conclusive evidence are in quarantine now: the others
-  // form again at once, within the same deadline, so that one broken member
-  // costs this update the time of one formation, not the update.
-  if (!comm.ok() && retry_without_culprits) {
-    const auto culprits = groups_.last_conclusive();
-    if (!culprits.empty() && culprits.size() < members.size() && !stopped_) {
-      PC_WARN("publisher: forming the group again without " << join_ids(culprits) << " (" << comm.status().message()
+  // Members named on conclusive evidence are in quarantine now, and members
+  // that left or were lost meanwhile are gone: the others form again at
+  // once, within the same deadline, so that one broken or departing member
+  // costs this update the time of one formation, not the update. A member
+  // that joined meanwhile is not added: it waits for the next formation.
+  if (!comm.ok() && retries > 0 && !stopped_) {
+    std::vector<std::string> dropped = groups_.last_conclusive();
+    for (const auto& id : members)
+      if (!server_.is_live(id) && std::find(dropped.begin(), dropped.end(), id) == dropped.end())
+        dropped.push_back(id);
+    std::vector<std::string> rest;
+    for (const auto& id : members)
+      if (std::find(dropped.begin(), dropped.end(), id) == dropped.end()) rest.push_back(id);
+    if (!dropped.empty() && !rest.empty()) {
+      PC_WARN("publisher: forming the group again without " << join_ids(dropped) << " (" << comm.status().message()
                                                             << ")");
-      Status again = form_group(cap, false);
+      Status again = form_group(cap, retries - 1, &rest);
       return again.ok() ? again : again.with_context(comm.status().message() + "; then");
     }
   }
@@ -141,8 +149,14 @@ Status PublisherImpl::ensure_group() {
       if (wanted == current) return Status();
       needs_reform_ = true;
     }
-    cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout,
-                   [&] { return server_.missing().empty() || stopped_; });
+    // With on_member_loss: continue, only the members of the last group
+    // that are gone are waited for (a restart comes back within it): not
+    // count slots never filled, nor identities that came and went.
+    const bool fail = cfg_.publisher.on_member_loss == MemberLossPolicy::kFail;
+    cv_.wait_until(lock, Clock::now() + cfg_.control.heartbeat_timeout, [&] {
+      if (stopped_ || fail) return stopped_ || server_.missing().empty();
+      return std::all_of(group_.begin(), group_.end(), [&](const std::string& id) { return server_.is_live(id); });
+    });
   }
   auto missing = server_.missing();
   if (!missing.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail)

@@ -117,9 +117,12 @@ class PublisherImpl : public control::ControlServer::Listener {
   void run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
-  // Forms the group of the wanted members by `cap`; when the failure names
-  // members on conclusive evidence (now in quarantine), once more without them.
-  Status form_group(Deadline cap, bool retry_without_culprits = true);
+  // Forms the group of the wanted members by `cap`. When the failure names
+  // members on conclusive evidence (now in quarantine), or members left or
+  // were lost during it, forms again at once of the others of that
+  // formation (a member that joined meanwhile waits for the next one), up
+  // to `retries` times.
+  Status form_group(Deadline cap, int retries = 3, const std::vector<std::string>* only = nullptr);
   std::vector<std::string> wanted_members(std::map<std::string, std::string>* excluded) const;
   bool send_plan(const UpdatePlan& plan, UpdateResult& r);
   bool check_plan(const UpdatePlan& plan, UpdateResult& r);

@@ -132,6 +132,7 @@ void ControlServer::admit_locked(const Sender& from, uint64_t inc, proto::Hello:
   for (auto cap : h.getCapabilities()) {
     if (cap == "delta") m.delta = true;
     if (cap == "source") m.source = true;
+    if (cap == "link_check") m.link_check = true;
   }
   members_[id] = m;
   const std::string who = printable(m.host) + " pid " + std::to_string(m.pid);

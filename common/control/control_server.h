@@ -95,6 +95,7 @@ struct Member {
   bool lost = false;
   bool delta = false;  // announced the "delta" capability: it can apply delta updates
   bool source = false;  // announced "source": a trainer rank of a many-sender job (PublisherRank)
+  bool link_check = false;  // announced "link_check": it answers LinkCheck (common/group/link_check.h)
   uint64_t delta_base = 0;  // the version it can apply a delta onto now (Hello, heartbeats, Applied)
 };
 

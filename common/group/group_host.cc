@@ -90,6 +90,11 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
     have_failure_ = false;
     assigned_rank_.clear();
     for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
+    // A member tried before its quarantine ended (a passing link check let
+    // it out) has had its early try, whatever this formation does.
+    for (const auto& id : members)
+      if (auto it = strikes_.find(id); it != strikes_.end() && it->second.count >= 2 && it->second.until > now)
+        it->second.burned = true;
   }
   store_.begin_epoch(epoch);  // keys of earlier epochs are dropped, and members write only this one's
   server_.set_epoch(epoch);
@@ -302,6 +307,7 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
     if (named.count(id)) out.push_back(id + ": " + named[id]);
   out.insert(out.end(), problems.begin(), problems.end());
   count_strikes(members, named, conclusive, data_path);
+  ensure_checks();
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_conclusive_.insert(last_conclusive_.end(), left.begin(), left.end());
@@ -339,35 +345,11 @@ void GroupHost::strike_locked(const std::string& id, const std::string& reason, 
   const auto backoff = cfg_.publisher.quarantine_backoff;
   Strikes& s = strikes_[id];
   if (s.count > 0 && now - s.last > 32 * backoff) s = Strikes{};  // an old failure is forgiven
-  // Tried again before its quarantine ended (a passing link check let it
-  // out) and failed again: no early way out any more.
-  if (s.count >= 2 && s.until > now) s.burned = true;
   s.count = std::max(s.count + 1, at_least);
   s.reason = reason;
   s.last = now;
   s.data_path = data_path;
   if (s.count < 2) return;
-  if (!checks_tried_ && cfg_.data_plane.backend == Backend::kGloo) {
-    checks_tried_ = true;
-    auto host = std::make_unique<LinkCheckHost>(
-        cfg_.data_plane.gloo_hostname, cfg_.data_plane.gloo_interface,
-        LinkCheckHost::Hooks{[this] { return due_checks(); },
-                             [this](const std::string& to, const LinkCheckRequest& r) {
-                               server_.send(to, control::make_message(epoch_, server_.incarnation(), [&](auto b) {
-                                 auto c = b.initLinkCheck();
-                                 c.setToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(r.token.data()),
-                                                         r.token.size()));
-                                 c.setEndpoint(r.endpoint);
-                                 c.setBytes(r.bytes);
-                                 c.setTimeoutMs(static_cast<uint32_t>(r.timeout.count()));
-                               }));
-                             }});
-    if (Status started = host->start(); started.ok())
-      checks_ = std::move(host);
-    else
-      PC_WARN("publisher: no link checks (" << started.message()
-                                            << "): a quarantined member is tried again when its backoff ends");
-  }
   const int doublings = std::min(s.count - 2, 4);
   const auto length = backoff * (1 << doublings);
   s.until = now + length;
@@ -385,6 +367,7 @@ std::map<std::string, std::string> GroupHost::excluded(Clock::time_point now) co
       out[id] = l.reason + "; " + format_duration(std::chrono::duration_cast<Millis>(l.until - now)) + " more";
   for (const auto& [id, s] : strikes_) {
     if (s.count < 2) continue;
+    if (now - s.last > 32 * cfg_.publisher.quarantine_backoff) continue;  // forgiven (strike_locked resets it)
     const bool checked = checked_locked(id);
     const auto check = checked ? checks_->last(id) : std::nullopt;
     const bool passed = check && check->passed && check->at > s.last;
@@ -411,9 +394,9 @@ GroupHost::~GroupHost() {
 }
 
 bool GroupHost::checked_locked(const std::string& id) const {
-  if (!checks_ || cfg_.data_plane.backend != Backend::kGloo) return false;
+  if (!checks_ || checks_->failed() || cfg_.data_plane.backend != Backend::kGloo) return false;
   const auto m = server_.member(id);
-  if (!m || m->lost) return false;  // not live: nothing to check (and not in a group anyway)
+  if (!m || m->lost || !m->link_check) return false;  // not live, or it cannot answer checks
   return host_identity_.empty() || m->host_identity != host_identity_;  // this host's members read shm
 }
 
@@ -442,8 +425,44 @@ std::vector<std::string> GroupHost::last_conclusive() const {
 }
 
 void GroupHost::quarantine(const std::string& id, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    strike_locked(id, reason, 2, Clock::now());
+  }
+  ensure_checks();
+}
+
+// Started with the first quarantine, outside mu_ (it resolves the data
+// address and starts a thread that takes mu_).
+void GroupHost::ensure_checks() {
+  if (cfg_.data_plane.backend != Backend::kGloo) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (checks_tried_ || stopped_ || std::none_of(strikes_.begin(), strikes_.end(),
+                                                  [](const auto& s) { return s.second.count >= 2; }))
+      return;
+    checks_tried_ = true;
+  }
+  auto host = std::make_unique<LinkCheckHost>(
+      cfg_.data_plane.gloo_hostname, cfg_.data_plane.gloo_interface,
+      LinkCheckHost::Hooks{[this] { return due_checks(); },
+                           [this](const std::string& to, const LinkCheckRequest& r) {
+                             server_.send(to, control::make_message(epoch_, server_.incarnation(), [&](auto b) {
+                               auto c = b.initLinkCheck();
+                               c.setToken(kj::arrayPtr(reinterpret_cast<const kj::byte*>(r.token.data()),
+                                                       r.token.size()));
+                               c.setEndpoint(r.endpoint);
+                               c.setBytes(r.bytes);
+                               c.setTimeoutMs(static_cast<uint32_t>(r.timeout.count()));
+                             }));
+                           }});
+  if (Status started = host->start(); !started.ok()) {
+    PC_WARN("publisher: no link checks (" << started.message()
+                                          << "): a quarantined member is tried again when its backoff ends");
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  strike_locked(id, reason, 2, Clock::now());
+  checks_ = std::move(host);
 }
 
 // The rank a member's rendezvous keys carry: its group rank, or in a mixed
@@ -672,11 +691,14 @@ void GroupHost::on_member_gone(const std::string&) {
 }
 
 void GroupHost::stop() {
+  std::unique_ptr<LinkCheckHost> checks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;
+    checks = std::move(checks_);
   }
   cv_.notify_all();
+  if (checks) checks->stop();  // its thread calls due_checks(): stopped without mu_ held
 }
 
 }  // namespace paramcast::group

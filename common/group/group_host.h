@@ -36,8 +36,11 @@
 // data path passed a link check (link_check.h) after its last failure, so a
 // still-broken member costs no formation when its backoff ends; one struck
 // for a data-path failure (unreachable, its address missed, not ready) is
-// tried again as soon as a check passes, before its backoff ends, once: if
-// it fails again it serves its whole (doubled) backoff. A formation that names
+// tried again as soon as a check passes, before its backoff ends, once
+// (until a formation it is ready in clears its strikes, it then serves
+// every backoff in full). Only members that announced the "link_check"
+// capability are checked; 32 backoffs after its last failure a member is
+// tried again whatever its checks say. A formation that names
 // every member strikes nobody: its evidence cannot tell which one is at fault.
 // What the evidence cannot separate names nobody (attribution.h, step 3):
 // the suspects of an accusation that more ranks contradict, or one side of a
@@ -164,7 +167,7 @@ class GroupHost {
     Clock::time_point last;   // the last failure
     Clock::time_point until;  // quarantined until (count >= 2)
     bool data_path = false;   // the last failure was its data path's: a passing link check lets it out early
-    bool burned = false;      // it failed again after a check let it out early: it serves its backoff
+    bool burned = false;      // a check let it out early once: until it forms, it serves its backoffs
   };
   // `data_path`: the failure was the member's data path (unreachable, its
   // address missed, not ready): a passing link check may end it early.
@@ -175,6 +178,8 @@ class GroupHost {
   // who needs a check now. mu_ held / not held.
   bool checked_locked(const std::string& id) const;
   std::vector<std::string> due_checks();
+  // Starts the link checks at the first quarantine (Gloo plane); mu_ not held.
+  void ensure_checks();
   std::map<std::string, Strikes> strikes_;  // consecutive failed formations per worker id
   std::vector<std::string> last_blamed_;
   std::vector<std::string> last_conclusive_;

@@ -309,6 +309,7 @@ void LinkCheckRunner::stop() {
 
 struct LinkCheckHost::Pending {
   std::string id;
+  Clock::time_point started;
   Clock::time_point deadline;
   uint32_t bytes = 0;
   std::string payload;  // what the publisher sends back
@@ -318,6 +319,7 @@ struct LinkCheckHost::Pending {
 
 struct LinkCheckHost::Conn {
   int fd = -1;
+  Clock::time_point accepted;
   Clock::time_point deadline;
   enum class Stage { kToken, kTheirs, kOurs, kHash } stage = Stage::kToken;
   std::string token;
@@ -395,11 +397,12 @@ void LinkCheckHost::finish_locked(const std::string& token, bool passed, const s
   auto it = pending_.find(token);
   if (it == pending_.end()) return;
   const std::string id = it->second.id;
+  const auto started = it->second.started;
   pending_.erase(it);
   auto prev = results_.find(id);
   if (prev == results_.end() || prev->second.passed != passed)
     PC_INFO("publisher: link check of '" << id << "' " << (passed ? "passed" : "failed: " + why));
-  results_[id] = LinkCheckResult{passed, why, Clock::now()};
+  results_[id] = LinkCheckResult{passed, why, started};
 }
 
 void LinkCheckHost::schedule(Clock::time_point now) {
@@ -411,6 +414,14 @@ void LinkCheckHost::schedule(Clock::time_point now) {
     forced.swap(requested_);
     for (const auto& id : forced)
       if (std::find(due.begin(), due.end(), id) == due.end()) due.push_back(id);
+    // The longest unchecked first, so that no member waits behind others
+    // that keep failing.
+    std::stable_sort(due.begin(), due.end(), [&](const std::string& a, const std::string& b) {
+      auto x = started_.find(a), y = started_.find(b);
+      const auto ta = x == started_.end() ? Clock::time_point{} : x->second;
+      const auto tb = y == started_.end() ? Clock::time_point{} : y->second;
+      return ta < tb;
+    });
     for (const auto& id : due) {
       if (pending_.size() >= kMaxChecksInFlight) break;
       bool in_flight = false;
@@ -422,6 +433,7 @@ void LinkCheckHost::schedule(Clock::time_point now) {
       started_[id] = now;
       Pending p;
       p.id = id;
+      p.started = now;
       p.deadline = now + kLinkCheckTimeout;
       p.bytes = kLinkCheckBytes;
       p.payload = random_bytes(p.bytes);
@@ -458,16 +470,31 @@ void LinkCheckHost::expire(Clock::time_point now) {
 void LinkCheckHost::accept_all() {
   for (;;) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
-    if (conns_.size() >= kMaxChecksInFlight) {  // more connections than checks: not ours
-      ::close(fd);
-      continue;
+    if (fd < 0) {
+      // Out of descriptors (or another error that leaves the socket
+      // readable): not polled for a while, rather than spinning.
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) accept_paused_until_ = Clock::now() + Millis(100);
+      return;
+    }
+    if (conns_.size() >= kMaxConnections) {
+      // Full: the oldest connection that has not named a check goes (a
+      // peer holding connections open cannot keep honest members out).
+      auto oldest = conns_.end();
+      for (auto it = conns_.begin(); it != conns_.end(); ++it)
+        if (it->token.empty() && (oldest == conns_.end() || it->accepted < oldest->accepted)) oldest = it;
+      if (oldest == conns_.end()) {
+        ::close(fd);
+        continue;
+      }
+      ::close(oldest->fd);
+      conns_.erase(oldest);
     }
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     Conn c;
     c.fd = fd;
-    c.deadline = Clock::now() + kLinkCheckTimeout;  // bounded before its token is known
+    c.accepted = Clock::now();
+    c.deadline = c.accepted + kTokenTimeout;  // its token comes first, at once
     conns_.push_back(std::move(c));
   }
 }
@@ -559,14 +586,16 @@ void LinkCheckHost::loop() {
     expire(now);
     std::vector<pollfd> fds;
     fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({now >= accept_paused_until_ ? listen_fd_ : -1, POLLIN, 0});
     for (const auto& c : conns_)
       fds.push_back({c.fd, static_cast<short>(c.stage == Conn::Stage::kOurs ? POLLOUT : POLLIN), 0});
     auto wake_at = next_schedule;
+    if (now < accept_paused_until_) wake_at = std::min(wake_at, accept_paused_until_);
     for (const auto& c : conns_) wake_at = std::min(wake_at, c.deadline);
     const int n = ::poll(fds.data(), fds.size(), ms_until(wake_at) + 1);
     if (n < 0 && errno != EINTR) {
       PC_WARN("publisher: link checks stop: poll: " << errno_text(errno));
+      failed_ = true;  // GroupHost then goes by backoffs alone
       return;
     }
     if (fds[0].revents) {

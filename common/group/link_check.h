@@ -27,8 +27,11 @@
 // the member's end: one blocking, bounded exchange.
 //
 // Bounds: at most kMaxChecksInFlight checks (and their payloads) at a time,
-// one connection per check; a connection that sends an unknown token is
-// closed at once; results are kept per member, pruned after an hour.
+// one connection per check, kMaxConnections open; a connection must name
+// its check within kTokenTimeout, one with an unknown token is closed at
+// once, and when all are taken the oldest that named none goes; the
+// members due are checked longest-unchecked first; results are kept per
+// member, pruned after an hour.
 //
 // Threads: LinkCheckHost's hooks are called on its own thread without its
 // lock held; every public method may be called from any thread (its lock is
@@ -57,6 +60,8 @@ inline constexpr Millis kLinkCheckTimeout{2000};
 inline constexpr Millis kLinkCheckInterval{1000};
 inline constexpr size_t kLinkCheckTokenBytes = 16;
 inline constexpr size_t kMaxChecksInFlight = 16;
+inline constexpr size_t kMaxConnections = 32;  // open at once, checks and strays
+inline constexpr Millis kTokenTimeout{500};     // a connection names its check by then
 // What a member accepts from a LinkCheck message.
 inline constexpr uint32_t kMaxLinkCheckBytes = 4u << 20;
 inline constexpr Millis kMaxLinkCheckTimeout{60000};
@@ -72,7 +77,7 @@ struct LinkCheckRequest {
 struct LinkCheckResult {
   bool passed = false;
   std::string why;  // what failed, when it did not pass
-  std::chrono::steady_clock::time_point at;
+  std::chrono::steady_clock::time_point at;  // when the check started
 };
 
 class LinkCheckHost {
@@ -95,6 +100,8 @@ class LinkCheckHost {
   Status start();
   void stop();
   std::string endpoint() const { return endpoint_; }
+  // Its thread stopped on an error: no check will finish any more.
+  bool failed() const { return failed_; }
 
   // The last finished check of `id`, if any.
   std::optional<LinkCheckResult> last(const std::string& id) const;
@@ -120,6 +127,8 @@ class LinkCheckHost {
   std::string endpoint_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  std::chrono::steady_clock::time_point accept_paused_until_{};  // the thread's only
 
   mutable std::mutex mu_;  // guards the maps below; a leaf lock
   std::map<std::string, Pending> pending_;  // by token
