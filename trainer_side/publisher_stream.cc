@@ -138,6 +138,19 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   return st;
 }
 
+namespace {
+// A streamed tensor against what the update's manifest said of it.
+Status spec_mismatch(const std::string& v, const TensorSpec& got, const TensorSpec& want) {
+  if (got.dtype != want.dtype)
+    return invalid_argument(v + "tensor '" + got.name + "': dtype expected " + std::string(dtype_name(want.dtype)) +
+                            ", got " + std::string(dtype_name(got.dtype)));
+  if (got.shape != want.shape)
+    return invalid_argument(v + "tensor '" + got.name + "': shape expected " + want.shape_string() + ", got " +
+                            got.shape_string());
+  return Status();
+}
+}  // namespace
+
 Status PublisherImpl::stream_send(StreamState& st, const TensorView& t, void* after_stream) {
   if (st.ended) return invalid_argument("update v" + std::to_string(st.plan.version) + " has ended");
   if (!st.status.ok()) return st.status;
@@ -155,14 +168,7 @@ Status PublisherImpl::stream_send(StreamState& st, const TensorView& t, void* af
   }
   // A tensor a rule transforms: checked against what the caller said it
   // would send, transformed here (host memory held until its sends return).
-  const TensorSpec& want = tr->second.first;
-  Status bad;
-  if (t.spec.dtype != want.dtype)
-    bad = invalid_argument(v + "tensor '" + t.spec.name + "': dtype expected " + std::string(dtype_name(want.dtype)) +
-                           ", got " + std::string(dtype_name(t.spec.dtype)));
-  else if (t.spec.shape != want.shape)
-    bad = invalid_argument(v + "tensor '" + t.spec.name + "': shape expected " + want.shape_string() + ", got " +
-                           t.spec.shape_string());
+  const Status bad = spec_mismatch(v, t.spec, tr->second.first);
   auto wire = bad.ok() ? transform::apply_all({t}, st.rules) : StatusOr<transform::Transformed>(bad);
   if (!wire.ok()) {
     stream_abort(st, wire.status().message());
@@ -182,15 +188,8 @@ Status PublisherImpl::stream_send_wire(StreamState& st, const TensorView& t, voi
     bad = invalid_argument(v + "tensor '" + t.spec.name + "' is not in the update's manifest");
   } else if (st.sent[it->second]) {
     bad = invalid_argument(v + "tensor '" + t.spec.name + "' was sent already");
-  } else {
-    const auto& want = st.plan.tensors[it->second];
-    if (t.spec.dtype != want.dtype)
-      bad = invalid_argument(v + "tensor '" + t.spec.name + "': dtype expected " + std::string(dtype_name(want.dtype)) +
-                             ", got " + std::string(dtype_name(t.spec.dtype)));
-    else if (t.spec.shape != want.shape)
-      bad = invalid_argument(v + "tensor '" + t.spec.name + "': shape expected " + want.shape_string() + ", got " +
-                             t.spec.shape_string());
-    else if (t.device != cfg_.publisher.device)
+  } else if (bad = spec_mismatch(v, t.spec, st.plan.tensors[it->second]); bad.ok()) {
+    if (t.device != cfg_.publisher.device)
       bad = invalid_argument(v + "tensor '" + t.spec.name + "' is on " + t.device.to_string() +
                              " but publisher.device is " + cfg_.publisher.device.to_string());
     else if (st.plan.nbytes[it->second] > 0 && !t.data)

@@ -169,6 +169,11 @@ class Communicator {
   // Per-link figures, one entry per peer this rank exchanged bytes with;
   // empty where the backend cannot see its links (NCCL). Any thread.
   virtual std::vector<LinkStats> link_stats() { return {}; }
+  // The peer this rank itself saw take no bytes for stall_timeout while the
+  // others took theirs (its own observation, never a peer's notice), in the
+  // group's ranks; -1: none. The shm plane's root sees every reader's
+  // progress; other backends say -1. Any thread.
+  virtual int stalled_peer() const { return -1; }
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;

@@ -53,9 +53,13 @@ class BothWork : public Work {
 
 class SplitCommunicator : public Communicator {
  public:
-  SplitCommunicator(const GroupOptions& options, Plane remote, std::unique_ptr<Communicator> shm,
+  SplitCommunicator(const GroupOptions& options, Plane local, Plane remote, std::unique_ptr<Communicator> shm,
                     std::unique_ptr<Communicator> backend)
-      : options_(options), remote_(std::move(remote)), shm_(std::move(shm)), backend_(std::move(backend)) {}
+      : options_(options),
+        local_(std::move(local)),
+        remote_(std::move(remote)),
+        shm_(std::move(shm)),
+        backend_(std::move(backend)) {}
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
     if (shm_ && backend_)
@@ -84,12 +88,17 @@ class SplitCommunicator : public Communicator {
       if (l.peer >= 0 && l.peer < static_cast<int>(remote_.ranks.size())) l.peer = remote_.ranks[l.peer];
     return stats;
   }
+  int stalled_peer() const override {
+    const int r = shm_ ? shm_->stalled_peer() : -1;
+    return r > 0 && r < static_cast<int>(local_.ranks.size()) ? local_.ranks[static_cast<size_t>(r)] : -1;
+  }
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
   Device device() const override { return options_.device; }
 
  private:
   const GroupOptions options_;
+  const Plane local_;
   const Plane remote_;
   std::unique_ptr<Communicator> shm_;
   std::unique_ptr<Communicator> backend_;
@@ -133,7 +142,7 @@ StatusOr<std::unique_ptr<Communicator>> create_split_communicator(const GroupOpt
   if (!backend.ok()) return backend.status().with_context("gloo plane");
   if (!root && !in_shm && !in_backend) return internal_error("rank is in neither plane");
   return std::unique_ptr<Communicator>(
-      new SplitCommunicator(options, remote, std::move(*shared), std::move(*backend)));
+      new SplitCommunicator(options, local, remote, std::move(*shared), std::move(*backend)));
 }
 
 }  // namespace paramcast

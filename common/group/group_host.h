@@ -54,6 +54,8 @@
 //
 // Threads: form() on the caller's thread (one at a time); on_message() and
 // on_member_gone() on the control thread; the rest from any thread.
+// Files: group_host.cc (formation, the verdict), quarantine.cc (strikes,
+// exclusion, link checks).
 #pragma once
 
 #include <atomic>
@@ -180,6 +182,9 @@ class GroupHost {
   std::vector<std::string> due_checks();
   // Starts the link checks at the first quarantine (Gloo plane); mu_ not held.
   void ensure_checks();
+  // A member whose connection was lost meanwhile: the loss is handled (and
+  // named) as a loss; it is no evidence of a member breaking formation.
+  static constexpr const char* kLostDuringFormation = "lost during group formation";
   std::map<std::string, Strikes> strikes_;  // consecutive failed formations per worker id
   std::vector<std::string> last_blamed_;
   std::vector<std::string> last_conclusive_;

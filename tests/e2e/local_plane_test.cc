@@ -120,6 +120,37 @@ TEST_F(LocalPlaneClusterTest, ReaderThatStopsTakingBytesIsNamedByTheStallTimeout
   EXPECT_LE(took, std::chrono::seconds(2 + 8)) << "the stall window, and slack for a loaded machine";
 }
 
+// The same stalled reader costs one update, not every one: the root saw it
+// alone take nothing (the others took what it could give them), so it is
+// quarantined at once and the next update forms without it. Before, the next
+// formation waited init_timeout (30 s here) for its wedged data thread.
+TEST_F(LocalPlaneClusterTest, AReaderThatStallsIsStruckAndTheNextUpdateFormsWithoutIt) {
+  make_publisher(shm_yaml(3, "  on_member_loss: continue\n", "2s"));
+  spawn_worker("worker-1");
+  spawn_worker("worker-2", {"PARAMCAST_FAULT_STALL_AFTER_BUCKET=1"});
+  spawn_worker("worker-3");
+  ASSERT_TRUE(pub_->start().ok());
+  ::testing::internal::CaptureStderr();
+  UpdateResult r = publish(1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status.message().find("rank 2 (worker-2)"), std::string::npos) << r.status.to_string();
+  const auto t0 = std::chrono::steady_clock::now();
+  UpdateResult r2 = publish(2);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r2.ok()) << r2.status.to_string() << "\n" << log << outputs();
+  EXPECT_EQ(r2.missing, std::vector<std::string>{"worker-2"});
+  EXPECT_LE(took, std::chrono::seconds(8)) << "no formation waited for the stalled reader:\n" << log;
+  EXPECT_NE(log.find("subscriber 'worker-2' quarantined for 30.000 s at once (took no bytes from the publisher's "
+                     "shared memory for stall_timeout"),
+            std::string::npos)
+      << log;
+  for (const char* id : {"worker-1", "worker-3"}) {
+    EXPECT_TRUE(workers_[id]->wait_for_output("v2 verified", std::chrono::seconds(10))) << workers_[id]->output();
+    EXPECT_EQ(log.find("subscriber '" + std::string(id) + "' quarantined"), std::string::npos) << log;
+  }
+}
+
 TEST_F(LocalPlaneClusterTest, KilledPublisherLeavesReadersDirtyNotHungAndNothingInDevShm) {
   const auto before = dev_shm();
   const std::string yaml_path = test::write_file(dir_, "deploy.yaml", shm_yaml(3));

@@ -24,6 +24,30 @@ class MemberClaimsTest : public WorkerClusterTest {
     ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
   }
 
+  // Publishes v, expects it applied by exactly `applied` (in id order), each
+  // of `verify` to say it verified v, and (when given) `missing` missing.
+  void expect_reaches(uint64_t v, const std::vector<std::string>& applied, const std::vector<std::string>& verify,
+                      const std::vector<std::string>& missing = {}) {
+    UpdateResult r = publish(v);
+    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status.to_string() << outputs();
+    std::vector<std::string> got;
+    for (const auto& o : r.subscribers) got.push_back(o.worker_id);
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, applied) << outputs();
+    if (!missing.empty()) {
+      std::vector<std::string> out = r.missing;
+      std::sort(out.begin(), out.end());
+      EXPECT_EQ(out, missing);
+    }
+    for (const auto& id : verify) {
+      std::string needle = id;
+      needle += ": v";
+      needle += std::to_string(v);
+      needle += " verified";
+      EXPECT_TRUE(workers_[id]->wait_for_output(needle, std::chrono::seconds(30))) << outputs();
+    }
+  }
+
   void expect_goes_on_without_worker3(uint64_t from, uint64_t to) {
     for (uint64_t v = from; v <= to; ++v) {
       EXPECT_EQ(pub_->next_version(), v);
@@ -70,21 +94,8 @@ TEST_F(MemberClaimsTest, TwoMembersFramingAThirdAreLeftOutAndTheThirdGetsEveryUp
   spawn_worker("worker-5", {"PARAMCAST_FAULT_ACCUSE=worker-1"});
   Status s = pub_->start();
   ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
-  for (uint64_t v = 1; v <= 3; ++v) {
-    UpdateResult r = publish(v);
-    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status.to_string() << outputs();
-    std::vector<std::string> got;
-    for (const auto& o : r.subscribers) got.push_back(o.worker_id);
-    std::sort(got.begin(), got.end());
-    EXPECT_EQ(got, (std::vector<std::string>{"worker-1", "worker-2", "worker-3"})) << outputs();
-    std::vector<std::string> missing = r.missing;
-    std::sort(missing.begin(), missing.end());
-    EXPECT_EQ(missing, (std::vector<std::string>{"worker-4", "worker-5"}));
-    std::string needle = "worker-1: v";
-    needle += std::to_string(v);
-    needle += " verified";
-    EXPECT_TRUE(workers_["worker-1"]->wait_for_output(needle, std::chrono::seconds(30))) << outputs();
-  }
+  for (uint64_t v = 1; v <= 3; ++v)
+    expect_reaches(v, {"worker-1", "worker-2", "worker-3"}, {"worker-1"}, {"worker-4", "worker-5"});
 }
 
 // The order of the word: an honest member fails its first formation without
@@ -103,21 +114,7 @@ TEST_F(MemberClaimsTest, AnHonestEchoReportedBeforeTheFramersWordDoesNotHideThei
   spawn_worker("worker-5", {"PARAMCAST_FAULT_ACCUSE=worker-1", "PARAMCAST_FAULT_REPORT_AFTER_MS=300"});
   Status s = pub_->start();
   ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
-  for (uint64_t v = 1; v <= 2; ++v) {
-    UpdateResult r = publish(v);
-    ASSERT_TRUE(r.ok()) << "v" << v << ": " << r.status.to_string() << outputs();
-    std::vector<std::string> got;
-    for (const auto& o : r.subscribers) got.push_back(o.worker_id);
-    std::sort(got.begin(), got.end());
-    EXPECT_EQ(got, (std::vector<std::string>{"worker-1", "worker-2", "worker-3"})) << outputs();
-    for (const char* id : {"worker-1", "worker-3"}) {
-      std::string needle = id;
-      needle += ": v";
-      needle += std::to_string(v);
-      needle += " verified";
-      EXPECT_TRUE(workers_[id]->wait_for_output(needle, std::chrono::seconds(30))) << outputs();
-    }
-  }
+  for (uint64_t v = 1; v <= 2; ++v) expect_reaches(v, {"worker-1", "worker-2", "worker-3"}, {"worker-1", "worker-3"});
 }
 
 }  // namespace

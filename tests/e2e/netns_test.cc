@@ -558,6 +558,21 @@ TEST_F(NetnsTest, DataPathCutWithControlAliveCostsOneUpdateAndNamesOnlyThatMembe
   EXPECT_LE(failed, 1u) << "one broken member costs at most the update in flight:\n" << during;
   EXPECT_EQ(retried, 1u) << "its quarantine ended during the cut, but its data path never passed a link check:\n"
                          << during;
+  // A bound on every update during the cut: the log's timestamps of the
+  // updates served without worker-2, one after the other. A formation that
+  // tried worker-2 again would cost init_timeout (3 s) between two of them.
+  double worst_gap = 0, last_at = -1;
+  for (size_t at = during.find(" applied to 2 of 3 subscribers; missing: worker-2"); at != std::string::npos;
+       at = during.find(" applied to 2 of 3 subscribers; missing: worker-2", at + 1)) {
+    const size_t line = during.rfind('\n', at);
+    const size_t ts = line == std::string::npos ? 0 : line + 1;
+    if (during.compare(ts, 2, "W ") != 0) continue;
+    const double t = std::atof(during.c_str() + ts + 2);
+    if (last_at >= 0) worst_gap = std::max(worst_gap, t - last_at);
+    last_at = t;
+  }
+  std::printf("[figures] the longest time between two updates served during the cut: %.2f s\n", worst_gap);
+  EXPECT_LT(worst_gap, 2.5) << during;
   EXPECT_NE(during.find("link check of 'worker-2' failed"), std::string::npos) << during;
   for (const char* honest : {"worker-1", "worker-3"}) {
     EXPECT_EQ(during.find(std::string(honest) + ": unreachable"), std::string::npos) << honest << ":\n" << during;

@@ -155,6 +155,10 @@ class ShmCommunicator : public Communicator {
     if (error_.ok()) check_peers_locked();
     return error_;
   }
+  int stalled_peer() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stalled_;
+  }
   Status order_after(void* stream) override { return slots_->order_after(stream); }
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
@@ -198,9 +202,11 @@ class ShmCommunicator : public Communicator {
     // The running operation is completed by the runner once it let go of
     // its buffer (a copy in flight must not outlive its Work).
   }
-  void fail(Status s, AbortKind kind, int blamed) {
+  // `own_stall`: this root saw `blamed` alone take nothing (stalled_peer()).
+  void fail(Status s, AbortKind kind, int blamed, bool own_stall = false) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (error_.ok() && own_stall) stalled_ = blamed;
       fail_locked(std::move(s), kind, blamed);
     }
     bump();
@@ -267,7 +273,8 @@ class ShmCommunicator : public Communicator {
           char bound[64];
           std::snprintf(bound, sizeof bound, " (stall_timeout %.3f s)",
                         std::chrono::duration<double>(options_.stall_timeout).count());
-          fail(timeout_error("shm data plane: " + std::string(figures) + who(r) + bound), kStalled, r);
+          fail(timeout_error("shm data plane: " + std::string(figures) + who(r) + bound), kStalled, r,
+               alone_behind(r));
           return false;
         }
       }
@@ -283,6 +290,14 @@ class ShmCommunicator : public Communicator {
     uint64_t m = UINT64_MAX;
     for (int r = 1; r < options_.world_size; ++r) m = std::min(m, h_.consumed[r].load(std::memory_order_acquire));
     return m;
+  }
+  // Reader `r` consumed less than every other reader (the others took what
+  // the root could give them): the stall is its own.
+  bool alone_behind(int r) const {
+    const uint64_t mine = h_.consumed[r].load(std::memory_order_acquire);
+    for (int o = 1; o < options_.world_size; ++o)
+      if (o != r && h_.consumed[o].load(std::memory_order_acquire) <= mine) return false;
+    return true;
   }
   int slowest_reader() const {
     int at = 1;
@@ -414,13 +429,14 @@ class ShmCommunicator : public Communicator {
   std::unique_ptr<Segment> seg_;
   std::unique_ptr<Slots> slots_;
   ShmHeader& h_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
   std::deque<Delivery> deliveries_;
   Deadline deliveries_deadline_{};
   std::shared_ptr<WorkState> current_;
   Status error_;
+  int stalled_ = -1;  // stalled_peer(): the reader this root saw alone take nothing
   bool busy_ = false;
   bool stop_ = false;
   uint64_t next_chunk_ = 0;  // runner only
