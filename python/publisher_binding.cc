@@ -389,6 +389,19 @@ void bind_results(py::module_& m) {
 
 void bind_publisher(py::module_& m) {
   bind_results(m);
+  // Which rule of `rules` (as publisher.transforms takes them) decides
+  // tensor `name`: its index, or None (it travels as it is). The core's own
+  // matching (common/transform), so that Python never matches otherwise.
+  m.def(
+      "transform_rule_index",
+      [](const py::object& rules, const std::string& name) -> py::object {
+        const auto parsed = rules_from(rules);
+        if (!parsed) return py::none();
+        for (size_t i = 0; i < parsed->size(); ++i)
+          if (transform::glob_match((*parsed)[i].match, name)) return py::int_(i);
+        return py::none();
+      },
+      py::arg("rules"), py::arg("name"));
   py::class_<UpdateHandle, std::shared_ptr<UpdateHandle>>(m, "UpdateHandle")
       .def("wait", &UpdateHandle::wait, py::arg("seconds"))
       .def("result", &UpdateHandle::result, py::return_value_policy::copy);

@@ -151,7 +151,7 @@ class RMSNorm(torch.nn.Module):
 class LlamaAttention(torch.nn.Module):
     def __init__(self, cfg, rank, tp, dtype):
         super().__init__()
-        hd = cfg.hidden_size // cfg.num_attention_heads
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         bias = bool(getattr(cfg, "attention_bias", False))
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, hd, cfg.num_attention_heads, cfg.num_key_value_heads,
                                           bias, rank, tp, dtype)
@@ -225,7 +225,7 @@ def expected_slices(cfg, hf_state, rank, tp):
     """{checkpoint name: the slice rank `rank` of `tp` holds}, as vLLM's loaders cut them: q by heads,
     k and v by kv heads (replicated where tp exceeds them), gate/up, embeddings and lm_head by rows (the
     vocabulary's real rows only), o_proj/down_proj weights by columns; norms and o_proj's bias whole."""
-    hd = cfg.hidden_size // cfg.num_attention_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     nq = cfg.num_attention_heads // tp
     reps = max(1, tp // cfg.num_key_value_heads)
     nkv = max(1, cfg.num_key_value_heads // tp)

@@ -28,7 +28,8 @@ cannot be stated fails ``init_transfer_engine`` naming it.
 Engine side, ``init_info`` (``ParamCastInitInfo``): ``endpoint`` (the
 trainer's publisher), ``config`` (the subscribers' ParamCast config as a
 dict with the YAML's keys; ``control.endpoint`` comes from ``endpoint``), and
-``worker_id_prefix``; ``slices`` and ``whole_fallback`` (above). ``update_info``
+``worker_id_prefix``; ``slices`` and ``whole_fallback`` (above);
+``transforms`` (the trainer's rules, below). ``update_info``
 (``ParamCastUpdateInfo``): ``version`` (the round takes the first version
 applied at or above it), and optionally ``names`` (the checkpoint names the round
 carries; a name that did not arrive fails the call).
@@ -37,6 +38,27 @@ Trainer side: ``ParamCastTrainerWeightTransferEngine.trainer_init(init_info,
 client=..., source=...)`` then ``send_weights()`` per round (vLLM >= 0.28),
 or ``ParamCastWeightTransferEngine.trainer_send_weights(iterator, args)``
 (the static form of vLLM 0.20-0.27).
+
+FP8 (docs/transforms.md): ``ParamCastTrainerInitInfo.transforms`` (rules as
+``publisher.transforms`` takes them, e.g. ``[{"match": "*proj.weight", "fp8":
+"block"}]``; None: the publisher config's) applies to every round
+``send_weights`` sends. They are init info, not a ``send_weights`` argument,
+because vLLM's contract puts a full-resync backend's wire parameters in its
+``TrainerInitInfo``, which the sender passes on to the workers at the
+handshake: the workers get them as ``init_info.transforms``. The static form
+takes them per call (``ParamCastTrainerSendWeightsArgs.transforms``). On the
+whole-tensor path, an FP8 tensor reaches ``model.load_weights`` as a
+``torch.float8_e4m3fn`` tensor under its checkpoint name and its scales as
+float32 ``<name>_scale_inv`` (for ``fp8: block``, ``[ceil(rows/128),
+ceil(cols/128)]``: what vLLM's block-FP8 layers load, DeepSeek-V3's names),
+bit for bit the publisher's quantization; ``update_info.names`` lists the
+scales too, so a round whose scales did not arrive fails. Slices do not take
+FP8: a worker that serves slices refuses, at ``init_transfer_engine``, a
+tensor the rules send as FP8 (or cast to a dtype its parameter does not
+hold), naming it; an FP8 vLLM model (quantized layers) is refused there too.
+Such workers take ``slices: "off"`` (FP8 goes whole through ``load_weights``,
+whose loaders cut each shard's weight rows and scale blocks, and vLLM's
+layerwise reload processes them after loading).
 
 Registered as ``"paramcast"`` with vLLM's factories by :func:`register`,
 which vLLM calls in every worker through the ``vllm.general_plugins`` entry
@@ -125,8 +147,12 @@ class ParamCastInitInfo(_InitInfoBase):
     # init_transfer_engine naming it; True: that worker gets whole tensors through load_weights instead
     # (a log line names the parameter).
     whole_fallback: bool = False
+    # The rules the trainer's rounds apply (publisher.transforms, from ParamCastTrainerInitInfo): a worker
+    # that serves slices refuses at init a tensor they send in a dtype its parameter does not hold (FP8).
+    transforms: Any = None
 
     def __post_init__(self):
+        _check_rules(self.transforms, "paramcast init_info.transforms")
         if self.slices not in ("auto", "on", "off"):
             raise ValueError(f"paramcast init_info.slices: expected 'auto', 'on' or 'off', got {self.slices!r}")
         if not isinstance(self.whole_fallback, bool):
@@ -157,6 +183,48 @@ class ParamCastUpdateInfo(_UpdateInfoBase):
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise ValueError(f"paramcast update_info.timeout_s: expected a positive number of seconds, "
                              f"got {self.timeout_s!r}")
+
+
+_CASTS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _check_rules(rules, what):
+    """``rules`` is None or a list of transform rules ({"match": glob, ...}); ParamCast checks the rest."""
+    if rules is None:
+        return
+    if not isinstance(rules, (list, tuple)):
+        raise ValueError(f"{what}: expected a list of rules like {{'match': '*proj.weight', 'fp8': 'block'}}, "
+                         f"got {type(rules).__name__}")
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict) or not isinstance(rule.get("match"), str):
+            raise ValueError(f"{what}[{i}]: expected a rule with a 'match' glob, e.g. "
+                             f"{{'match': '*proj.weight', 'fp8': 'block'}}, got {rule!r}")
+
+
+def _rule_for(rules, name):
+    """(index, rule) of the first rule matching ``name``, or None (it travels as it is): ParamCast's own
+    matching (docs/transforms.md), which also checks every rule."""
+    if not rules:
+        return None
+    i = paramcast._core.transform_rule_index(list(rules), name)
+    return None if i is None else (i, rules[i])
+
+
+def _describe_rule(what, i, rule):
+    kind = ", ".join(f"{k}: {v}" for k, v in rule.items() if k != "match")
+    return f"{what}[{i}] (match {rule['match']!r}, {kind})"
+
+
+def wire_names(names, rules):
+    """The names a round carries for the trainer's ``names`` under ``rules``: each FP8 tensor is followed
+    by its ``<name>_scale_inv``."""
+    out = []
+    for name in names:
+        out.append(name)
+        hit = _rule_for(rules, name)
+        if hit is not None and hit[1].get("fp8"):
+            out.append(name + "_scale_inv")
+    return out
 
 
 def worker_id_for(prefix, parallel_config):
@@ -345,6 +413,34 @@ def tp_destinations(model, packed=None):
     return out
 
 
+def slice_refusal(dests, rules):
+    """Why a worker serving the slices ``dests`` (:func:`tp_destinations`) cannot receive the rounds that
+    ``rules`` (the trainer's transforms) send, naming the first tensor; None where it can.
+
+    Slices are written in place into parameters that hold the checkpoint's bytes as they are: a tensor
+    the rules send as FP8 (its scales blocks of the whole tensor) or cast to a dtype the parameter does
+    not hold cannot be. FP8 goes whole through ``load_weights`` instead, whose FP8 loaders cut each
+    shard's rows and scale blocks.
+    """
+    torch = paramcast._tensors._torch_module()
+    for name, local, _, _ in dests:
+        hit = _rule_for(rules, name)
+        if hit is None or hit[1].get("keep"):
+            continue
+        i, rule = hit
+        rule_text = _describe_rule("init_info.transforms", i, rule)
+        if rule.get("fp8"):
+            return (f"cannot receive '{name}' as a slice: {rule_text} sends it as FP8 (F8_E4M3) with "
+                    f"'{name}_scale_inv', and a worker that serves slices writes the checkpoint's bytes in place "
+                    f"into its parameters as they are ({local.dtype}); FP8 weights and their scales go whole "
+                    "through load_weights, whose FP8 loaders cut each shard's rows and scale blocks")
+        cast = _CASTS.get(rule.get("cast"))
+        if cast is not None and torch is not None and local.dtype != getattr(torch, cast):
+            return (f"cannot receive '{name}' as a slice: {rule_text} sends it as {cast}, and the parameter it "
+                    f"is written into in place holds {local.dtype}")
+    return None
+
+
 class _End:
     """Queued by on_update_end after the last tensor of a version: vLLM's thread answers through ``done``."""
 
@@ -487,16 +583,18 @@ class ParamCastWeightTransferEngine(_EngineBase):
                       self.worker_id, type(self.model).__name__)
             return None
         try:
-            return tp_destinations(self.model)
+            dests = tp_destinations(self.model)
+            why = slice_refusal(dests, init_info.transforms)
         except UnmappedParameter as e:
-            if not init_info.whole_fallback:
-                raise UnmappedParameter(
-                    f"paramcast: {self.worker_id}: cannot state the slice this tensor-parallel worker serves of "
-                    f"{e} (set init_info whole_fallback=true to receive whole tensors through load_weights "
-                    "instead)") from None
-            _log.warning("%s: whole tensors through load_weights (init_info.whole_fallback), since %s",
-                         self.worker_id, e)
-            return None
+            why = f"cannot state the slice this tensor-parallel worker serves of {e}"
+        if why is None:
+            return dests
+        if not init_info.whole_fallback:
+            raise UnmappedParameter(f"paramcast: {self.worker_id}: {why} (set init_info slices='off' or "
+                                    "whole_fallback=true to receive whole tensors through load_weights instead)")
+        _log.warning("%s: whole tensors through load_weights (init_info.whole_fallback), since it %s",
+                     self.worker_id, why)
+        return None
 
     def _register_slices(self, sub, dests, device):
         # Each slice straight into the parameter's view where it lives on the subscriber's device;
@@ -762,13 +860,15 @@ class ParamCastWeightTransferEngine(_EngineBase):
 
         ``trainer_args``: a :class:`ParamCastTrainerSendWeightsArgs` (or a dict of its fields). With a
         ``manifest`` the update is streamed (each tensor may be freed once the next one is asked for);
-        without one the iterator is gathered first.
+        without one the iterator is gathered first. ``transforms``: the update's rules (FP8: the engines
+        receive ``<name>`` in float8 e4m3fn and ``<name>_scale_inv``); None: the publisher config's.
         """
         args = trainer_args if isinstance(trainer_args, ParamCastTrainerSendWeightsArgs) \
             else ParamCastTrainerSendWeightsArgs(**trainer_args)
+        _check_rules(args.transforms, "paramcast trainer_args.transforms")
         if args.manifest is None:
-            return args.publisher.weight_update(list(iterator), version=args.version)
-        with args.publisher.stream(args.manifest, version=args.version) as update:
+            return args.publisher.weight_update(list(iterator), version=args.version, transforms=args.transforms)
+        with args.publisher.stream(args.manifest, version=args.version, transforms=args.transforms) as update:
             for name, tensor in iterator:
                 update.send(name, tensor)
         return update.result
@@ -779,6 +879,7 @@ class ParamCastTrainerSendWeightsArgs:
     publisher: Any  # a started paramcast.Publisher
     manifest: Any = None  # (name, dtype, shape) triples or a module: streams the update
     version: Any = None
+    transforms: Any = None  # the update's transform rules (docs/transforms.md); None: the publisher config's
 
 
 # ---- trainer side (vLLM >= 0.28) ----------------------------------------------------------------
@@ -804,8 +905,14 @@ class ParamCastTrainerInitInfo(_TrainerInitInfoBase):
     send: str = "auto"
     # More fields of the workers' ParamCastInitInfo, e.g. {"slices": "off"} or {"whole_fallback": True}.
     engine_init: Any = None
+    # What every round sends instead of the trainer's bytes (docs/transforms.md), e.g.
+    # [{"match": "*norm*", "keep": True}, {"match": "*proj.weight", "fp8": "block"}]: the workers' load_weights
+    # gets <name> as float8 e4m3fn and <name>_scale_inv. [] sends every tensor as it is; None: the
+    # publisher config's (publisher.transforms). The workers are told them (init_info.transforms).
+    transforms: Any = None
 
     def __post_init__(self):
+        _check_rules(self.transforms, "paramcast trainer init_info.transforms")
         if self.send not in ("auto", "stream", "whole"):
             raise ValueError(f"paramcast trainer init_info.send: expected 'auto', 'stream' or 'whole', "
                              f"got {self.send!r}")
@@ -828,6 +935,8 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         self.publisher = publisher
         self.update_timeout_s = DEFAULT_TIMEOUT_S
         self.send = "auto"
+        self.transforms = None  # passed to every round's update (None: the publisher config's)
+        self._rules = None  # the rules in effect, where known: the scales' names for update_info.names
 
     @classmethod
     def trainer_init(cls, init_info, *, client, source=None):
@@ -838,6 +947,9 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         if isinstance(config, dict) and "update_timeout" not in (config.get("publisher") or {}):
             config = dict(config, publisher={**(config.get("publisher") or {}),
                                              "update_timeout": f"{int(init_info.update_timeout_s * 1000)}ms"})
+        rules = init_info.transforms
+        if rules is None and isinstance(config, dict):
+            rules = (config.get("publisher") or {}).get("transforms")
         publisher = paramcast.Publisher(config)
         try:
             endpoint = init_info.advertise_endpoint or publisher.endpoint
@@ -847,7 +959,8 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             client.init_weight_transfer_engine({**(init_info.engine_init or {}),
                                                 "endpoint": endpoint,
                                                 "config": init_info.engine_config,
-                                                "worker_id_prefix": init_info.worker_id_prefix})
+                                                "worker_id_prefix": init_info.worker_id_prefix,
+                                                "transforms": None if rules is None else list(rules)})
             publisher.start()
         except BaseException:
             publisher.close()
@@ -855,6 +968,8 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         engine = cls(client=client, source=source, is_sender=True, rank=init_info.rank, publisher=publisher)
         engine.update_timeout_s = init_info.update_timeout_s
         engine.send = init_info.send
+        engine.transforms = None if init_info.transforms is None else list(init_info.transforms)
+        engine._rules = rules
         return engine
 
     def send_weights(self):
@@ -876,7 +991,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         opened = None
         if self.send != "whole":
             try:
-                opened = self.publisher.stream(manifest)
+                opened = self.publisher.stream(manifest, transforms=self.transforms)
             except paramcast.UpdateError as e:
                 # ParamCast refuses to stream to a worker that registered slices: those go point to point.
                 if self.send == "stream" or "serves slices" not in str(e):
@@ -897,7 +1012,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             try:
                 with opened as update:
                     receiving = pool.submit(self.client.update_weights,
-                                            {"version": update.version, "names": [n for n, _, _ in manifest],
+                                            {"version": update.version, "names": self._names(manifest),
                                              "timeout_s": self.update_timeout_s})
                     for name, tensor in self.source.iter_full():
                         if receiving.done() and receiving.exception() is not None:
@@ -929,10 +1044,10 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             raise
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             receiving = pool.submit(self.client.update_weights,
-                                    {"version": version, "names": [n for n, _, _ in manifest],
+                                    {"version": version, "names": self._names(manifest),
                                      "timeout_s": self.update_timeout_s})
             try:
-                result = self.publisher.weight_update(tensors)
+                result = self.publisher.weight_update(tensors, transforms=self.transforms)
             except BaseException:
                 del tensors
                 receiving.result()  # the workers' error first: it says what went wrong where
@@ -941,6 +1056,10 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             receiving.result()
         self.client.finish_weight_update(weight_version=str(result.version))
         return result
+
+    def _names(self, manifest):
+        # What the workers must receive this round: the source's names, each FP8 one with its scales.
+        return wire_names([n for n, _, _ in manifest], self._rules)
 
     def shutdown(self):
         publisher, self.publisher = self.publisher, None
