@@ -255,6 +255,15 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Each trainer rank's part of the next sharded update, until it is taken
   // (guarded by mu_; one entry per trainer rank).
   std::map<std::string, SourceHoldings> holdings_;
+  // Steps this rank refused before their plan (mu_): why, and the trainer
+  // ranks whose call for it was ended. A rank whose part arrives after the
+  // refusal is ended at once with the reason, not at its own timeout; its
+  // next call for the same step (a retry) is taken. The last 16 steps.
+  struct RefusedStep {
+    std::string why;
+    std::set<std::string> ended;
+  };
+  std::map<uint64_t, RefusedStep> refused_steps_;
   uint64_t sharded_calls_ = 0;  // weight_update_sharded calls without a version (update thread)
   std::map<std::string, SourceHoldings> wants_;  // each engine's slices (tensor parallelism), mu_
   SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;

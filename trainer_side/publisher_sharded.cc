@@ -125,6 +125,7 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
     return;
   }
   SourceHoldings out = read_holdings(id, h);
+  std::string refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (h.getWithdrawn()) {
@@ -132,8 +133,15 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
       if (auto it = holdings_.find(id); it != holdings_.end() && it->second.seq <= h.getSeq()) holdings_.erase(it);
       return;
     }
-    holdings_[id] = std::move(out);
+    // Its part of a step this rank already refused: that call ends now.
+    if (auto it = refused_steps_.find(out.step); it != refused_steps_.end() && it->second.ended.insert(id).second) {
+      refused = it->second.why;
+      if (it->second.ended.size() + 1 >= static_cast<size_t>(cfg_.publisher.ranks)) refused_steps_.erase(it);
+    } else {
+      holdings_[id] = std::move(out);
+    }
   }
+  if (!refused.empty()) return end_trainer_call(id, h.getSeq(), refused);
   cv_.notify_all();
 }
 
@@ -277,6 +285,13 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
         }
     }
     for (const auto& [id, h] : taken) partners[id] = h.seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      RefusedStep& refused = refused_steps_[step];
+      refused.why = why.message();
+      for (const auto& [id, seq] : partners) refused.ended.insert(id);
+      while (refused_steps_.size() > 16) refused_steps_.erase(refused_steps_.begin());
+    }
     for (const auto& [id, seq] : partners) end_trainer_call(id, seq, why.message());
     return done(r);
   };

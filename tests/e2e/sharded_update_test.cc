@@ -153,6 +153,36 @@ TEST_F(ShardedUpdateTest, OverlappingRowsAreRefusedBeforeAnyByteMovesNamingBothR
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
 }
 
+// Rank 0 refuses its call at once (its update's transforms differ from
+// publisher.transforms, which rank 1 applies), before rank 1 publishes: rank
+// 1's part, arriving a second later, ends its call at once with rank 0's
+// reason, not at its own timeout. A retry of the same step then lands.
+TEST_F(ShardedUpdateTest, ARankWhosePartArrivesAfterRank0RefusedTheStepIsEndedAtOnce) {
+  model_.fill(1, config_.trainer.seed, config_.trainer.changes);
+  auto s0 = shards(0);
+  auto s1 = shards(1);
+  auto late = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(1s);
+    return rank1_->weight_update(s1, 1);
+  });
+  UpdateOptions o;
+  o.version = 1;
+  o.transforms = std::vector<transform::Rule>{transform::Rule{}};
+  o.transforms->front().match = "*";
+  o.transforms->front().cast = DType::kF16;
+  UpdateResult r0 = pub_->weight_update_sharded(s0, o);
+  ASSERT_FALSE(r0.ok());
+  EXPECT_NE(r0.status.message().find("differ from publisher.transforms"), std::string::npos) << r0.status.to_string();
+  UpdateResult r1 = late.get();
+  ASSERT_FALSE(r1.ok());
+  EXPECT_NE(r1.status.message().find("differ from publisher.transforms"), std::string::npos) << r1.status.to_string();
+  EXPECT_LT(r1.seconds, 5.0) << "ended when its part arrived, not at its timeout: " << r1.status.to_string();
+  auto [ok0, ok1] = publish_both(1);
+  ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
+  ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v1 verified", 20s)) << id << p->output();
+}
+
 TEST_F(ShardedUpdateTest, RowsNobodyHoldsAreRefusedNamingTheTensorAndRange) {
   auto [r0, r1] = publish_both(1, 1);  // rank 1 starts one row late: a gap
   ASSERT_FALSE(r0.ok());
