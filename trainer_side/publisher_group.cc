@@ -109,8 +109,7 @@ Status PublisherImpl::form_group(Deadline cap, int retries, const std::vector<st
   if (!comm.ok() && retries > 0 && !stopped_) {
     std::vector<std::string> dropped = groups_.last_conclusive();
     for (const auto& id : members)
-      if (!server_.is_live(id) && std::find(dropped.begin(), dropped.end(), id) == dropped.end())
-        dropped.push_back(id);
+      if (groups_.gone(id) && std::find(dropped.begin(), dropped.end(), id) == dropped.end()) dropped.push_back(id);
     std::vector<std::string> rest;
     for (const auto& id : members)
       if (std::find(dropped.begin(), dropped.end(), id) == dropped.end()) rest.push_back(id);

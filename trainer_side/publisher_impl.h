@@ -258,7 +258,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Steps this rank refused before their plan (mu_): why, and the trainer
   // ranks whose call for it was ended. A rank whose part arrives after the
   // refusal is ended at once with the reason, not at its own timeout; its
-  // next call for the same step (a retry) is taken. The last 16 steps.
+  // next call for the same step (a retry) is taken, and so is any part once
+  // this rank calls that step again. The last 16 steps.
   struct RefusedStep {
     std::string why;
     std::set<std::string> ended;

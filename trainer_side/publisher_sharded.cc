@@ -267,6 +267,12 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   // The step this call publishes; every trainer rank's call of the same
   // step is its partner (counted on entry, whatever becomes of the call).
   const uint64_t step = options.version ? *options.version : sharded_calls_;
+  {
+    // A new call of a step refused before starts afresh: a partner's part
+    // that comes now is this call's (or is ended by this call's refusal).
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_steps_.erase(step);
+  }
   // Whatever ends this call before its plan went out ends the partner calls
   // too (their shards are free again), with the same reason: those whose
   // part arrived (taken, or still pending for this step).

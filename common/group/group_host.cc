@@ -179,8 +179,16 @@ std::string GroupHost::doomed(const std::vector<std::string>& members) {
   if (have_failure_ && Clock::now() >= first_failure_ + kEvidenceWindow)
     for (const auto& [id, why] : failed_) return id + ": " + why;
   for (const auto& id : members)
-    if (!server_.is_live(id)) return id + ": " + kLostDuringFormation;
+    if (const char* why = gone_locked(id)) return id + ": " + why;
   return "";
+}
+
+const char* GroupHost::gone_locked(const std::string& id) const {
+  const auto m = server_.member(id);
+  if (!m || m->lost) return kLostDuringFormation;
+  const auto rank = assigned_rank_.find(id);
+  if (rank != assigned_rank_.end() && m->rank != rank->second) return kRejoinedDuringFormation;
+  return nullptr;
 }
 
 // Every live member of a failed formation stops joining it now.
@@ -275,8 +283,8 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
                            "'s failure: not held against it");
       } else if (failed_.count(id) && !evidence_.count(id)) {
         named[id] = failed_[id];
-      } else if (!server_.is_live(id)) {
-        named[id] = kLostDuringFormation;
+      } else if (const char* why = gone_locked(id)) {
+        named[id] = why;
       }
     }
     if (!ended_early) {

@@ -101,6 +101,12 @@ class GroupHost {
   std::vector<std::string> last_conclusive() const;
   // Quarantines `id` at once (a member that broke the start-up formation).
   void quarantine(const std::string& id, const std::string& reason);
+  // Whether `id`, a member of the last formation, was lost or rejoined
+  // since it began (it left that group).
+  bool gone(const std::string& id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return gone_locked(id) != nullptr;
+  }
 
   // Control thread. Returns false for a message that is not about formation.
   bool on_message(const std::string& id, proto::Envelope::Reader envelope);
@@ -182,9 +188,14 @@ class GroupHost {
   std::vector<std::string> due_checks();
   // Starts the link checks at the first quarantine (Gloo plane); mu_ not held.
   void ensure_checks();
-  // A member whose connection was lost meanwhile: the loss is handled (and
-  // named) as a loss; it is no evidence of a member breaking formation.
+  // A member whose connection was lost meanwhile, or that rejoined (a
+  // restart, a new connection: it left the group): handled (and named) as
+  // such; no evidence of a member breaking formation, never struck.
   static constexpr const char* kLostDuringFormation = "lost during group formation";
+  static constexpr const char* kRejoinedDuringFormation = "rejoined during group formation (it left the group)";
+  // kLostDuringFormation or kRejoinedDuringFormation when `id` left the
+  // formation so; nullptr otherwise. mu_ held.
+  const char* gone_locked(const std::string& id) const;
   std::map<std::string, Strikes> strikes_;  // consecutive failed formations per worker id
   std::vector<std::string> last_blamed_;
   std::vector<std::string> last_conclusive_;

@@ -29,7 +29,7 @@ void GroupHost::count_strikes(const std::vector<std::string>& members, const std
     return;
   }
   for (const auto& [id, why] : named) {
-    if (why == kLostDuringFormation) continue;
+    if (why == kLostDuringFormation || why == kRejoinedDuringFormation) continue;
     const bool now_out = conclusive.count(id) > 0;
     strike_locked(id, why, now_out ? 2 : 0, now, data_path.count(id) > 0);
     if (now_out) last_conclusive_.push_back(id);
@@ -102,6 +102,7 @@ std::vector<std::string> GroupHost::due_checks() {
   const auto now = Clock::now();
   for (const auto& [id, s] : strikes_) {
     if (s.count < 2 || !checked_locked(id)) continue;
+    if (now - s.last > 32 * cfg_.publisher.quarantine_backoff) continue;  // forgiven: tried anyway
     const auto check = checks_->last(id);
     if (check && check->passed && check->at > s.last) continue;  // passed since its last failure
     // Out early if its data path works; else a check shortly before its backoff ends.
@@ -157,8 +158,14 @@ void GroupHost::ensure_checks() {
                                           << "): a quarantined member is tried again when its backoff ends");
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  checks_ = std::move(host);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_) {
+      checks_ = std::move(host);
+      return;
+    }
+  }
+  host->stop();  // stop() came meanwhile
 }
 
 }  // namespace paramcast::group

@@ -36,10 +36,29 @@ class Churner {
       s->connect(endpoint);
     }
   }
+  // Joins as `incarnation` (its probe, then its member connection); false
+  // when the publisher did not welcome it in time.
+  bool join(uint64_t incarnation) { return round_trip(probe_, incarnation) && round_trip(member_, incarnation); }
+  // Waits up to `wait` for a message whose body is `body` on its member connection.
+  bool wait_for(const std::string& body, std::chrono::milliseconds wait) {
+    const auto deadline = Clock::now() + wait;
+    zmq::pollitem_t item{member_.handle(), 0, ZMQ_POLLIN, 0};
+    while (Clock::now() < deadline) {
+      if (zmq::poll(&item, 1, 20ms) <= 0) continue;
+      zmq::message_t m;
+      (void)member_.recv(m, zmq::recv_flags::none);
+      auto d = control::decode(m.data(), m.size(), {});
+      if (d.ok() && control::body_name(d.value()->envelope()) == body) return true;
+    }
+    return false;
+  }
+  // A heartbeat as `incarnation` (it stays live, as a restarted process would).
+  void beat(uint64_t incarnation) {
+    member_.send(control::make_message(0, incarnation, [](auto b) { b.initHeartbeat(); }), zmq::send_flags::none);
+  }
   // One join/leave cycle; false when the publisher did not welcome it in time.
   bool cycle(uint64_t incarnation, std::chrono::milliseconds stay) {
-    if (!round_trip(probe_, incarnation)) return false;
-    if (!round_trip(member_, incarnation)) return false;
+    if (!join(incarnation)) return false;
     std::this_thread::sleep_for(stay);
     member_.send(control::make_message(0, incarnation, [](auto b) { b.initLeave().setReason("churn"); }),
                  zmq::send_flags::none);
@@ -133,6 +152,44 @@ TEST_F(ChurnTest, JoinLeaveCyclesDuringUpdatesCostTheHonestMembersNothing) {
   EXPECT_EQ(cycles.load(), kCycles);
   EXPECT_EQ(failed, 0) << failures;
   EXPECT_GE(ok, 10);
+}
+
+// A member that restarts while a formation waits for it (a new incarnation
+// under the same id: it left that group) ends that formation at once, is
+// named for it and not struck, and the others form again in the same call.
+// (Before, the formation waited init_timeout, 30 s here, and the update failed.)
+TEST_F(ChurnTest, AMemberThatRejoinsDuringAFormationIsDroppedFromItAndTheOthersFormAtOnce) {
+  make_publisher(test::test_config_yaml(3, "  on_member_loss: continue\n"));
+  spawn_worker("worker-1");
+  spawn_worker("worker-2");
+  zmq::context_t ctx;
+  Churner restarter(ctx, pub_->endpoint(), "worker-3");
+  ASSERT_TRUE(restarter.join(1));
+  std::atomic<bool> done{false};
+  std::thread restart([&] {
+    // Its JoinGroup comes; instead of joining, it restarts, and stays live.
+    if (!restarter.wait_for("joinGroup", 30s) || !restarter.join(2)) return;
+    while (!done) {
+      restarter.beat(2);
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  ::testing::internal::CaptureStderr();
+  const auto t0 = Clock::now();
+  Status s = pub_->start();
+  const auto took = Clock::now() - t0;
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  done = true;
+  restart.join();
+  ASSERT_TRUE(s.ok()) << s.to_string() << "\n" << log << outputs();
+  EXPECT_LT(took, 10s) << "the formation did not wait init_timeout for it:\n" << log;
+  EXPECT_NE(log.find("worker-3: rejoined during group formation"), std::string::npos) << log;
+  EXPECT_NE(log.find("forming the group again without worker-3"), std::string::npos) << log;
+  EXPECT_EQ(log.find("subscriber 'worker-3' quarantined"), std::string::npos) << log;
+  UpdateResult r = publish(1);  // worker-3 is gone now (no heartbeats): formed of the two
+  ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+  for (const char* id : {"worker-1", "worker-2"})
+    EXPECT_TRUE(workers_[id]->wait_for_output("v1 verified", 20s)) << workers_[id]->output();
 }
 
 }  // namespace

@@ -183,6 +183,36 @@ TEST_F(ShardedUpdateTest, ARankWhosePartArrivesAfterRank0RefusedTheStepIsEndedAt
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v1 verified", 20s)) << id << p->output();
 }
 
+// The same step refused twice: first after rank 1's part arrived (its rows
+// overlap rank 0's), then, retried, at once by rank 0 before rank 1's part
+// of the retry arrives. That part ends at once too (each call of a step is
+// judged afresh), and the next update lands.
+TEST_F(ShardedUpdateTest, AStepRefusedTwiceEndsTheLateRankBothTimes) {
+  auto [r0, r1] = publish_both(1, -1);
+  ASSERT_FALSE(r0.ok());
+  ASSERT_FALSE(r1.ok());
+  auto s0 = shards(0);
+  auto s1 = shards(1);
+  auto late = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(1s);
+    return rank1_->weight_update(s1, 1);
+  });
+  UpdateOptions o;
+  o.version = 1;
+  o.transforms = std::vector<transform::Rule>{transform::Rule{}};
+  o.transforms->front().match = "*";
+  o.transforms->front().cast = DType::kF16;
+  ASSERT_FALSE(pub_->weight_update_sharded(s0, o).ok());
+  UpdateResult again = late.get();
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status.message().find("differ from publisher.transforms"), std::string::npos)
+      << again.status.to_string();
+  EXPECT_LT(again.seconds, 5.0) << "ended when its part arrived, not at its timeout";
+  auto [ok0, ok1] = publish_both(2);  // the overlap's refusal used version 1 up
+  ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
+  ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
+}
+
 TEST_F(ShardedUpdateTest, RowsNobodyHoldsAreRefusedNamingTheTensorAndRange) {
   auto [r0, r1] = publish_both(1, 1);  // rank 1 starts one row late: a gap
   ASSERT_FALSE(r0.ok());

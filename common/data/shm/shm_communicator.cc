@@ -293,11 +293,16 @@ class ShmCommunicator : public Communicator {
   }
   // Reader `r` consumed less than every other reader (the others took what
   // the root could give them): the stall is its own.
+  // With no other reader there is no such evidence: false.
   bool alone_behind(int r) const {
     const uint64_t mine = h_.consumed[r].load(std::memory_order_acquire);
-    for (int o = 1; o < options_.world_size; ++o)
-      if (o != r && h_.consumed[o].load(std::memory_order_acquire) <= mine) return false;
-    return true;
+    bool others = false;
+    for (int o = 1; o < options_.world_size; ++o) {
+      if (o == r) continue;
+      if (h_.consumed[o].load(std::memory_order_acquire) <= mine) return false;
+      others = true;
+    }
+    return others;
   }
   int slowest_reader() const {
     int at = 1;
