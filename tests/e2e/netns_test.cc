@@ -464,6 +464,15 @@ TEST_F(NetnsTest, SlowMemberIsShedAndTheOthersFinishAtTheirOwnPace) {
     took.push_back(secs);
     from = at + 1;
   }
+  // The update's members line comes after its result line: wait for it whole.
+  const auto members_by = Clock::now() + Ms(10000);
+  for (;;) {
+    const std::string now = trainer_->output();
+    const size_t m = now.find(" members: ", from);
+    if (m != std::string::npos && now.find('\n', m) != std::string::npos) break;
+    ASSERT_LT(Clock::now(), members_by) << "no members line after the third shed update:\n" << outputs();
+    std::this_thread::sleep_for(Ms(10));
+  }
   const std::string out = trainer_->output();
   std::printf("[figures] 48 MiB updates with worker-2 at 2 MB/s shed: %.2f s, %.2f s, %.2f s (waiting: ~25 s)\n",
               took[0], took[1], took[2]);
