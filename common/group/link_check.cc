@@ -102,47 +102,21 @@ Status wait_fd(int fd, short events, Clock::time_point deadline, const char* doi
   }
 }
 
-Status write_all(int fd, const char* data, size_t n, Clock::time_point deadline, const char* doing,
-                 const std::atomic<bool>* cancel) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::send(fd, data + done, n - done, MSG_NOSIGNAL);
-    if (w > 0) {
-      done += static_cast<size_t>(w);
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      Status s = wait_fd(fd, POLLOUT, deadline, doing, cancel);
-      if (!s.ok()) {
-        std::string what = s.message();
-        what += " (";
-        what += std::to_string(done);
-        what += " of ";
-        what += std::to_string(n);
-        what += " bytes)";
-        return Status(s.code(), what);
-      }
-      continue;
-    }
-    return unavailable(std::string(doing) + ": " + errno_text(errno));
-  }
-  return Status();
-}
-
-Status read_all(int fd, char* data, size_t n, Clock::time_point deadline, const char* doing,
+// The whole of `n` bytes sent from `out` (or, `out` null, received into
+// `in`), each wait bounded by `deadline`; what failed names how far it got.
+Status move_all(int fd, const char* out, char* in, size_t n, Clock::time_point deadline, const char* doing,
                 const std::atomic<bool>* cancel) {
   size_t done = 0;
   while (done < n) {
-    const ssize_t r = ::recv(fd, data + done, n - done, 0);
-    if (r > 0) {
-      done += static_cast<size_t>(r);
+    const ssize_t k = out ? ::send(fd, out + done, n - done, MSG_NOSIGNAL) : ::recv(fd, in + done, n - done, 0);
+    if (k > 0) {
+      done += static_cast<size_t>(k);
       continue;
     }
-    if (r == 0) return unavailable(std::string(doing) + ": connection closed by the publisher");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      Status s = wait_fd(fd, POLLIN, deadline, doing, cancel);
+    if (k == 0 && !out) return unavailable(std::string(doing) + ": connection closed by the publisher");
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      Status s = wait_fd(fd, out ? POLLOUT : POLLIN, deadline, doing, cancel);
       if (!s.ok()) {
         std::string what = s.message();
         what += " (";
@@ -236,15 +210,20 @@ Status run_link_check(const LinkCheckRequest& r, const std::string& hostname, co
   ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   std::string out = r.token;
   out.resize(r.token.size() + r.bytes, '\x5a');
-  if (Status w = write_all(s.fd, out.data(), out.size(), deadline, "link check: sending to the publisher", cancel); !w.ok())
+  if (Status w = move_all(s.fd, out.data(), nullptr, out.size(), deadline, "link check: sending to the publisher",
+                          cancel);
+      !w.ok())
     return w;
   std::string in(r.bytes, '\0');
-  if (Status rd = read_all(s.fd, in.data(), in.size(), deadline, "link check: receiving from the publisher", cancel); !rd.ok())
+  if (Status rd = move_all(s.fd, nullptr, in.data(), in.size(), deadline, "link check: receiving from the publisher",
+                           cancel);
+      !rd.ok())
     return rd;
   const uint64_t h = xxh64(in.data(), in.size());
   unsigned char le[8];
   for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(h >> (8 * i));
-  return write_all(s.fd, reinterpret_cast<const char*>(le), 8, deadline, "link check: answering the publisher", cancel);
+  return move_all(s.fd, reinterpret_cast<const char*>(le), nullptr, 8, deadline, "link check: answering the publisher",
+                  cancel);
 }
 
 StatusOr<LinkCheckRequest> link_check_request(proto::LinkCheck::Reader m) {

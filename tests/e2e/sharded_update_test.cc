@@ -87,6 +87,32 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     return {r0, other.get()};
   }
 
+  // Rank 0 refuses step `version` at once (its update's transforms differ
+  // from publisher.transforms, which rank 1 applies) while rank 1's part
+  // comes a second later: both calls end with rank 0's reason, rank 1's when
+  // its part arrives, not at its own timeout.
+  void expect_refused_before_the_late_rank(uint64_t version) {
+    auto s0 = shards(0);
+    auto s1 = shards(1);
+    auto late = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(1s);
+      return rank1_->weight_update(s1, version);
+    });
+    UpdateOptions o;
+    o.version = version;
+    o.transforms = std::vector<transform::Rule>{transform::Rule{}};
+    o.transforms->front().match = "*";
+    o.transforms->front().cast = DType::kF16;
+    const UpdateResult r0 = pub_->weight_update_sharded(s0, o);
+    const UpdateResult r1 = late.get();
+    for (const UpdateResult* r : {&r0, &r1}) {
+      ASSERT_FALSE(r->ok());
+      EXPECT_NE(r->status.message().find("differ from publisher.transforms"), std::string::npos)
+          << r->status.to_string();
+    }
+    EXPECT_LT(r1.seconds, 5.0) << "ended when its part arrived, not at its timeout: " << r1.status.to_string();
+  }
+
   std::unique_ptr<PublisherRank> rank1_;
   std::vector<std::vector<uint8_t>> rows0_, rows1_;
 };
@@ -159,24 +185,7 @@ TEST_F(ShardedUpdateTest, OverlappingRowsAreRefusedBeforeAnyByteMovesNamingBothR
 // reason, not at its own timeout. A retry of the same step then lands.
 TEST_F(ShardedUpdateTest, ARankWhosePartArrivesAfterRank0RefusedTheStepIsEndedAtOnce) {
   model_.fill(1, config_.trainer.seed, config_.trainer.changes);
-  auto s0 = shards(0);
-  auto s1 = shards(1);
-  auto late = std::async(std::launch::async, [&] {
-    std::this_thread::sleep_for(1s);
-    return rank1_->weight_update(s1, 1);
-  });
-  UpdateOptions o;
-  o.version = 1;
-  o.transforms = std::vector<transform::Rule>{transform::Rule{}};
-  o.transforms->front().match = "*";
-  o.transforms->front().cast = DType::kF16;
-  UpdateResult r0 = pub_->weight_update_sharded(s0, o);
-  ASSERT_FALSE(r0.ok());
-  EXPECT_NE(r0.status.message().find("differ from publisher.transforms"), std::string::npos) << r0.status.to_string();
-  UpdateResult r1 = late.get();
-  ASSERT_FALSE(r1.ok());
-  EXPECT_NE(r1.status.message().find("differ from publisher.transforms"), std::string::npos) << r1.status.to_string();
-  EXPECT_LT(r1.seconds, 5.0) << "ended when its part arrived, not at its timeout: " << r1.status.to_string();
+  ASSERT_NO_FATAL_FAILURE(expect_refused_before_the_late_rank(1));
   auto [ok0, ok1] = publish_both(1);
   ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
   ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
@@ -191,23 +200,7 @@ TEST_F(ShardedUpdateTest, AStepRefusedTwiceEndsTheLateRankBothTimes) {
   auto [r0, r1] = publish_both(1, -1);
   ASSERT_FALSE(r0.ok());
   ASSERT_FALSE(r1.ok());
-  auto s0 = shards(0);
-  auto s1 = shards(1);
-  auto late = std::async(std::launch::async, [&] {
-    std::this_thread::sleep_for(1s);
-    return rank1_->weight_update(s1, 1);
-  });
-  UpdateOptions o;
-  o.version = 1;
-  o.transforms = std::vector<transform::Rule>{transform::Rule{}};
-  o.transforms->front().match = "*";
-  o.transforms->front().cast = DType::kF16;
-  ASSERT_FALSE(pub_->weight_update_sharded(s0, o).ok());
-  UpdateResult again = late.get();
-  ASSERT_FALSE(again.ok());
-  EXPECT_NE(again.status.message().find("differ from publisher.transforms"), std::string::npos)
-      << again.status.to_string();
-  EXPECT_LT(again.seconds, 5.0) << "ended when its part arrived, not at its timeout";
+  ASSERT_NO_FATAL_FAILURE(expect_refused_before_the_late_rank(1));
   auto [ok0, ok1] = publish_both(2);  // the overlap's refusal used version 1 up
   ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
   ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
