@@ -58,6 +58,14 @@ PY
 }
 
 current="$(command -v python3)"
+# One compiler for every build: Debian's interpreter would otherwise hand CMake its own compiler path
+# (x86_64-linux-gnu-g++), and a changed compiler makes CMake start the build directory over.
+export CC="${CC:-$(command -v gcc)}" CXX="${CXX:-$(command -v g++)}"
+ext() { "$1" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))'; }
+# Where both interpreters take the same extension (one CPython ABI), Debian's pip install reuses the
+# wheel's build directory: only the Python bindings compile again, against Debian's headers.
+debian_build="$work/build-debian"
+[ "$(ext "$current")" = "$(ext /usr/bin/python3)" ] && debian_build="$work/build-current"
 if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
   echo "== $current: python3 -m build --wheel, installed into a venv"
   "$current" -m build --wheel --outdir "$work/dist" -C build-dir="$work/build-current" "$src" > "$work/build-current.log" 2>&1 \
@@ -100,7 +108,7 @@ fi
 
 echo "== /usr/bin/python3: pip install $src"
 /usr/bin/python3 -m venv --system-site-packages "$work/venv-debian"
-"$work/venv-debian/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$work/build-debian" "$src" \
+"$work/venv-debian/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$debian_build" "$src" \
   > "$work/build-debian.log" 2>&1 || { tail -40 "$work/build-debian.log"; exit 1; }
 check_venv "$work/venv-debian" "1.13"
 echo "install_test: the wheel and pip install . work for both interpreters"
