@@ -148,7 +148,9 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
     // would carry every byte to every engine rank (and they refuse it), so
     // the update goes point to point, this rank holding every tensor whole.
     std::unique_lock<std::mutex> lock(mu_);
-    if (!slicing_engine_locked().empty() && cfg_.data_plane.backend == Backend::kGloo && !cfg_.data_plane.local) {
+    if (!slicing_engine_locked().empty() &&
+        point_to_point_unavailable_reason(cfg_.data_plane.backend, cfg_.data_plane.local, cfg_.publisher.device)
+            .empty()) {
       lock.unlock();
       std::vector<ShardView> whole;
       whole.reserve(tensors.size());

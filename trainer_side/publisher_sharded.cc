@@ -221,10 +221,13 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     log_result(res);
     return std::move(res);
   };
-  if (cfg_.data_plane.backend != Backend::kGloo || cfg_.data_plane.local) {
-    r.status = unavailable(
-        "weight_update_sharded moves point to point, which the Gloo data plane does (data_plane.backend: gloo, "
-        "data_plane.local: off); this deployment's plane has no point-to-point moves yet");
+  if (std::string why =
+          point_to_point_unavailable_reason(cfg_.data_plane.backend, cfg_.data_plane.local, cfg_.publisher.device);
+      !why.empty()) {
+    std::string says = "weight_update_sharded moves point to point (data_plane.backend: gloo, or shm in host "
+                       "memory): ";
+    says += why;
+    r.status = unavailable(says);
     return done(r);
   }
   // What travels (publisher.transforms, or the update's): this rank

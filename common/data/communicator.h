@@ -207,4 +207,10 @@ StatusOr<std::string> mint_bootstrap(Backend backend, uint64_t epoch);
 // Whether this build and machine can run the backend ("" if yes, else why not).
 std::string backend_unavailable_reason(Backend backend);
 
+// Whether a deployment's data plane moves point to point (the many-sender
+// plan's moves) in memory of `device`: "" if it does (Gloo; shm in host
+// memory), else why not. The one rule the publisher asks before planning
+// such an update.
+std::string point_to_point_unavailable_reason(Backend backend, bool local, const Device& device);
+
 }  // namespace paramcast

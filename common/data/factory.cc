@@ -74,4 +74,14 @@ std::string backend_unavailable_reason(Backend backend) {
 #endif
 }
 
+std::string point_to_point_unavailable_reason(Backend backend, bool local, const Device& device) {
+  if (local) return "a mixed group (data_plane.local) has no point-to-point moves: its local members read the "
+                    "publisher's shared memory only";
+  if (backend == Backend::kGloo) return "";
+  if (backend == Backend::kShm)
+    return device.is_cuda() ? "the shm plane moves point to point in host memory only, not " + device.to_string()
+                            : "";
+  return "the NCCL plane has no point-to-point moves yet";
+}
+
 }  // namespace paramcast

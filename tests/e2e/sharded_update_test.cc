@@ -24,11 +24,15 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
  protected:
   void SetUp() override { start_cluster("  ranks: 2\n"); }
   // worker-1 registered in place, worker-2 through the callback, unless
-  // `engines` gives each its paramcast-worker flags.
+  // `engines` gives each its paramcast-worker flags; on the Gloo plane, or
+  // on `backend` (every rank on this host shares the group's memory: shm).
   void start_cluster(const std::string& publisher_extra,
-                     std::vector<std::vector<std::string>> engines = {{}, {"--mode", "callback"}}) {
+                     std::vector<std::vector<std::string>> engines = {{}, {"--mode", "callback"}},
+                     const std::string& backend = "gloo", const std::string& sections = "") {
     WorkerClusterTest::SetUp();
-    make_publisher(test::test_config_yaml(2, publisher_extra));
+    std::string yaml = test::test_config_yaml(2, publisher_extra) + sections;
+    yaml.replace(yaml.find("backend: gloo"), 13, "backend: " + backend);
+    make_publisher(yaml);
     Config cfg = config_;
     cfg.control.endpoint = pub_->endpoint();
     auto rank = PublisherRank::create(cfg, 1);
@@ -282,6 +286,62 @@ TEST_F(ShardedTpTest, EachEngineRankReceivesOnlyItsSlicesBitExact) {
       EXPECT_EQ(o.bytes, slice[k]) << o.worker_id << " received other bytes than its slices";
       EXPECT_LT(o.bytes, model * 6 / 10) << o.worker_id;
     }
+  }
+}
+
+// The same many-sender updates on the shm plane (every rank on this host):
+// the moves go through the group segment's point-to-point channels, the
+// engines verify every byte, densely and as deltas per piece.
+class ShardedShmTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    start_cluster("  ranks: 2\n", {{}, {"--mode", "callback"}}, "shm", "subscriber:\n  delta_baseline: host\n");
+  }
+};
+
+TEST_F(ShardedShmTest, EveryTrainerRankSendsItsRowsThroughSharedMemoryBitExact) {
+  for (uint64_t v = 1; v <= 3; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+    EXPECT_EQ(r0.subscribers.size(), 3u);
+    std::string needle = "v";
+    needle += std::to_string(v);
+    needle += " verified";
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(needle, 20s)) << id << p->output();
+    // After the first, each version goes as deltas per piece (the engines hold the last one).
+    if (v > 1) {
+      EXPECT_TRUE(r0.delta) << "v" << v << ": " << r0.dense_because;
+    }
+  }
+}
+
+class ShardedShmTpTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    start_cluster("  ranks: 2\n", {{"--tp", "2", "--tp-rank", "0"}, {"--tp", "2", "--tp-rank", "1"}}, "shm");
+  }
+};
+
+// Dim-1 slices too (packed by the sender, unpacked by the receiver): each
+// engine rank gets exactly its slices' bytes.
+TEST_F(ShardedShmTpTest, EachEngineRankReceivesOnlyItsSlicesThroughSharedMemory) {
+  uint64_t slice[2] = {0, 0};
+  for (const auto& t : model_.specs) {
+    const uint64_t n = t.nbytes().value();
+    for (int k = 0; k < 2; ++k) {
+      const TpSlice cut = synthetic_tp_slice(t, 2, k);
+      slice[k] += cut.dim < 0 ? n : n / static_cast<uint64_t>(t.shape[static_cast<size_t>(cut.dim)]) *
+                                        static_cast<uint64_t>(cut.length);
+    }
+  }
+  auto [r0, r1] = publish_both(1);
+  ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v1 verified", 20s)) << id << p->output();
+  for (const auto& o : r0.subscribers) {
+    if (o.worker_id.rfind("worker-", 0) != 0) continue;
+    EXPECT_EQ(o.bytes, slice[o.worker_id == "worker-1" ? 0 : 1]) << o.worker_id;
   }
 }
 

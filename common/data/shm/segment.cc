@@ -125,7 +125,7 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
   if (!rank_secrets.empty() && rank_secrets.size() != static_cast<size_t>(world))
     return invalid_argument("shm group of " + std::to_string(world) + " ranks with " +
                             std::to_string(rank_secrets.size()) + " rank secrets");
-  const size_t bytes = kHeaderBytes + (host_slots ? kSlots * slot_bytes : 0);
+  const size_t bytes = kHeaderBytes + (host_slots ? kSlots * slot_bytes : 0) + p2p_area_bytes(world, host_slots);
   if (slot_bytes < 4096 || slot_bytes > kMaxSlotBytes || slot_bytes % 4096)
     return invalid_argument("shm slots of " + std::to_string(slot_bytes) + " bytes");
   Fd mem(memfd_create("paramcast-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -137,6 +137,7 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mem.get(), 0);
   if (p == MAP_FAILED) return unavailable(errno_text("mmap of the shm segment"));
   std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), bytes, slot_bytes));
+  if (p2p_area_bytes(world, host_slots)) seg->p2p_ = static_cast<uint8_t*>(p) + kHeaderBytes + kSlots * slot_bytes;
   seg->peer_pids_.assign(static_cast<size_t>(world), 0);
   auto* h = new (p) ShmHeader{};
   h->magic = kMagic;
@@ -266,15 +267,18 @@ StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank,
     if (p == MAP_FAILED) return unavailable(errno_text("mmap of the shm segment"));
     const ShmHeader& h = *static_cast<const ShmHeader*>(p);
     const uint64_t slot_bytes = h.slot_bytes;
+    const uint32_t cuda = h.cuda;  // read once: the layout is judged on what this process read
     const bool ok = h.magic == kMagic && h.layout_version == kLayoutVersion && h.slots == kSlots &&
-                    h.world == static_cast<uint32_t>(world) && h.cuda <= 1 && slot_bytes >= 4096 &&
+                    h.world == static_cast<uint32_t>(world) && cuda <= 1 && slot_bytes >= 4096 &&
                     slot_bytes <= kMaxSlotBytes && slot_bytes % 4096 == 0 &&
-                    kHeaderBytes + (h.cuda ? 0 : kSlots * slot_bytes) == static_cast<uint64_t>(st.st_size);
+                    kHeaderBytes + (cuda ? 0 : kSlots * slot_bytes) + p2p_area_bytes(world, !cuda) ==
+                        static_cast<uint64_t>(st.st_size);
     std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), static_cast<size_t>(st.st_size), slot_bytes));
     if (!ok)
       return protocol_error("shm segment: unexpected layout (version " + std::to_string(h.layout_version) + ", " +
                             std::to_string(h.world) + " ranks, this group has " + std::to_string(world) +
                             ", slots of " + std::to_string(slot_bytes) + " bytes)");
+    if (p2p_area_bytes(world, !cuda)) seg->p2p_ = static_cast<uint8_t*>(p) + kHeaderBytes + kSlots * slot_bytes;
     seg->peer_pids_.assign(1, server.pid);  // the root, in this pid namespace
     seg->header().pid[rank].store(getpid());
     return seg;

@@ -13,7 +13,10 @@
 //
 // Layout: a 64 KiB header (ShmHeader: the ring's counters, each rank's pid,
 // the abort word), then kSlots slots of slot_bytes (host memory), or nothing
-// more when the slots are CUDA memory (slots.h).
+// more when the slots are CUDA memory (slots.h); then, in a host-memory
+// group of 2 to kP2pMaxRanks ranks, one point-to-point channel per ordered
+// pair of ranks (p2p.h), whose pages are backed only where a pair moves
+// bytes.
 //
 // Thread-safety: host() and attach() from one thread; the mapping is shared.
 #pragma once
@@ -31,11 +34,23 @@
 namespace paramcast::shm_backend {
 
 inline constexpr uint32_t kMagic = 0x70637368;  // "pcsh"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr int kSlots = 2;
 inline constexpr int kMaxRanks = 1024;
 inline constexpr uint64_t kHeaderBytes = 64 << 10;
 inline constexpr uint64_t kMaxSlotBytes = 1ull << 30;
+// Point-to-point channels (p2p.h): a control page and kP2pChunks chunks.
+inline constexpr int kP2pMaxRanks = 64;
+inline constexpr uint64_t kP2pControlBytes = 16 << 10;
+inline constexpr uint64_t kP2pChunkBytes = 512 << 10;
+inline constexpr int kP2pChunks = 2;
+inline constexpr uint64_t kP2pChannelBytes = kP2pControlBytes + kP2pChunks * kP2pChunkBytes;
+// Bytes of the point-to-point channels of a group (0: none; the channel of
+// ranks (a, b) is number a * world + b).
+inline uint64_t p2p_area_bytes(int world, bool host_slots) {
+  return host_slots && world > 1 && world <= kP2pMaxRanks ? static_cast<uint64_t>(world) * world * kP2pChannelBytes
+                                                          : 0;
+}
 
 // The shared header. Atomics in shared memory: lock-free 32/64-bit words
 // (std::atomic of those sizes is address-free on the platforms we build for).
@@ -95,6 +110,9 @@ class Segment {
   // shared header, which any reader could overwrite).
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint8_t* slot(uint64_t chunk) const { return base_ + kHeaderBytes + (chunk % kSlots) * slot_bytes_; }
+  // The point-to-point channels (p2p_area_bytes), or nullptr when the group has none.
+  // Set once at host() or attach(), from the layout this process validated.
+  uint8_t* p2p_area() const { return p2p_; }
   // A peer's pid as the kernel gave it (SO_PEERCRED, in this process's pid
   // namespace; 0 when it is not visible there): the root knows each
   // reader's, a reader the root's (rank 0).
@@ -107,6 +125,7 @@ class Segment {
   uint8_t* base_;
   size_t bytes_;
   uint64_t slot_bytes_;
+  uint8_t* p2p_ = nullptr;
   std::vector<int32_t> peer_pids_;
 };
 

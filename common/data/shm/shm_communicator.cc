@@ -20,11 +20,14 @@
 //    dead: any progress restarts the clock);
 //  - op_timeout, the backstop.
 //
-// Threads: runner_ runs the operations in order; callers of broadcast()
-// queue them. mu_ guards the queue and the error.
-#include <linux/futex.h>
+// Point-to-point moves (send/recv) go through the pair's channel in the
+// segment, served by a thread of their own (p2p.h); a failure of either ends
+// both.
+//
+// Threads: runner_ runs the broadcasts in order; callers of broadcast()
+// queue them. mu_ guards the queue and the error; it is taken before the
+// point-to-point plane's lock, never after.
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +39,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/data/shm/futex.h"
+#include "common/data/shm/p2p.h"
 #include "common/data/shm/segment.h"
 #include "common/data/shm/slots.h"
 #include "common/data/shm/shm_factory.h"
@@ -55,13 +60,6 @@ enum AbortKind : uint32_t { kFailed = 1, kStalled = 2, kGone = 3 };
 
 uint32_t abort_word(AbortKind kind, int blamed) { return (kind << 24) | (static_cast<uint32_t>(blamed + 1) & 0xffffff); }
 
-void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::milliseconds max) {
-  timespec ts{0, static_cast<long>(std::chrono::nanoseconds(max).count())};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-void futex_wake_all(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
 
 // Whether a peer's process still runs: gone (ESRCH) or a zombie (killed,
 // not yet reaped by its parent) is dead; anything unknown counts as alive.
@@ -100,16 +98,22 @@ class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(const GroupOptions& options, std::unique_ptr<Segment> segment, std::unique_ptr<Slots> slots)
       : options_(options), seg_(std::move(segment)), slots_(std::move(slots)), h_(seg_->header()) {
+    if (uint8_t* area = seg_->p2p_area())
+      p2p_ = std::make_unique<P2pPlane>(
+          options_, area, &h_.futex,
+          P2pPlane::Group{[this] { return async_error(); },
+                          [this](Status s, int blamed) { fail(std::move(s), kFailed, blamed); },
+                          [this](int r) { return alive(seg_->peer_pid(r)); }, [this](int r) { return who(r); }});
     runner_ = std::thread([this] { run(); });
   }
   ~ShmCommunicator() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       // An operation queued, running or being delivered: the peers must not wait for it.
-      if ((busy_ || !queue_.empty() || !deliveries_.empty()) && error_.ok())
-        fail_locked(aborted("communicator destroyed"), kFailed, options_.rank);
+      if (busy_locked() && error_.ok()) fail_locked(aborted("communicator destroyed"), kFailed, options_.rank);
       stop_ = true;
     }
+    p2p_.reset();  // its thread stops before the segment goes
     // Readers waiting for a chunk that will never come stop at once.
     if (options_.rank == 0) h_.closed.store(1, std::memory_order_release);
     cv_.notify_all();
@@ -138,13 +142,22 @@ class ShmCommunicator : public Communicator {
     return work;
   }
 
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag) override {
+    if (!p2p_) return Communicator::send(data, bytes, peer, tag);
+    return p2p_->post(this, const_cast<void*>(data), bytes, peer, tag, true);
+  }
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag) override {
+    if (!p2p_) return Communicator::recv(data, bytes, peer, tag);
+    return p2p_->post(this, data, bytes, peer, tag, false);
+  }
+
   void abort(const std::string& reason) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       // Idle (nothing queued, running or being delivered): this rank leaves
       // without failing the peers, which may still be finishing their last
       // broadcast (Gloo's goodbye).
-      const bool idle = !busy_ && queue_.empty() && deliveries_.empty();
+      const bool idle = !busy_locked();
       fail_locked(aborted("aborted: " + reason), kFailed, options_.rank, /*tell_peers=*/!idle);
     }
     cv_.notify_all();
@@ -183,10 +196,9 @@ class ShmCommunicator : public Communicator {
     std::string name = rank >= 0 && rank < static_cast<int>(options_.members.size()) ? options_.members[rank] : "";
     return "rank " + std::to_string(rank) + (name.empty() ? "" : " (" + name + ")");
   }
-  void bump() {
-    h_.futex.fetch_add(1, std::memory_order_release);
-    futex_wake_all(&h_.futex);
-  }
+  void bump() { shm_backend::bump(&h_.futex); }
+  // A broadcast queued, running or being delivered, or a point-to-point move pending.
+  bool busy_locked() const { return busy_ || !queue_.empty() || !deliveries_.empty() || (p2p_ && p2p_->busy()); }
 
   // The first failure sticks; every pending Work completes with it, and the
   // peers learn whom to blame from the abort word.
@@ -199,6 +211,7 @@ class ShmCommunicator : public Communicator {
     queue_.clear();
     for (auto& d : deliveries_) d.state->complete(error_);
     deliveries_.clear();
+    if (p2p_) p2p_->fail_all(error_);
     // The running operation is completed by the runner once it let go of
     // its buffer (a copy in flight must not outlive its Work).
   }
@@ -434,6 +447,7 @@ class ShmCommunicator : public Communicator {
   std::unique_ptr<Segment> seg_;
   std::unique_ptr<Slots> slots_;
   ShmHeader& h_;
+  std::unique_ptr<P2pPlane> p2p_;  // host-memory groups of up to kP2pMaxRanks ranks
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;

@@ -91,7 +91,7 @@ TEST_P(CommunicatorTest, EightRanksBroadcastBitExact) {
 // receives from every other at once, bit-exact, sizes from one byte to
 // 16 MiB, several rounds on one communicator.
 TEST_P(CommunicatorTest, EveryPairSendsAndReceivesBitExact) {
-  if (GetParam() != Backend::kGloo) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
+  if (GetParam() == Backend::kNccl) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
   auto ranks = spawn(6, "1,4097,16777216", 2, 60000, {"--mode", "p2p"});
   for (auto& p : ranks) {
     auto code = p->wait_for(std::chrono::seconds(240));
@@ -105,7 +105,7 @@ TEST_P(CommunicatorTest, EveryPairSendsAndReceivesBitExact) {
 // pending receive from it fails, the communicator refuses further work,
 // well before the operation's timeout.
 TEST_P(CommunicatorTest, KilledPeerFailsPointToPointMovesWithinDeadline) {
-  if (GetParam() != Backend::kGloo) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
+  if (GetParam() == Backend::kNccl) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
   const int timeout_ms = 10000;
   auto ranks = spawn(6, "8388608", 100000, timeout_ms, {"--mode", "p2p"});
   for (auto& p : ranks) ASSERT_TRUE(p->wait_for_output("ready", std::chrono::seconds(60))) << p->output();
@@ -126,6 +126,22 @@ TEST_P(CommunicatorTest, KilledPeerFailsPointToPointMovesWithinDeadline) {
     std::printf("[figures] rank %d: point-to-point failed %.2f s after the kill\n", r, failed);
     EXPECT_LE(failed, timeout_ms / 2000.0) << "rank " << r << ":\n" << out;
   }
+}
+
+// The shm plane's point-to-point channels live in memory every rank can
+// write: a rank that claims, in the channel rank 0 sends it through, more
+// receives than a channel can hold fails the group, and every rank names it.
+TEST_P(CommunicatorTest, AShmRankThatScribblesOnItsChannelIsNamedByEveryRank) {
+  if (GetParam() != Backend::kShm) GTEST_SKIP() << "the channels in shared memory are the shm plane's";
+  auto ranks = spawn(4, "8388608", 100000, 20000, {"--mode", "p2p", "--scribble-rank", "2"});
+  for (int r = 0; r < 4; ++r) {
+    auto code = ranks[r]->wait_for(std::chrono::seconds(60));
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " hung:\n" << ranks[r]->output();
+    if (r == 2) continue;
+    EXPECT_EQ(*code, 3) << ranks[r]->output();
+    EXPECT_NE(ranks[r]->output().find("rank 2 (worker-2)"), std::string::npos) << ranks[r]->output();
+  }
+  EXPECT_NE(ranks[0]->output().find("rank 2 (worker-2) says it posted"), std::string::npos) << ranks[0]->output();
 }
 
 // A member that sends notices its place in the tree does not allow (a shed

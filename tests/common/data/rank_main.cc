@@ -1,13 +1,15 @@
 // dataplane_rank: one rank of the data-plane conformance suite, run as its own
 // process. Forms a communicator (FileStore rendezvous in --store), runs
 // broadcasts of the given sizes from rank 0, verifies every byte.
-// Flags: --stall-ms (stall_timeout), --silent-rank, --abort-rank, --mode p2p (below).
+// Flags: --stall-ms (stall_timeout), --silent-rank, --abort-rank, --mode p2p and
+// --scribble-rank (below).
 // Exit: 0 ok, 1 wrong bytes, 2 usage, 3 broadcast failed (and the
 // communicator then refused further work as it must), 4 it did not.
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 #include <sstream>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
 #include "common/data/file_store.h"
+#include "common/data/shm/segment.h"
 
 using namespace paramcast;
 
@@ -27,6 +30,32 @@ std::string unhex(const std::string& h) {
 }
 
 uint8_t pattern(uint64_t size, int rep, uint64_t i) { return static_cast<uint8_t>((i * 131 + size * 7 + rep * 29) >> 3); }
+
+// A hostile shm reader: finds the group's segment in its own mappings (as any
+// process holding it can) and claims, in the channel from rank 0 to itself,
+// that it posted far more receives than it did.
+bool scribble_posted_count(int rank, int world, uint64_t slot_bytes) {
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (!maps) return false;
+  char line[512];
+  unsigned long begin = 0;
+  while (std::fgets(line, sizeof line, maps))
+    if (std::strstr(line, "memfd:paramcast-shm")) {
+      std::sscanf(line, "%lx-", &begin);
+      break;
+    }
+  std::fclose(maps);
+  if (!begin) return false;
+  using namespace shm_backend;
+  auto* posted = reinterpret_cast<std::atomic<uint64_t>*>(begin + kHeaderBytes + kSlots * slot_bytes +
+                                                          static_cast<uint64_t>(rank) * kP2pChannelBytes);
+  (void)world;  // the channel (0, rank) is number 0 * world + rank
+  for (int i = 0; i < 200; ++i) {
+    posted->store(1ull << 40);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +153,22 @@ int main(int argc, char** argv) {
       return static_cast<uint8_t>(pattern(size, rep, i) ^ (from * 17 + to * 5));
     };
     bool first_exchange = true;
+    // --scribble-rank R (shm): rank R writes its hostile count from a second
+    // thread while every rank exchanges.
+    std::thread scribbler;
+    struct JoinScribbler {
+      std::thread& t;
+      ~JoinScribbler() {
+        if (t.joinable()) t.join();
+      }
+    } join_scribbler{scribbler};
+    if (f.has("scribble-rank") && std::atoi(f.get("scribble-rank").c_str()) == g.rank)
+      scribbler = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        std::printf("rank %d: scribbled %s\n", g.rank,
+                    scribble_posted_count(g.rank, g.world_size, g.shm_slot_bytes) ? "its posted count" : "nothing");
+        std::fflush(stdout);
+      });
     for (uint64_t size : sizes)
       for (int rep = 0; rep < repeat; ++rep) {
         std::vector<std::vector<uint8_t>> out(static_cast<size_t>(w)), in(static_cast<size_t>(w));
