@@ -24,6 +24,12 @@ limit: the most bytes any one link must carry, divided by L.
 With --tp K (and --replicas R): one sender to R replicas x TP=K engine ranks,
 every engine rank receiving whole tensors against each receiving only its
 tensor-parallel slices, then a delta version of the slices.
+
+With --local: no namespaces and no links; (c) on this one host, on Gloo over
+loopback against the shm plane (the point-to-point channels in the group's
+shared memory), same model and ranks, in one run:
+
+  python3 bench/reshard_bench.py --build build --local --model-size 256MiB --updates 6
 """
 import argparse
 import json
@@ -126,24 +132,34 @@ def duration_s(text):
     return float(value) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
 
 
-def publisher_run(args, lab, senders, engines):
+class OneHost:
+    """--local: every rank a process of this host, on loopback (no namespace)."""
+    def prefix(self, i):
+        return []
+
+    def address(self, i):
+        return "127.0.0.1"
+
+
+def publisher_run(args, lab, senders, engines, backend="gloo"):
     """(c) the same many-sender update through ParamCast itself: paramcast-trainer --rank on
     every trainer rank (rank 0 the publisher), paramcast-worker on every engine, the control
     plane's plan, pairing and Applied included. Returns rank 0's update times (the first, which
     connects the pairs, left out)."""
     d = tempfile.mkdtemp(prefix="paramcast-reshard-pub-")
     endpoint = f"tcp://{lab.address(0)}:47311"
+    endpoint_file = os.path.join(d, "endpoint")
 
     def yaml(i):
         path = os.path.join(d, f"node{i}.yaml")
         with open(path, "w") as f:
             f.write(f"""control:
-  endpoint: {endpoint}
+  endpoint: {endpoint if not local or i else "tcp://127.0.0.1:*"}
   heartbeat_interval: 200ms
   heartbeat_timeout: 5s
   join_timeout: 120s
 data_plane:
-  backend: gloo
+  backend: {backend}
   gloo_hostname: {lab.address(i)}
   checksum: xxh64
   stall_timeout: 120s
@@ -165,9 +181,17 @@ auth:
 """)
         return path
     binary = lambda name: os.path.join(args.build, "bin", name)  # noqa: E731
-    procs = [subprocess.Popen(lab.prefix(0) + [binary("paramcast-trainer"), "--config", yaml(0)],
+    local = isinstance(lab, OneHost)  # an ephemeral port, read back from the endpoint file
+    procs = [subprocess.Popen(lab.prefix(0) + [binary("paramcast-trainer"), "--config", yaml(0)] +
+                              (["--endpoint-file", endpoint_file] if local else []),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
     time.sleep(0.5)
+    if local:
+        for _ in range(600):
+            if os.path.exists(endpoint_file) and open(endpoint_file).read().strip():
+                break
+            time.sleep(0.05)
+        endpoint = open(endpoint_file).read().strip()
     for r in range(1, senders):
         procs.append(subprocess.Popen(lab.prefix(r) + [binary("paramcast-trainer"), "--config", yaml(r), "--rank",
                                                        str(r), "--endpoint", endpoint],
@@ -187,6 +211,25 @@ auth:
     return times[1:], model[0] if model else 0
 
 
+def local_bench(args):
+    """(c) on one host: the same many-sender update on Gloo (loopback TCP) and on the shm plane."""
+    results = []
+    for backend in ("gloo", "shm"):
+        for m in (2,):
+            times, model = publisher_run(args, OneHost(), m, args.engines, backend)
+            times.sort()
+            median = times[len(times) // 2]
+            results.append({"backend": backend, "senders": m, "engines": args.engines, "model_bytes": model,
+                            "median_s": median, "runs_s": times, "gb_per_s": model / median / 1e9})
+            print(f"{backend}: M={m} trainer ranks to {args.engines} engines, {model / 2**20:.0f} MiB: "
+                  f"{median:.3f} s (updates {', '.join(f'{t:.3f}' for t in times)}), "
+                  f"{model / median / 1e9:.2f} GB/s into each engine", flush=True)
+    print(f"shm over Gloo on loopback: {results[0]['median_s'] / results[1]['median_s']:.2f}x faster")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"local": True, "results": results}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -203,7 +246,11 @@ def main():
     ap.add_argument("--tp", type=int, default=0,
                     help="instead: one sender to --replicas x TP engine ranks, whole tensors vs slices")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--local", action="store_true",
+                    help="instead: (c) on this host, Gloo over loopback against the shm plane")
     args = ap.parse_args()
+    if args.local:
+        return local_bench(args)
     why = netns_lab.unavailable()
     if why:
         raise SystemExit(why)

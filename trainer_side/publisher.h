@@ -223,7 +223,7 @@ class Publisher {
   // every trainer rank in the group sent its holdings for the same step
   // (options.version, given on every rank, or the count of calls without
   // one; within update_timeout): each byte of each tensor from exactly one rank, to
-  // every engine, point to point (Gloo), and no rank gathers a tensor it
+  // every engine, point to point (Gloo, or shm in host memory), and no rank gathers a tensor it
   // does not hold. A gap, an overlap or a disagreement between ranks is
   // refused before any byte moves, naming tensor, range and ranks. Dense
   // (no delta); checksums per transfer when publisher.checksum is on.

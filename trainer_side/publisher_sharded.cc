@@ -312,6 +312,12 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   {
     std::unique_lock<std::mutex> lock(mu_);
     group = group_;
+    if (std::string why = point_to_point_unavailable_reason(cfg_.data_plane.backend, cfg_.data_plane.local,
+                                                            cfg_.publisher.device, static_cast<int>(group.size() + 1));
+        !why.empty()) {
+      lock.unlock();
+      return refuse(unavailable("sharded update refused before any byte moved: " + why));
+    }
     std::vector<std::string> sources;
     for (const auto& id : group_)
       if (auto m = server_.member(id); m && m->source && is_trainer_rank(id)) sources.push_back(id);

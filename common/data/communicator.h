@@ -148,6 +148,9 @@ class Communicator {
   // operations on one pair and direction complete in issue order, those on
   // different pairs run at once. Bounded by the wait's deadline and by the
   // communicator's failure (a broken connection, abort()), as broadcasts are.
+  // On the shm plane a sender serves its peer's receives in the order the
+  // peer posted them: both ends must issue a pair's moves in one order (the
+  // many-sender executor goes round by round on every rank).
   // A backend without them returns a Work failed with kUnavailable.
   virtual std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag);
   virtual std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag);
@@ -208,9 +211,9 @@ StatusOr<std::string> mint_bootstrap(Backend backend, uint64_t epoch);
 std::string backend_unavailable_reason(Backend backend);
 
 // Whether a deployment's data plane moves point to point (the many-sender
-// plan's moves) in memory of `device`: "" if it does (Gloo; shm in host
-// memory), else why not. The one rule the publisher asks before planning
-// such an update.
-std::string point_to_point_unavailable_reason(Backend backend, bool local, const Device& device);
+// plan's moves) in memory of `device`, in a group of `world` ranks (0: not
+// known yet): "" if it does (Gloo; shm in host memory, up to 64 ranks), else
+// why not. The one rule the publisher asks before planning such an update.
+std::string point_to_point_unavailable_reason(Backend backend, bool local, const Device& device, int world = 0);
 
 }  // namespace paramcast

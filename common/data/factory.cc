@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "common/data/gloo/gloo_factory.h"
+#include "common/data/shm/segment.h"
 #include "common/data/shm/shm_factory.h"
 #include "common/data/split_communicator.h"
 #include "paramcast/build_config.h"
@@ -74,13 +75,21 @@ std::string backend_unavailable_reason(Backend backend) {
 #endif
 }
 
-std::string point_to_point_unavailable_reason(Backend backend, bool local, const Device& device) {
+std::string point_to_point_unavailable_reason(Backend backend, bool local, const Device& device, int world) {
   if (local) return "a mixed group (data_plane.local) has no point-to-point moves: its local members read the "
                     "publisher's shared memory only";
   if (backend == Backend::kGloo) return "";
-  if (backend == Backend::kShm)
-    return device.is_cuda() ? "the shm plane moves point to point in host memory only, not " + device.to_string()
-                            : "";
+  if (backend == Backend::kShm) {
+    if (device.is_cuda()) return "the shm plane moves point to point in host memory only, not " + device.to_string();
+    if (world > shm_backend::kP2pMaxRanks) {
+      std::string why = "the shm plane moves point to point in groups of up to ";
+      why += std::to_string(shm_backend::kP2pMaxRanks);
+      why += " ranks; this group has ";
+      why += std::to_string(world);
+      return why;
+    }
+    return "";
+  }
   return "the NCCL plane has no point-to-point moves yet";
 }
 

@@ -112,6 +112,16 @@ std::shared_ptr<Work> P2pPlane::post(Communicator* comm, void* data, size_t byte
   return work;
 }
 
+bool P2pPlane::busy() const {
+  if (pending_.load(std::memory_order_acquire) > 0) return true;
+  for (int peer = 0; peer < options_.world_size; ++peer) {
+    if (peer == options_.rank) continue;
+    const Control& c = control(options_.rank, peer);
+    if (c.posted.load(std::memory_order_acquire) != c.taken.load(std::memory_order_acquire)) return true;
+  }
+  return false;
+}
+
 void P2pPlane::fail_all(const Status& error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,10 +130,13 @@ void P2pPlane::fail_all(const Status& error) {
   cv_.notify_all();
 }
 
+// Counted out before its Work completes: a caller woken by the completion
+// that then leaves must find this rank idle (else its leaving would fail
+// the group for a move that is done).
 void P2pPlane::finish(OpPtr& op, const Status& status) {
+  pending_.fetch_sub(1, std::memory_order_acq_rel);
   op->state->complete(status);
   op.reset();
-  pending_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void P2pPlane::complete_all(const Status& error) {
@@ -171,8 +184,10 @@ void P2pPlane::run() {
       progress |= serve_out(peer, p);
       progress |= serve_in(peer, p);
     }
-    if (progress || !watch(next_liveness)) continue;
-    if (pending_.load(std::memory_order_acquire) > 0) futex_wait(futex_, seen, kPoll);
+    // The checks run between waits, and on a timer while bytes flow (a
+    // stuck move beside a streaming one still meets its deadline).
+    if ((!progress || Clock::now() >= next_liveness) && !watch(next_liveness)) continue;
+    if (!progress && pending_.load(std::memory_order_acquire) > 0) futex_wait(futex_, seen, kPoll);
   }
 }
 
@@ -182,9 +197,10 @@ bool P2pPlane::serve_out(int peer, Peer& p) {
   Control& c = control(options_.rank, peer);
   bool progress = false;
   if (!p.sending) {
+    if (p.sends.empty()) return false;  // (the channel's pages stay untouched until this rank sends on it)
     const uint64_t taken = c.taken.load(std::memory_order_relaxed);  // this rank's own word
     const uint64_t posted = c.posted.load(std::memory_order_acquire);
-    if (posted == taken || p.sends.empty()) return false;
+    if (posted == taken) return false;
     if (posted - taken > kWants) {
       group_.fail(protocol_error("shm data plane: " + group_.who(peer) + " says it posted " + std::to_string(posted) +
                                  " receives from this rank, which took " + std::to_string(taken) +
@@ -304,29 +320,31 @@ bool P2pPlane::serve_in(int peer, Peer& p) {
   return progress;
 }
 
-// Between waits: the group's failure, the operations' op_timeout, and the
-// peers whose processes this rank can see (the root sees every reader's, so
-// a reader that dies while two others wait on it is named by the root's
-// plane as long as the root has a move pending). Returns false when the
-// group failed (the thread then completes everything with that failure).
+// Between waits, and every kLivenessEvery while bytes flow: the group's
+// failure; every 100 ms also each operation's op_timeout and the peers whose
+// processes this rank can see (the root sees every reader's, so a reader
+// that dies while two others wait on it is named by the root's plane as
+// long as the root has a move pending). Returns false when the group failed
+// (the thread then completes everything with that failure).
 bool P2pPlane::watch(std::chrono::steady_clock::time_point& next_liveness) {
   if (!group_.failure().ok()) return false;  // the communicator handed the failure to fail_all
   const auto now = Clock::now();
+  if (now < next_liveness) return true;
+  next_liveness = now + kLivenessEvery;
   for (int peer = 0; peer < options_.world_size; ++peer) {
     if (peer == options_.rank) continue;
     Peer& p = peers_[static_cast<size_t>(peer)];
-    const Op* oldest = p.sending ? p.sending.get() : nullptr;
+    const Op* late = p.sending && now >= p.sending->deadline ? p.sending.get() : nullptr;
     for (const auto* q : {&p.posted, &p.sends, &p.unposted})
-      if (!oldest && !q->empty()) oldest = q->front().get();
-    if (oldest && now >= oldest->deadline) {
-      group_.fail(timeout_error("shm data plane: " + op_name(oldest->send, oldest->tag, oldest->bytes, group_.who(peer)) +
+      for (const auto& op : *q)
+        if (!late && now >= op->deadline) late = op.get();
+    if (late) {
+      group_.fail(timeout_error("shm data plane: " + op_name(late->send, late->tag, late->bytes, group_.who(peer)) +
                                 " did not finish within op_timeout"),
                   options_.rank);
       return false;
     }
   }
-  if (now < next_liveness) return true;
-  next_liveness = now + kLivenessEvery;
   for (int peer = 0; peer < options_.world_size; ++peer)
     if (peer != options_.rank && !group_.alive(peer)) {
       group_.fail(peer_lost("shm data plane: " + group_.who(peer) + " is gone (its process exited)"), peer);

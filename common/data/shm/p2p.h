@@ -9,17 +9,23 @@
 // queued on its side (the sizes must agree), and streams the send's bytes
 // through the chunks; each chunk says which tag it carries, where and how
 // long, and the receiver checks that against the receive it expects before
-// copying out. So a pair meets by tag whatever order either side issued in,
-// as on Gloo; no byte is written where no receive waits for it; and the
-// operations of one pair complete in the order the receiver posted them.
+// copying out. So no byte is written where no receive waits for it, sizes
+// are checked before any byte moves, and the operations of one pair
+// complete in the order the receiver posted them. The sender serves the
+// wants strictly in that order: a send the sender would issue only after
+// one the receiver posted later completes would wait for its deadline (the
+// many-sender executor never does that: on every pair both sides go round
+// by round).
 //
 // One thread, started at the first operation, serves every channel of this
 // rank, waiting on the segment's futex word. It watches the group's failure
-// (the abort word, through the communicator), each operation's op_timeout,
-// and the liveness of the peers whose pid this rank knows (the root knows
-// every reader's, a reader the root's). A peer may write anything in a
-// channel's control page: every value read from it is checked before use, and
-// one that does not fit fails the group blaming the rank that writes it.
+// (the abort word, the root's closing, through the communicator), every
+// operation's op_timeout, and the liveness of the peers whose pid this rank
+// knows (the root knows every reader's, a reader the root's). Any rank that
+// holds the segment may write anything in a channel's control page: every
+// value read from it is checked before use (an index never leaves its ring,
+// a length is never taken from it), and one that does not fit fails the
+// group blaming the channel's other end, whose word it is.
 //
 // Thread-safety: post(), fail_all() and busy() from any thread.
 #pragma once
@@ -58,8 +64,10 @@ class P2pPlane {
   // The group failed: every pending operation completes with `error` (the
   // thread completes them, once it no longer touches their buffers).
   void fail_all(const Status& error);
-  // Operations queued or in flight.
-  bool busy() const { return pending_.load(std::memory_order_acquire) > 0; }
+  // Operations queued or in flight here, or a receive a peer posted that
+  // this rank has not taken yet (a peer waits on it: this rank's leaving
+  // must fail the group, not leave that peer waiting).
+  bool busy() const;
 
  private:
   struct Op {

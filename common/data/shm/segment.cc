@@ -138,6 +138,7 @@ StatusOr<std::unique_ptr<Segment>> Segment::host(const Bootstrap& b, int world, 
   if (p == MAP_FAILED) return unavailable(errno_text("mmap of the shm segment"));
   std::unique_ptr<Segment> seg(new Segment(static_cast<uint8_t*>(p), bytes, slot_bytes));
   if (p2p_area_bytes(world, host_slots)) seg->p2p_ = static_cast<uint8_t*>(p) + kHeaderBytes + kSlots * slot_bytes;
+  seg->cuda_ = !host_slots;
   seg->peer_pids_.assign(static_cast<size_t>(world), 0);
   auto* h = new (p) ShmHeader{};
   h->magic = kMagic;
@@ -279,6 +280,7 @@ StatusOr<std::unique_ptr<Segment>> Segment::attach(const Bootstrap& b, int rank,
                             std::to_string(h.world) + " ranks, this group has " + std::to_string(world) +
                             ", slots of " + std::to_string(slot_bytes) + " bytes)");
     if (p2p_area_bytes(world, !cuda)) seg->p2p_ = static_cast<uint8_t*>(p) + kHeaderBytes + kSlots * slot_bytes;
+    seg->cuda_ = cuda != 0;
     seg->peer_pids_.assign(1, server.pid);  // the root, in this pid namespace
     seg->header().pid[rank].store(getpid());
     return seg;

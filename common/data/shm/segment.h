@@ -111,8 +111,10 @@ class Segment {
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint8_t* slot(uint64_t chunk) const { return base_ + kHeaderBytes + (chunk % kSlots) * slot_bytes_; }
   // The point-to-point channels (p2p_area_bytes), or nullptr when the group has none.
-  // Set once at host() or attach(), from the layout this process validated.
+  // Set once at host() or attach(), from the layout this process validated
+  // (never re-read from the shared header, which any reader could overwrite).
   uint8_t* p2p_area() const { return p2p_; }
+  bool cuda() const { return cuda_; }
   // A peer's pid as the kernel gave it (SO_PEERCRED, in this process's pid
   // namespace; 0 when it is not visible there): the root knows each
   // reader's, a reader the root's (rank 0).
@@ -126,6 +128,7 @@ class Segment {
   size_t bytes_;
   uint64_t slot_bytes_;
   uint8_t* p2p_ = nullptr;
+  bool cuda_ = false;
   std::vector<int32_t> peer_pids_;
 };
 

@@ -101,8 +101,11 @@ class ShmCommunicator : public Communicator {
     if (uint8_t* area = seg_->p2p_area())
       p2p_ = std::make_unique<P2pPlane>(
           options_, area, &h_.futex,
-          P2pPlane::Group{[this] { return async_error(); },
-                          [this](Status s, int blamed) { fail(std::move(s), kFailed, blamed); },
+          P2pPlane::Group{[this] { return p2p_failure(); },
+                          [this](Status s, int blamed) {
+                            const AbortKind kind = s.code() == Code::kPeerLost ? kGone : kFailed;
+                            fail(std::move(s), kind, blamed);
+                          },
                           [this](int r) { return alive(seg_->peer_pid(r)); }, [this](int r) { return who(r); }});
     runner_ = std::thread([this] { run(); });
   }
@@ -113,12 +116,12 @@ class ShmCommunicator : public Communicator {
       if (busy_locked() && error_.ok()) fail_locked(aborted("communicator destroyed"), kFailed, options_.rank);
       stop_ = true;
     }
-    p2p_.reset();  // its thread stops before the segment goes
     // Readers waiting for a chunk that will never come stop at once.
     if (options_.rank == 0) h_.closed.store(1, std::memory_order_release);
     cv_.notify_all();
     bump();
     runner_.join();
+    p2p_.reset();  // its thread stops before the segment goes (the runner, which may call it, is gone)
   }
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
@@ -168,6 +171,15 @@ class ShmCommunicator : public Communicator {
     if (error_.ok()) check_peers_locked();
     return error_;
   }
+  // The point-to-point plane's look at the group: as async_error(), and a
+  // reader also stops once the root's communicator is gone.
+  Status p2p_failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) check_peers_locked();
+    if (error_.ok() && options_.rank != 0 && h_.closed.load(std::memory_order_acquire))
+      fail_locked(aborted("shm data plane: the publisher closed the group"), kFailed, 0, false);
+    return error_;
+  }
   int stalled_peer() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return stalled_;
@@ -197,7 +209,8 @@ class ShmCommunicator : public Communicator {
     return "rank " + std::to_string(rank) + (name.empty() ? "" : " (" + name + ")");
   }
   void bump() { shm_backend::bump(&h_.futex); }
-  // A broadcast queued, running or being delivered, or a point-to-point move pending.
+  // A broadcast queued, running or being delivered, or a point-to-point move
+  // pending or wanted by a peer.
   bool busy_locked() const { return busy_ || !queue_.empty() || !deliveries_.empty() || (p2p_ && p2p_->busy()); }
 
   // The first failure sticks; every pending Work completes with it, and the
@@ -503,9 +516,9 @@ StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options, Stor
   if (evidence) evidence->unreachable.insert(evidence->unreachable.end(), missing.begin(), missing.end());
   if (!seg.ok()) return seg.status().with_context(where);
   if (!slots) {
-    if ((*seg)->header().cuda != static_cast<uint32_t>(cuda))
+    if ((*seg)->cuda() != cuda)
       return invalid_argument(where + ": the publisher's shm slots are " +
-                              ((*seg)->header().cuda ? "CUDA" : "host") + " memory, this rank receives into " +
+                              ((*seg)->cuda() ? "CUDA" : "host") + " memory, this rank receives into " +
                               options.device.to_string());
     if (cuda) {
       auto s = cuda_reader_slots((*seg)->header(), options.device);
