@@ -316,6 +316,29 @@ TEST_F(ShardedShmTest, EveryTrainerRankSendsItsRowsThroughSharedMemoryBitExact) 
   }
 }
 
+// A trainer rank that leaves as soon as its own call returned (its sends
+// done, the engines still copying its last chunks out) costs nobody the
+// update: its leaving is not a failure of the group. (Before, a move was
+// counted out only after its Work completed, and a rank that left in that
+// window failed the group: every engine dirty, naming it.)
+TEST_F(ShardedShmTest, ATrainerRankThatLeavesRightAfterItsCallCostsNoUpdate) {
+  model_.fill(1, config_.trainer.seed, config_.trainer.changes);
+  auto s0 = shards(0);
+  auto s1 = shards(1);
+  auto other = std::async(std::launch::async, [&] {
+    UpdateResult r = rank1_->weight_update(s1, 1);
+    rank1_->stop();
+    return r;
+  });
+  UpdateOptions o;
+  o.version = 1;
+  const UpdateResult r0 = pub_->weight_update_sharded(s0, o);
+  const UpdateResult r1 = other.get();
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v1 verified", 20s)) << id << p->output();
+}
+
 class ShardedShmTpTest : public ShardedUpdateTest {
  protected:
   void SetUp() override {
