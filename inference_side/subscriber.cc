@@ -271,6 +271,22 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
                                         0, 0});
         cv_.notify_all();
       }
+      // An engine whose data thread will never run that update (no plan of
+      // it came, or it was never committed: refused before any byte moved,
+      // on the publisher or by another member) hears of its end here; one
+      // that received the commit reports from its data thread.
+      if (!source_ && a.getVersion() > 0 && commit_seen_ < a.getVersion()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (state_.version < a.getVersion() && abandon_reported_ < a.getVersion()) {
+          abandon_reported_ = a.getVersion();
+          std::string why = "publisher abandoned update v";
+          why += std::to_string(a.getVersion());
+          why += " before any byte reached this engine: ";
+          why += control::printable(a.getReason().cStr(), 512);
+          reports_.push_back(UpdateReport{a.getVersion(), aborted(why), 0, 0});
+          cv_.notify_all();
+        }
+      }
       if (pending_plan_ && pending_plan_->version == a.getVersion()) pending_plan_.reset();
       if (a.getVersion() == 0) return;  // no update was under way
       abort_comm(std::string("publisher abandoned the update: ") + a.getReason().cStr(), a.getVersion());

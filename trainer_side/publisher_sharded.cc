@@ -100,6 +100,17 @@ void PublisherImpl::end_trainer_call(const std::string& id, uint64_t seq, const 
                   }));
 }
 
+void PublisherImpl::abandon_unplanned(uint64_t version, const std::string& why) {
+  std::vector<std::string> engines;
+  for (const auto& id : server_.live_ids())
+    if (!is_trainer_rank(id)) engines.push_back(id);
+  server_.send_to(engines, control::make_message(groups_.epoch(), server_.incarnation(), [&](auto b) {
+                    auto a = b.initAbandon();
+                    a.setVersion(version);
+                    a.setReason(why);
+                  }));
+}
+
 // An engine that serves slices (its last Wants cut a tensor): the first
 // one's id, or "" (mu_ held).
 std::string PublisherImpl::slicing_engine_locked() const {
@@ -302,6 +313,9 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
       while (refused_steps_.size() > 16) refused_steps_.erase(refused_steps_.begin());
     }
     for (const auto& [id, seq] : partners) end_trainer_call(id, seq, why.message());
+    // The engines too: one waiting for this update (a vLLM worker inside
+    // its round) ends now, naming the reason, instead of at its timeout.
+    abandon_unplanned(r.version ? r.version : options.version.value_or(next_version()), why.message());
     return done(r);
   };
   if (!transformed.ok()) return refuse(transformed);

@@ -13,6 +13,7 @@ UpdateResult's per-worker count) exactly its slices' bytes. A layer that cannot 
 init naming the parameter, or, with whole_fallback, goes through load_weights."""
 
 import dataclasses
+import time
 import types
 
 import pytest
@@ -263,6 +264,36 @@ def test_a_round_naming_a_tensor_no_worker_serves_fails_at_once_naming_it():
             trainer.send_weights()
         trainer.source = ModuleSource(model)
         assert trainer.send_weights().ok  # the failed round was closed
+        for rank, report in enumerate(client.rpc("check", hf_state=_state(model))):
+            assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)
+    finally:
+        trainer.shutdown()
+        client.close()
+
+
+def test_a_round_whose_plan_paramcast_refuses_ends_at_once_naming_the_tensor():
+    # The trainer holds the final norm in float32, the workers serve it in bf16: ParamCast refuses the
+    # plan before any byte moves. The workers, inside their round for that version, hear of it from the
+    # publisher (an Abandon of the version) and end at once naming the reason, not after timeout_s.
+    client, trainer, model = _cluster(dict(LLAMA))
+    try:
+        trainer.send_weights()
+        good = _state(model)
+        trainer.update_timeout_s = 120.0
+        norm = model.model.norm
+        norm.weight = torch.nn.Parameter(norm.weight.detach().float() + 1)
+        trainer.source = ModuleSource(model)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"publisher abandoned update v\d+ before any byte reached this "
+                                              r"engine: .*model\.norm\.weight"):
+            trainer.send_weights()
+        took = time.monotonic() - t0
+        assert took < 30, f"the refused round took {took:.1f} s (timeout_s 120)"
+        for rank, report in enumerate(client.rpc("check", hf_state=good)):
+            assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)  # nothing of it applied
+        norm.weight = torch.nn.Parameter(norm.weight.detach().to(torch.bfloat16))
+        trainer.source = ModuleSource(model)
+        assert trainer.send_weights().ok  # the refused round was closed
         for rank, report in enumerate(client.rpc("check", hf_state=_state(model))):
             assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)
     finally:
