@@ -1,5 +1,7 @@
 #include "inference_side/subscriber.h"
 
+#include <algorithm>
+
 #include "common/control/messages.h"
 #include "common/data/shm/host_identity.h"
 #include "common/group/join_group.h"
@@ -271,14 +273,14 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
                                         0, 0});
         cv_.notify_all();
       }
-      // An engine whose data thread will never run that update (no plan of
-      // it came, or it was never committed: refused before any byte moved,
-      // on the publisher or by another member) hears of its end here; one
-      // that received the commit reports from its data thread.
-      if (!source_ && a.getVersion() > 0 && commit_seen_ < a.getVersion()) {
+      // An engine that saw no plan of that update (refused on the publisher
+      // before its plan) hears of its end here. One that saw the plan hears
+      // of it as before (its data thread reports a committed one; a plan
+      // abandoned before its commit may be tried again under the same
+      // version, as a delta plan refused goes again dense).
+      if (!source_ && a.getVersion() > 0 && plan_seen_ < a.getVersion()) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (state_.version < a.getVersion() && abandon_reported_ < a.getVersion()) {
-          abandon_reported_ = a.getVersion();
+        if (state_.version < a.getVersion()) {  // each refused attempt once (the publisher abandons it once)
           std::string why = "publisher abandoned update v";
           why += std::to_string(a.getVersion());
           why += " before any byte reached this engine: ";
@@ -373,6 +375,11 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
     std::lock_guard<std::mutex> lock(mu_);
     if (abandoned_version_ >= version) abandoned_version_ = 0;
     if (overflowed_version_ >= version) overflowed_version_ = 0;
+    // A failure of this version still queued is an attempt refused before
+    // its plan (no plan of it had come): this one is a new attempt.
+    reports_.erase(std::remove_if(reports_.begin(), reports_.end(),
+                                  [&](const UpdateReport& r) { return r.version == version && !r.status.ok(); }),
+                   reports_.end());
   }
   auto plan = plan_from_proto(msg);
   std::vector<Mismatch> mismatches;

@@ -206,7 +206,6 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::map<uint64_t, uint64_t> stream_end_;
   std::map<std::pair<uint64_t, uint32_t>, delta::Header> deltas_;  // delta updates: bucket encodings announced
   uint64_t abandoned_version_ = 0;  // the last update the publisher abandoned
-  uint64_t abandon_reported_ = 0;   // the last such update reported without a receive (guarded by mu_)
   uint64_t overflowed_version_ = 0;  // the last update whose announcements overflowed the pending bound
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_

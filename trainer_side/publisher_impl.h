@@ -185,8 +185,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   void end_trainer_call(const std::string& id, uint64_t seq, const std::string& why);
   // Tells every live engine that update `version`, refused before its plan,
   // will not come (an Abandon of that version, `why`): one waiting for it
-  // ends now.
-  void abandon_unplanned(uint64_t version, const std::string& why);
+  // ends now. `reserved`: the plan had taken the version (else it must
+  // exceed the last one).
+  void abandon_unplanned(uint64_t version, bool reserved, const std::string& why);
   Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
                       const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r);
   void on_heartbeat(const std::string& id);

@@ -100,7 +100,13 @@ void PublisherImpl::end_trainer_call(const std::string& id, uint64_t seq, const 
                   }));
 }
 
-void PublisherImpl::abandon_unplanned(uint64_t version, const std::string& why) {
+void PublisherImpl::abandon_unplanned(uint64_t version, bool reserved, const std::string& why) {
+  {
+    // A version the update would have had: past the last one, within bounds
+    // (a caller's invalid version is no engine's business).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!reserved && (version <= last_version_ || version > kMaxVersion)) return;
+  }
   std::vector<std::string> engines;
   for (const auto& id : server_.live_ids())
     if (!is_trainer_rank(id)) engines.push_back(id);
@@ -315,7 +321,8 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     for (const auto& [id, seq] : partners) end_trainer_call(id, seq, why.message());
     // The engines too: one waiting for this update (a vLLM worker inside
     // its round) ends now, naming the reason, instead of at its timeout.
-    abandon_unplanned(r.version ? r.version : options.version.value_or(next_version()), why.message());
+    abandon_unplanned(r.version ? r.version : options.version.value_or(next_version()), r.version != 0,
+                      why.message());
     return done(r);
   };
   if (!transformed.ok()) return refuse(transformed);

@@ -47,13 +47,15 @@ struct P2pPlane::Control {
   Want want[kWants];
 };
 
-P2pPlane::P2pPlane(const GroupOptions& options, uint8_t* area, std::atomic<uint32_t>* futex, Group group)
-    : options_(options), area_(area), futex_(futex), group_(std::move(group)) {
+P2pPlane::P2pPlane(const GroupOptions& options, uint8_t* area, std::atomic<uint32_t>* wake, Group group)
+    : options_(options), area_(area), wake_(wake), group_(std::move(group)) {
   static_assert(sizeof(Control) <= kP2pControlBytes, "a channel's control must fit its page");
   peers_.resize(static_cast<size_t>(options_.world_size));
 }
 
-P2pPlane::~P2pPlane() {
+P2pPlane::~P2pPlane() { stop(); }
+
+void P2pPlane::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -108,7 +110,7 @@ std::shared_ptr<Work> P2pPlane::post(Communicator* comm, void* data, size_t byte
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
   cv_.notify_all();
-  bump(futex_);  // the thread may be waiting on the futex word
+  bump(&wake_[options_.rank]);  // the thread may be waiting on its futex word
   return work;
 }
 
@@ -128,6 +130,7 @@ void P2pPlane::fail_all(const Status& error) {
     if (error_.ok()) error_ = error;
   }
   cv_.notify_all();
+  bump(&wake_[options_.rank]);
 }
 
 // Counted out before its Work completes: a caller woken by the completion
@@ -176,7 +179,7 @@ void P2pPlane::run() {
       cv_.wait(lock, [&] { return stop_ || !incoming_.empty(); });  // posts after a failure complete at once
       continue;
     }
-    const uint32_t seen = futex_->load(std::memory_order_acquire);
+    const uint32_t seen = wake_[options_.rank].load(std::memory_order_acquire);
     bool progress = false;
     for (int peer = 0; peer < options_.world_size; ++peer) {
       if (peer == options_.rank) continue;
@@ -187,7 +190,7 @@ void P2pPlane::run() {
     // The checks run between waits, and on a timer while bytes flow (a
     // stuck move beside a streaming one still meets its deadline).
     if ((!progress || Clock::now() >= next_liveness) && !watch(next_liveness)) continue;
-    if (!progress && pending_.load(std::memory_order_acquire) > 0) futex_wait(futex_, seen, kPoll);
+    if (!progress && pending_.load(std::memory_order_acquire) > 0) futex_wait(&wake_[options_.rank], seen, kPoll);
   }
 }
 
@@ -245,7 +248,7 @@ bool P2pPlane::serve_out(int peer, Peer& p) {
     c.chunk_len[slot] = len;
     c.published.store(published + 1, std::memory_order_release);
     op.done += len;
-    bump(futex_);
+    bump(&wake_[peer]);
     progress = true;
   }
   if (op.done == op.bytes) finish(p.sending, Status());  // every byte in the channel: the buffer is free
@@ -272,7 +275,7 @@ bool P2pPlane::serve_in(int peer, Peer& p) {
     c.posted.store(posted + 1, std::memory_order_release);
     p.posted.push_back(std::move(p.unposted.front()));
     p.unposted.pop_front();
-    bump(futex_);
+    bump(&wake_[peer]);
     progress = true;
   }
   while (!p.posted.empty()) {
@@ -310,7 +313,7 @@ bool P2pPlane::serve_in(int peer, Peer& p) {
     std::memcpy(op.data + op.done, chunk(peer, options_.rank, consumed), len);
     op.done += len;
     c.consumed.store(consumed + 1, std::memory_order_release);
-    bump(futex_);
+    bump(&wake_[peer]);
     progress = true;
     if (op.done == op.bytes) {
       finish(p.posted.front(), Status());
@@ -345,11 +348,23 @@ bool P2pPlane::watch(std::chrono::steady_clock::time_point& next_liveness) {
       return false;
     }
   }
-  for (int peer = 0; peer < options_.world_size; ++peer)
-    if (peer != options_.rank && !group_.alive(peer)) {
+  // A dead peer is at fault only for what it still owes this rank: a send
+  // to it nobody will take, or a receive from it whose bytes are not in the
+  // channel (a sender that finished and exited left its last chunks there).
+  for (int peer = 0; peer < options_.world_size; ++peer) {
+    if (peer == options_.rank) continue;
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    const bool sending = p.sending || !p.sends.empty();
+    bool receiving = !p.posted.empty() || !p.unposted.empty();
+    if (receiving && !sending) {
+      const Control& c = control(peer, options_.rank);
+      receiving = c.published.load(std::memory_order_acquire) == c.consumed.load(std::memory_order_relaxed);
+    }
+    if ((sending || receiving) && !group_.alive(peer)) {
       group_.fail(peer_lost("shm data plane: " + group_.who(peer) + " is gone (its process exited)"), peer);
       return false;
     }
+  }
   return true;
 }
 

@@ -18,7 +18,8 @@
 // by round).
 //
 // One thread, started at the first operation, serves every channel of this
-// rank, waiting on the segment's futex word. It watches the group's failure
+// rank, waiting on its own futex word in the segment's header (a change on a
+// channel wakes only its other end). It watches the group's failure
 // (the abort word, the root's closing, through the communicator), every
 // operation's op_timeout, and the liveness of the peers whose pid this rank
 // knows (the root knows every reader's, a reader the root's). Any rank that
@@ -55,9 +56,13 @@ class P2pPlane {
     std::function<bool(int)> alive;               // a peer's process still runs (true when unknown)
     std::function<std::string(int)> who;          // "rank 3 (worker-3)"
   };
-  // `area`: the segment's channels (p2p_area_bytes); `futex`: its futex word.
-  P2pPlane(const GroupOptions& options, uint8_t* area, std::atomic<uint32_t>* futex, Group group);
-  ~P2pPlane();  // what is still pending completes with kAborted
+  // `area`: the segment's channels (p2p_area_bytes); `wake`: each rank's
+  // futex word (ShmHeader::p2p_wake): a rank waits on its own, and wakes a
+  // peer on the peer's after each change the peer may wait for.
+  P2pPlane(const GroupOptions& options, uint8_t* area, std::atomic<uint32_t>* wake, Group group);
+  ~P2pPlane();  // stop()
+  // Ends the thread; what is still pending completes with kAborted.
+  void stop();
 
   // Communicator::send (send) or recv; `comm` aborts at a missed deadline.
   std::shared_ptr<Work> post(Communicator* comm, void* data, size_t bytes, int peer, uint32_t tag, bool send);
@@ -101,7 +106,7 @@ class P2pPlane {
 
   const GroupOptions options_;
   uint8_t* const area_;
-  std::atomic<uint32_t>* const futex_;
+  std::atomic<uint32_t>* const wake_;
   const Group group_;
   std::atomic<int> pending_{0};
   std::vector<Peer> peers_;  // thread only

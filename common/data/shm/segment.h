@@ -70,6 +70,7 @@ struct ShmHeader {
   uint32_t cuda;                     // 1: the slots are CUDA memory, shared by the IPC handles below
   uint8_t ipc[kSlots][64];           // cudaIpcMemHandle_t of each slot (cuda)
   std::atomic<int32_t> pid[kMaxRanks];        // each rank's pid as it says (diagnostics only: never trusted)
+  std::atomic<uint32_t> p2p_wake[kP2pMaxRanks];  // each rank's point-to-point futex word (p2p.h)
   std::atomic<uint64_t> consumed[kMaxRanks];  // chunks each reader has copied out
 };
 static_assert(sizeof(ShmHeader) <= kHeaderBytes, "ShmHeader must fit its 64 KiB");

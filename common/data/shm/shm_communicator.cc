@@ -100,7 +100,7 @@ class ShmCommunicator : public Communicator {
       : options_(options), seg_(std::move(segment)), slots_(std::move(slots)), h_(seg_->header()) {
     if (uint8_t* area = seg_->p2p_area())
       p2p_ = std::make_unique<P2pPlane>(
-          options_, area, &h_.futex,
+          options_, area, h_.p2p_wake,
           P2pPlane::Group{[this] { return p2p_failure(); },
                           [this](Status s, int blamed) {
                             const AbortKind kind = s.code() == Code::kPeerLost ? kGone : kFailed;
@@ -121,7 +121,8 @@ class ShmCommunicator : public Communicator {
     cv_.notify_all();
     bump();
     runner_.join();
-    p2p_.reset();  // its thread stops before the segment goes (the runner, which may call it, is gone)
+    if (p2p_) p2p_->stop();  // its thread ends before the segment goes, and before the pointer changes
+    p2p_.reset();
   }
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
