@@ -208,6 +208,10 @@ auth:
             raise SystemExit(f"publisher path M={senders} failed ({p.returncode}):\n{out}")
     times = [duration_s(m.group(1)) for m in re.finditer(r"to \d+ members in ([\d.]+ \w+) \(", outs[0])]
     model = [int(float(m.group(1)) * 2**20) for m in re.finditer(r"verified, ([\d.]+) MiB", outs[senders])][:1]
+    # Rank 0's data-plane time of each update (its moves, before the last Applied).
+    plane = [duration_s(m.group(1)) for m in re.finditer(r"; data plane ([\d.]+ \w+) \(", outs[0])]
+    if getattr(args, "local", False):
+        return times[1:], model[0] if model else 0, plane[1:]
     return times[1:], model[0] if model else 0
 
 
@@ -216,14 +220,17 @@ def local_bench(args):
     results = []
     for backend in ("gloo", "shm"):
         for m in (2,):
-            times, model = publisher_run(args, OneHost(), m, args.engines, backend)
+            times, model, plane = publisher_run(args, OneHost(), m, args.engines, backend)
             times.sort()
+            plane.sort()
             median = times[len(times) // 2]
+            plane_median = plane[len(plane) // 2] if plane else 0
             results.append({"backend": backend, "senders": m, "engines": args.engines, "model_bytes": model,
-                            "median_s": median, "runs_s": times, "gb_per_s": model / median / 1e9})
+                            "median_s": median, "runs_s": times, "gb_per_s": model / median / 1e9,
+                            "rank0_data_plane_s": plane})
             print(f"{backend}: M={m} trainer ranks to {args.engines} engines, {model / 2**20:.0f} MiB: "
                   f"{median:.3f} s (updates {', '.join(f'{t:.3f}' for t in times)}), "
-                  f"{model / median / 1e9:.2f} GB/s into each engine", flush=True)
+                  f"{model / median / 1e9:.2f} GB/s into each engine; rank 0's moves {plane_median:.3f} s", flush=True)
     print(f"shm over Gloo on loopback: {results[0]['median_s'] / results[1]['median_s']:.2f}x faster")
     if args.json:
         with open(args.json, "w") as f:
