@@ -161,6 +161,12 @@ def _state(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def _assert_slices_equal(client, hf_state):
+    """Every worker holds its slices of ``hf_state`` bit for bit, and no full tensor went through load_weights."""
+    for rank, report in enumerate(client.rpc("check", hf_state=hf_state)):
+        assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)
+
+
 @pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-heads-split", "kv-heads-replicated"])
 def test_each_tp_worker_receives_only_its_slices_into_its_fused_parameters(kv_heads):
     spec = dict(LLAMA, num_key_value_heads=kv_heads)
@@ -236,8 +242,7 @@ def test_slices_arriving_outside_a_round_fail_the_update_naming_the_worker():
             trainer.publisher.weight_update(ModuleSource(model).iter_full())
         result = trainer.send_weights()
         assert result.ok
-        for rank, report in enumerate(client.rpc("check", hf_state=_state(model))):
-            assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)
+        _assert_slices_equal(client, _state(model))
     finally:
         trainer.shutdown()
         client.close()
@@ -264,8 +269,7 @@ def test_a_round_naming_a_tensor_no_worker_serves_fails_at_once_naming_it():
             trainer.send_weights()
         trainer.source = ModuleSource(model)
         assert trainer.send_weights().ok  # the failed round was closed
-        for rank, report in enumerate(client.rpc("check", hf_state=_state(model))):
-            assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)
+        _assert_slices_equal(client, _state(model))
     finally:
         trainer.shutdown()
         client.close()
@@ -289,13 +293,11 @@ def test_a_round_whose_plan_paramcast_refuses_ends_at_once_naming_the_tensor():
             trainer.send_weights()
         took = time.monotonic() - t0
         assert took < 30, f"the refused round took {took:.1f} s (timeout_s 120)"
-        for rank, report in enumerate(client.rpc("check", hf_state=good)):
-            assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)  # nothing of it applied
+        _assert_slices_equal(client, good)  # nothing of it applied
         norm.weight = torch.nn.Parameter(norm.weight.detach().to(torch.bfloat16))
         trainer.source = ModuleSource(model)
         assert trainer.send_weights().ok  # the refused round was closed
-        for rank, report in enumerate(client.rpc("check", hf_state=_state(model))):
-            assert report["bad"] == [] and report["load_calls"] == 0, (rank, report)
+        _assert_slices_equal(client, _state(model))
     finally:
         trainer.shutdown()
         client.close()
