@@ -26,6 +26,7 @@
 
 #include "tests/support/netns.h"
 #include "tests/support/process.h"
+#include "tests/support/sanitizer.h"
 
 namespace paramcast {
 namespace {
@@ -298,7 +299,10 @@ TEST_F(NetnsTest, TrainerLinkCut) { cut_trainer_for(Ms(4000), false); }
 // However long the partition lasted, the group is whole within 15 s of the
 // heal: frames dropped for 20 s leave the control connections' TCP
 // retransmissions backed off (a cut link, with carrier lost, does not).
-TEST_F(NetnsTest, TrainerFramesDroppedForTwentySeconds) { cut_trainer_for(Ms(20000), true); }
+TEST_F(NetnsTest, TrainerFramesDroppedForTwentySeconds) {
+  PARAMCAST_TIMING_SCENARIO("TrainerLinkCut (the same cut, 4 s)");
+  cut_trainer_for(Ms(20000), true);
+}
 
 // "1.95 MiB/s" (format_bytes + "/s") at `at` in `text`, in bytes/s; -1 if none.
 double rate_at(const std::string& text, size_t at) {
@@ -403,7 +407,10 @@ void NetnsTest::slow_link_case(int slow) {
   EXPECT_EQ(field(id, "bytes"), field("worker-3", "bytes")) << json;
 }
 
-TEST_F(NetnsTest, SlowLinkThatKeepsMovingNeverFailsTheUpdate) { slow_link_case(2); }
+TEST_F(NetnsTest, SlowLinkThatKeepsMovingNeverFailsTheUpdate) {
+  PARAMCAST_TIMING_SCENARIO("SlowLinkBelowAMemberIsNamedNotItsParent (the same case one level down)");
+  slow_link_case(2);
+}
 TEST_F(NetnsTest, SlowLinkBelowAMemberIsNamedNotItsParent) { slow_link_case(3); }
 
 // Worker-2's data frames starved (every TCP segment towards it except the
@@ -493,6 +500,8 @@ TEST_F(NetnsTest, SlowMemberIsShedAndTheOthersFinishAtTheirOwnPace) {
 // after worker-2 restarts) places it last, at a leaf, and the member that
 // hung below it gets the full rate.
 TEST_F(NetnsTest, ASlowMemberIsPlacedAtALeafAtTheNextFormation) {
+  PARAMCAST_TIMING_SCENARIO("SlowLinkBelowAMemberIsNamedNotItsParent (rates through a throttled link, and every "
+                            "formation orders its members the same way)");
   ASSERT_TRUE(lab_->throttle_data(1, kControlPort, "16mbit"));
   ASSERT_NO_FATAL_FAILURE(start(sized("8MiB", "16MiB", "3s")));
   ASSERT_NE(workers_[0]->output().find("worker-1: rank 1 of 4"), std::string::npos) << outputs();

@@ -1,0 +1,31 @@
+// Whether this test binary runs under a sanitizer, and what a test does
+// about it. The sanitizer stages check memory and locking; they run the
+// same scenarios as the plain build, with two exceptions that keep CI
+// inside its time:
+//   - volume is cut where it adds nothing to what a sanitizer checks (the
+//     same code paths with fewer or smaller messages: kSanitized), and
+//   - scenarios whose point is a timing property of a shaped network (TCP
+//     back-off over a 20-s drop, rates measured through a throttled link)
+//     run in the plain build only; each says so when it skips.
+#pragma once
+
+#include <gtest/gtest.h>
+
+namespace paramcast::test {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+}  // namespace paramcast::test
+
+// In a TEST body: skips a timing scenario under a sanitizer, saying why and
+// which test covers its code paths there.
+#define PARAMCAST_TIMING_SCENARIO(covered_by)                                                         \
+  do {                                                                                                \
+    if (::paramcast::test::kSanitized)                                                                \
+      GTEST_SKIP() << "a timing scenario: it runs in the plain build; under a sanitizer its code "    \
+                      "paths are covered by " covered_by;                                             \
+  } while (0)
