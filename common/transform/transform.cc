@@ -3,24 +3,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <set>
+
+#include "common/transform/scalar.h"
+#include "paramcast/build_config.h"
+#if PARAMCAST_HAVE_NCCL
+#include "common/transform/cuda/cuda_transform.h"
+#endif
 
 namespace paramcast::transform {
 
 namespace {
 
-constexpr float kTinyAmax = 448.0f * 0x1.0p-149f;  // below this, amax / 448 is 0 in float32
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using scalar::bits_of;
+using scalar::encode;
+using scalar::float_of;
+using scalar::scale_of;
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
 
@@ -43,25 +42,6 @@ std::string rule_name(const std::vector<Rule>& rules, int rule) {
   return out;
 }
 
-
-// e4m3fn of finite x, saturated to +-448, without branches (the loops
-// vectorize): |x| is clamped on its bits; below 2^-6 the multiples of 2^-9
-// (a * 512 + 2^23 rounds to nearest even in the float's low bits); above,
-// the exponent and top 3 mantissa bits rounded to nearest even (the carry
-// runs into the exponent).
-inline uint8_t encode(float x) {
-  const uint32_t w = bits_of(x);
-  const uint32_t sign = (w >> 24) & 0x80;
-  uint32_t u = w & 0x7FFFFFFFu;
-  u = u < 0x43E00000u ? u : 0x43E00000u;  // 448
-  const uint32_t sub = bits_of(float_of(u) * 512.0f + 8388608.0f) - 0x4B000000u;
-  const uint32_t norm = ((u + 0x7FFFFu + ((u >> 20) & 1)) >> 20) - 960u;
-  return static_cast<uint8_t>((u < 0x3C800000u ? sub : norm) | sign);  // 2^-6
-}
-
-// amax / 448 would underflow to 0 below 448 x 2^-149 (x / 0 is no value):
-// such a block is scaled as a zero block is.
-inline float scale_of(float amax) { return amax < kTinyAmax ? 1.0f : amax / kFp8Max; }
 
 // max |x| over [begin, end), on the bits of |x| (they order as the values
 // do); `bad` set when any x is not finite (its bits are at least inf's).
@@ -229,47 +209,24 @@ float e4m3fn_to_float(uint8_t code) {
   return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
 }
 
-uint16_t bf16_from_float(float x) {
-  if (std::isnan(x)) return 0x7FC0;
-  const uint32_t u = bits_of(x);
-  return static_cast<uint16_t>((u + (((u >> 16) & 1) + 0x7FFF)) >> 16);
-}
-
-float bf16_to_float(uint16_t bits) { return float_of(static_cast<uint32_t>(bits) << 16); }
-
-uint16_t f16_from_float(float f) {
-  // IEEE half, round to nearest even, overflow to infinity, NaN to 0x7E00.
-  const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
-  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
-  const uint32_t w = bits_of(f);
-  const uint32_t shl1_w = w + w;
-  const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
-  base = float_of((bias >> 1) + 0x07800000u) + base;
-  const uint32_t b = bits_of(base);
-  const uint32_t exp_bits = (b >> 13) & 0x00007C00u;
-  const uint32_t mantissa_bits = b & 0x00000FFFu;
-  const uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return float_of(sign | 0x7F800000u | (mant << 13));
-  return float_of(sign | ((exp + 112) << 23) | (mant << 13));
-}
+uint16_t bf16_from_float(float x) { return scalar::bf16_from_float(x); }
+float bf16_to_float(uint16_t bits) { return scalar::bf16_to_float(bits); }
+uint16_t f16_from_float(float f) { return scalar::f16_from_float(f); }
+float f16_to_float(uint16_t h) { return scalar::f16_to_float(h); }
 
 // ------------------------------------------------------------ apply
 Status apply(const TensorView& src, const Transform& t, void* out, float* scales) {
-  if (src.device.is_cuda())
-    return invalid_argument("tensor '" + src.spec.name + "': transforms run on host tensors (" + describe(t) +
-                         " of a " + src.device.to_string() + " tensor needs the CUDA kernel, not built yet)");
+  if (src.device.is_cuda()) {
+#if PARAMCAST_HAVE_NCCL
+    return cuda::apply(src, t, out, scales, nullptr);
+#else
+    std::string msg = "tensor '" + src.spec.name + "': " + describe(t);
+    msg += " of a ";
+    msg += src.device.to_string();
+    msg += " tensor runs on the GPU, and this build has no CUDA (PARAMCAST_WITH_NCCL)";
+    return invalid_argument(msg);
+#endif
+  }
   auto numel = src.spec.numel();
   if (!numel.ok()) return numel.status();
   const uint64_t n = *numel;
@@ -310,15 +267,58 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
                        cols, t.scaling, static_cast<uint8_t*>(out), scales);
   }
   if (bad < 0) return Status();
-  const int64_t c = std::max<int64_t>(cols, 1);
-  std::string msg = "tensor '" + src.spec.name + "': element [" + std::to_string(bad / c) + ", " +
-                    std::to_string(bad % c) + "] is not finite (";
-  msg += std::to_string(load(src.data, from, static_cast<uint64_t>(bad)));
+  return not_finite_error(src.spec, t, bad, load(src.data, from, static_cast<uint64_t>(bad)));
+}
+
+Status not_finite_error(const TensorSpec& spec, const Transform& t, int64_t index, float value) {
+  const int64_t c = spec.shape.size() == 2 ? std::max<int64_t>(spec.shape[1], 1) : 1;
+  std::string msg = "tensor '" + spec.name + "': element [";
+  msg += std::to_string(index / c);
+  msg += ", ";
+  msg += std::to_string(index % c);
+  msg += "] is not finite (";
+  msg += std::to_string(value);
   msg += "): ";
   msg += describe(t);
   msg += " cannot scale it; nothing was sent";
   return invalid_argument(msg);
 }
+
+void BufferFree::operator()(uint8_t* p) const {
+  if (device < 0) {
+    delete[] p;
+    return;
+  }
+#if PARAMCAST_HAVE_NCCL
+  cuda::release(device, p);
+#endif
+}
+
+namespace {
+
+// An output buffer of `bytes` in the memory `like` is in (host, or its CUDA
+// device); `what` names it in the error.
+StatusOr<Buffer> allocate_like(const Device& like, uint64_t bytes, const std::string& what) {
+  if (!like.is_cuda()) {
+    try {
+      return Buffer(new uint8_t[std::max<uint64_t>(bytes, 1)]);
+    } catch (const std::bad_alloc&) {
+      return unavailable(what + ": no host memory for its " + std::to_string(bytes) + " bytes");
+    }
+  }
+#if PARAMCAST_HAVE_NCCL
+  auto device = cuda::ordinal(like);
+  if (!device.ok()) return device.status().with_context(what);
+  auto p = cuda::allocate(*device, std::max<uint64_t>(bytes, 1));
+  if (!p.ok()) return p.status().with_context(what);
+  return Buffer(*p, BufferFree{*device});
+#else
+  return invalid_argument(what + ": " + like.to_string() +
+                          " tensors are transformed on the GPU, and this build has no CUDA (PARAMCAST_WITH_NCCL)");
+#endif
+}
+
+}  // namespace
 
 StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const std::vector<Rule>& rules) {
   Transformed out;
@@ -339,15 +339,12 @@ StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const st
     for (const auto& spec : specs) {
       auto bytes = spec.nbytes();
       if (!bytes.ok()) return bytes.status();
-      try {
-        out.owned.emplace_back(new uint8_t[std::max<uint64_t>(*bytes, 1)]);
-      } catch (const std::bad_alloc&) {
-        return unavailable("tensor '" + spec.name + "': no host memory for its " + std::to_string(*bytes) +
-                           " bytes (" + describe(*how) + ")");
-      }
+      auto buffer = allocate_like(t.device, *bytes, "tensor '" + spec.name + "' (" + describe(*how) + ")");
+      if (!buffer.ok()) return buffer.status();
+      out.owned.push_back(std::move(buffer.value()));
       out.owned_bytes += *bytes;
       buffers.push_back(out.owned.back().get());
-      out.views.push_back(TensorView{spec, buffers.back(), Device::cpu()});
+      out.views.push_back(TensorView{spec, buffers.back(), t.device.is_cuda() ? t.device : Device::cpu()});
     }
     PC_RETURN_IF_ERROR(apply(t, *how, buffers[0], buffers.size() > 1 ? reinterpret_cast<float*>(buffers[1]) : nullptr));
     ++out.transformed;
@@ -426,16 +423,13 @@ StatusOr<TransformedShards> apply_shards(const std::vector<ShardView>& shards, c
       if (k == 1 && empty) break;  // holds nothing of it: no scales either
       auto bytes = local_specs[k].nbytes();
       if (!bytes.ok()) return bytes.status();
-      try {
-        out.owned.emplace_back(new uint8_t[std::max<uint64_t>(*bytes, 1)]);
-      } catch (const std::bad_alloc&) {
-        return unavailable("shard of '" + full.name + "': no host memory for its " + std::to_string(*bytes) +
-                           " bytes (" + describe(*how) + ")");
-      }
+      auto buffer = allocate_like(s.local.device, *bytes, "shard of '" + full.name + "' (" + describe(*how) + ")");
+      if (!buffer.ok()) return buffer.status();
+      out.owned.push_back(std::move(buffer.value()));
       out.owned_bytes += *bytes;
       buffers.push_back(out.owned.back().get());
       ShardView v;
-      v.local = TensorView{local_specs[k], buffers.back(), Device::cpu()};
+      v.local = TensorView{local_specs[k], buffers.back(), s.local.device.is_cuda() ? s.local.device : Device::cpu()};
       v.local.spec.name = specs[k].name;
       v.full_shape = specs[k].shape;
       v.offsets = k == 0 ? offsets : scale_offsets;

@@ -28,8 +28,15 @@
 //           448 x 2^-149)
 //   q     = e4m3fn(clamp(x / scale, -448, 448))   round to nearest even
 //   <name>_scale_inv = scale              (x ~ q * scale_inv)
+// (scalar.h holds these steps, shared by the host loops and the kernels.)
 //
-// Pure: no I/O, no lock; host memory only.
+// A tensor in host memory is transformed here, on the calling thread. A
+// CUDA tensor is transformed on its device by cuda/ (cuda/cuda_transform.h:
+// the same bytes, bit for bit), into device memory, and waited on before
+// apply returns; a build without CUDA refuses it.
+//
+// No I/O, no lock; pure for host tensors (a CUDA tensor's transform
+// allocates device memory and runs kernels on the legacy default stream).
 #pragma once
 
 #include <cstdint>
@@ -82,21 +89,38 @@ std::vector<int64_t> scale_shape(const std::vector<int64_t>& shape, Fp8Scaling s
 // "fp8: block" / "cast: bf16" / "as is", with the rule's place when known.
 std::string describe(const Transform& t, const std::vector<Rule>& rules = {});
 
-// Writes what travels for host tensor `src` into `out` (wire_specs(...)[0]'s
+// Writes what travels for tensor `src` into `out` (wire_specs(...)[0]'s
 // bytes) and, for fp8, `scales` (wire_specs(...)[1]'s). An error names the
-// tensor and the first non-finite element's index (fp8).
+// tensor and the first non-finite element's index (fp8). `out` and
+// `scales` are in the memory `src` is in: host memory, or device memory of
+// a CUDA tensor's device (then the work runs on the legacy default stream,
+// after what is queued there, and is complete when apply returns).
 Status apply(const TensorView& src, const Transform& t, void* out, float* scales);
+
+// The refusal of a non-finite element at flat `index` (value `value`) of
+// `spec` under fp8 (the host and CUDA paths say the same).
+Status not_finite_error(const TensorSpec& spec, const Transform& t, int64_t index, float value);
+
+// A buffer a transform wrote: host memory (device < 0), or device memory of
+// CUDA device `device` (freed stream-ordered on the legacy default stream).
+struct BufferFree {
+  int device = -1;
+  void operator()(uint8_t* p) const;
+};
+using Buffer = std::unique_ptr<uint8_t[], BufferFree>;
 
 // A whole update's tensors as they travel: views of the caller's own bytes
 // where no rule applies, of buffers owned here where one does (the fp8
-// tensor, then its scales, in the caller's order). Refused, naming the
-// tensor: a rule that cannot apply, a scale's name that another tensor of
-// the update has, a non-finite value under fp8, a CUDA tensor.
+// tensor, then its scales, in the caller's order). A CUDA tensor's buffers
+// are device memory on its device (its views name that device). Refused,
+// naming the tensor: a rule that cannot apply, a scale's name that another
+// tensor of the update has, a non-finite value under fp8, a CUDA tensor in
+// a build without CUDA.
 struct Transformed {
   std::vector<TensorView> views;
-  std::vector<std::unique_ptr<uint8_t[]>> owned;
+  std::vector<Buffer> owned;
   size_t transformed = 0;    // tensors a rule changed
-  uint64_t owned_bytes = 0;  // host memory held for them
+  uint64_t owned_bytes = 0;  // host (or device) memory held for them
 };
 StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const std::vector<Rule>& rules);
 
@@ -110,7 +134,7 @@ StatusOr<Transformed> apply_all(const std::vector<TensorView>& tensors, const st
 // naming the tensor, the box and why.
 struct TransformedShards {
   std::vector<ShardView> views;
-  std::vector<std::unique_ptr<uint8_t[]>> owned;
+  std::vector<Buffer> owned;
   size_t transformed = 0;
   uint64_t owned_bytes = 0;
 };

@@ -8,7 +8,10 @@
 #   gpu_info      the CUDA runtime's device count (not nvidia-smi), nvidia-smi -L
 #   data_pieces   host logic of the pipeline (checksums, pool, reaper, ordering)
 #   cuda_memory   device checksum vs host, 10,000-piece gather, stream ordering,
-#                 one-rank NCCL communicator (warm-up, order_after, abort)
+#                 one-rank NCCL communicator (warm-up, order_after, abort), the
+#                 CUDA delta codec and the CUDA quantizer against the host's
+#   fp8_bench     the CUDA quantizer's rate on 256 MiB of BF16 against a
+#                 device-to-device cudaMemcpy (its last 4 lines: cast and fp8)
 #   gloo_suite    data-plane conformance on Gloo (the pack itself works)
 #   nccl_suite    data-plane conformance on NCCL, 8 ranks (NCCL_DEBUG=INFO)
 #   gpu_bench     memcpy vs pack/unpack, xxh64-blocks rate, per-bucket overhead
@@ -76,7 +79,7 @@ echo "== pack $pack; NCCL from ${nccl_dir:-nowhere (NCCL stages will fail)}; log
 
 summary=()
 failed=0
-known="gpu_info data_pieces cuda_memory gloo_suite nccl_suite shm_cuda gpu_bench bench_nccl_separate bench_nccl_arena python"
+known="gpu_info data_pieces cuda_memory fp8_bench gloo_suite nccl_suite shm_cuda gpu_bench bench_nccl_separate bench_nccl_arena python"
 for name in ${STAGES:-}; do
   if [[ " $known " != *" $name "* ]]; then echo "run.sh: STAGES names '$name'; the stages are: $known" >&2; exit 2; fi
 done
@@ -113,7 +116,10 @@ export NCCL_DEBUG=${NCCL_DEBUG:-INFO}
 export NCCL_DEBUG_FILE="$out/nccl.%h.%p.log"
 
 stage data_pieces 60 "$bin/data_pieces_test"
-stage cuda_memory 90 "$bin/cuda_memory_test"
+stage cuda_memory 120 "$bin/cuda_memory_test"
+# The figures print last, so that the stage's tail shows them.
+stage fp8_bench 60 bash -c "out=\$('$bin/cuda_memory_test' --gtest_also_run_disabled_tests \
+  --gtest_filter='CudaFp8Rate.*' 2>&1); rc=\$?; echo \"\$out\"; echo \"\$out\" | grep '^fp8_bench'; exit \$rc"
 stage gloo_suite 60 "$bin/communicator_test" --gtest_filter='*/gloo'
 stage nccl_suite 120 "$bin/communicator_test" --gtest_filter='*/nccl' --gtest_repeat="${NCCL_REPEAT:-1}"
 # The shm plane on CUDA memory: engines on the trainer's GPU through CUDA IPC.
