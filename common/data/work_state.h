@@ -66,4 +66,31 @@ class DeadlineWork : public Work {
   const std::string what_;
 };
 
+// The start every point-to-point move shares (Communicator::send/recv on the
+// host backends): its Work, named `what` ("gloo group ...: send to rank 3"),
+// already completed when there is nothing for the backend to do: an error
+// naming the peer when `peer` is not another rank of the group, success for
+// zero bytes. `finished` says which.
+struct P2pStart {
+  std::shared_ptr<DeadlineWork> work;
+  bool finished = false;
+};
+inline P2pStart start_p2p(Communicator* comm, uint64_t epoch, int rank, int world_size, int peer, size_t bytes,
+                          const std::string& what) {
+  P2pStart s{std::make_shared<DeadlineWork>(comm, epoch, rank, what), true};
+  if (peer < 0 || peer >= world_size || peer == rank) {
+    std::string why = what;
+    why += ": not a peer of rank ";
+    why += std::to_string(rank);
+    why += " in a group of ";
+    why += std::to_string(world_size);
+    s.work->state->complete(invalid_argument(why));
+  } else if (bytes == 0) {
+    s.work->state->complete(Status());
+  } else {
+    s.finished = false;
+  }
+  return s;
+}
+
 }  // namespace paramcast::data_internal

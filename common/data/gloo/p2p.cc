@@ -23,16 +23,9 @@ std::shared_ptr<Work> GlooCommunicator::recv(void* data, size_t bytes, int peer,
 
 std::shared_ptr<Work> GlooCommunicator::p2p(void* data, size_t bytes, int peer, uint32_t tag, bool send) {
   const std::string what = (send ? "send to " : "receive from ") + who(peer);
-  auto work = std::make_shared<data_internal::DeadlineWork>(this, options_.epoch, options_.rank, group() + what);
-  if (peer < 0 || peer >= options_.world_size || peer == options_.rank) {
-    work->state->complete(invalid_argument(group() + what + ": not a peer of rank " + std::to_string(options_.rank) +
-                                           " in a group of " + std::to_string(options_.world_size)));
-    return work;
-  }
-  if (bytes == 0) {
-    work->state->complete(Status());
-    return work;
-  }
+  auto [work, finished] =
+      data_internal::start_p2p(this, options_.epoch, options_.rank, options_.world_size, peer, bytes, group() + what);
+  if (finished) return work;
   auto op = std::make_shared<P2p>();
   op->send = send;
   op->peer = peer;

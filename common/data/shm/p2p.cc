@@ -78,18 +78,9 @@ uint8_t* P2pPlane::chunk(int from, int to, uint64_t index) const {
 std::shared_ptr<Work> P2pPlane::post(Communicator* comm, void* data, size_t bytes, int peer, uint32_t tag,
                                      bool send) {
   const std::string what = op_name(send, tag, bytes, group_.who(peer));
-  auto work = std::make_shared<data_internal::DeadlineWork>(comm, options_.epoch, options_.rank,
-                                                            "shm data plane: " + what);
-  if (peer < 0 || peer >= options_.world_size || peer == options_.rank) {
-    work->state->complete(invalid_argument("shm data plane: " + what + ": not a peer of rank " +
-                                           std::to_string(options_.rank) + " in a group of " +
-                                           std::to_string(options_.world_size)));
-    return work;
-  }
-  if (bytes == 0) {
-    work->state->complete(Status());
-    return work;
-  }
+  auto [work, finished] = data_internal::start_p2p(comm, options_.epoch, options_.rank, options_.world_size, peer,
+                                                   bytes, "shm data plane: " + what);
+  if (finished) return work;
   auto op = std::make_shared<Op>();
   op->send = send;
   op->peer = peer;
