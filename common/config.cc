@@ -447,8 +447,7 @@ void check_cross_fields(const Loader& L, const YAML::Node& root, const Config& c
            "backend nccl needs cuda devices for publisher.device and subscriber.device(s)");
   if (!c.publisher.transforms.empty() && c.publisher.device.is_cuda())
     L.fail(root["publisher"]["transforms"], "publisher.transforms",
-           "transforms run on host tensors (publisher.device is " + c.publisher.device.to_string() +
-               "): the CUDA quantizer is not built yet");
+           "publisher.device is " + c.publisher.device.to_string() + ": " + transform::kCudaPending);
 }
 
 Config parse(const YAML::Node& root, const std::string& file) {

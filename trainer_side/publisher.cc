@@ -121,12 +121,17 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
   if (const auto& rules = options.transforms ? *options.transforms : cfg_.publisher.transforms; !rules.empty()) {
     // What travels: the transformed tensors (cast, fp8 and its scales), held
     // for this call; the rest as the caller's own bytes.
-    auto wire = transform::apply_all(tensors, rules);
+    auto wire = cfg_.publisher.device.is_cuda()
+                    ? StatusOr<transform::Transformed>(invalid_argument(
+                          std::string("UpdateOptions::transforms on publisher.device ") +
+                          cfg_.publisher.device.to_string() + ": " + transform::kCudaPending))
+                    : transform::apply_all(tensors, rules);
     if (!wire.ok()) {
       UpdateResult r;
       r.tensors = tensors.size();
       r.status = wire.status();
       PC_WARN("publisher: update refused before any byte moved: " << r.status.to_string());
+      end_unplanned(options.version.value_or(next_version()), false, r.status);
       return r;
     }
     UpdateOptions as_is = options;
@@ -170,6 +175,9 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
   auto plan = checked.ok() ? make_plan(specs, options, false, r) : StatusOr<UpdatePlan>(checked);
   if (plan.ok()) run(*plan, tensors, options, r);
   else r.status = plan.status();
+  if (!r.ok())  // refused before its plan, or the group did not form: the engines waiting for it stop
+    end_unplanned(plan.ok() ? plan->version : (r.version ? r.version : options.version.value_or(next_version())),
+                  plan.ok(), r.status);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log_result(r);
   return r;

@@ -188,6 +188,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   // ends now. `reserved`: the plan had taken the version (else it must
   // exceed the last one).
   void abandon_unplanned(uint64_t version, bool reserved, const std::string& why);
+  // The plain and streamed paths' failures: when no plan of `version` went
+  // out (refused before it, or the group did not form), the engines hear of
+  // its end (abandon_unplanned); one whose plan went out ends with its round.
+  void end_unplanned(uint64_t version, bool reserved, const Status& why);
   Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
                       const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r);
   void on_heartbeat(const std::string& id);

@@ -117,6 +117,15 @@ void PublisherImpl::abandon_unplanned(uint64_t version, bool reserved, const std
                   }));
 }
 
+void PublisherImpl::end_unplanned(uint64_t version, bool reserved, const Status& why) {
+  if (why.ok()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (version == last_round_version_) return;  // its plan went out
+  }
+  abandon_unplanned(version, reserved, why.message());
+}
+
 // An engine that serves slices (its last Wants cut a tensor): the first
 // one's id, or "" (mu_ held).
 std::string PublisherImpl::slicing_engine_locked() const {

@@ -65,6 +65,12 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   st->t0 = Clock::now();
   cap_ = st->t0 + cfg_.publisher.update_timeout;
   st->rules = options.transforms ? *options.transforms : cfg_.publisher.transforms;
+  if (!st->rules.empty() && cfg_.publisher.device.is_cuda()) {
+    st->status = st->r.status = invalid_argument(std::string("UpdateOptions::transforms on publisher.device ") +
+                                                 cfg_.publisher.device.to_string() + ": " + transform::kCudaPending);
+    end_unplanned(options.version.value_or(next_version()), false, st->status);
+    return st;
+  }
   std::vector<TensorSpec> wire;
   wire.reserve(manifest.size());
   std::set<std::string> names;
@@ -73,6 +79,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
     auto how = transform::resolve(st->rules, spec);
     if (!how.ok()) {
       st->status = st->r.status = how.status();
+      end_unplanned(options.version.value_or(next_version()), false, st->status);
       return st;
     }
     const auto specs = transform::wire_specs(spec, *how);
@@ -85,6 +92,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
         st->status = st->r.status = invalid_argument("tensor '" + spec.name + "': " + transform::describe(*how, st->rules) +
                                                      " sends its scales as '" + specs[1].name +
                                                      "', which is also a tensor of this update");
+        end_unplanned(options.version.value_or(next_version()), false, st->status);
         return st;
       }
       st->scales[specs[1].name] = spec.name;
@@ -96,6 +104,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   st->r.transformed = transformed;
   if (!plan.ok()) {
     st->status = st->r.status = plan.status();
+    end_unplanned(st->r.version ? st->r.version : options.version.value_or(next_version()), false, st->status);
     return st;
   }
   st->plan = std::move(plan.value());
@@ -103,11 +112,13 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   st->sent.assign(st->plan.tensors.size(), false);
   if (Status s = ensure_group(); !s.ok()) {  // 2. group
     st->status = st->r.status = s;
+    end_unplanned(st->plan.version, true, st->status);
     return st;
   }
   decide_delta(st->plan, st->r);
   if (!plan_round(st->plan, st->r)) {  // 3. check
     st->status = st->r.status;
+    end_unplanned(st->plan.version, true, st->status);
     return st;
   }
   st->moving = true;  // 4. move, as the caller sends

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "common/synthetic_model.h"
 #include "tests/support/cluster.h"
@@ -103,6 +104,73 @@ TEST_P(TensorCountTest, ManySmallTensors) {
   for (uint64_t v = 1; v <= 2; ++v) ASSERT_NO_FATAL_FAILURE(publish_and_check(t, v));
 }
 INSTANTIATE_TEST_SUITE_P(Counts, TensorCountTest, ::testing::Values(1, 291, 10000));
+
+// The report each worker gives of version `v`, skipping those of earlier
+// versions; nullopt if none comes within `within`.
+std::optional<UpdateReport> report_of(Subscriber& sub, uint64_t v, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  for (auto now = std::chrono::steady_clock::now(); now < until; now = std::chrono::steady_clock::now()) {
+    auto r = sub.next_report(std::chrono::duration_cast<std::chrono::milliseconds>(until - now));
+    if (r && r->version == v) return r;
+  }
+  return std::nullopt;
+}
+
+// An update that ends before its plan reaches the engines (refused on the
+// publisher, or a group that does not form) tells every live engine that
+// its version will not come: an engine waiting for it (a vLLM worker inside
+// its round) stops now, naming the reason, instead of at its timeout.
+TEST_F(WeightUpdateTest, AnUpdateThatEndsBeforeItsPlanEndsOnEveryEngineAtOnce) {
+  auto specs = synthetic_llm_layout(1 << 20, 2, DType::kBF16);
+  Config cfg = test::test_config(2);
+  ASSERT_EQ(cfg.publisher.on_member_loss, MemberLossPolicy::kFail);
+  start(cfg, 2, specs, [](int i) { return i == 1; });
+  HostTensors t = test::make_tensors(specs);
+  publish_and_check(t, 1);
+  const auto one_d = std::find_if(specs.begin(), specs.end(), [](const TensorSpec& s) { return s.shape.size() == 1; });
+  ASSERT_NE(one_d, specs.end());
+  // Refused before its plan: fp8 takes 2-D tensors only. Version 5 is the
+  // caller's; it was never reserved, and the engines hear of it.
+  UpdateOptions fp8_on_a_vector;
+  fp8_on_a_vector.version = 5;
+  transform::Rule rule;
+  rule.match = one_d->name;
+  rule.fp8 = transform::Fp8Scaling::kBlock;
+  fp8_on_a_vector.transforms = std::vector<transform::Rule>{rule};
+  t.fill(5);
+  UpdateResult refused = pub_->weight_update(t.views(), fp8_on_a_vector);
+  ASSERT_FALSE(refused.ok());
+  for (auto& w : workers_) {
+    auto report = report_of(*w->sub, 5, std::chrono::seconds(10));
+    ASSERT_TRUE(report.has_value()) << "an engine never heard that v5 will not come";
+    EXPECT_FALSE(report->status.ok());
+    EXPECT_NE(report->status.message().find("before any byte reached this engine"), std::string::npos)
+        << report->status.to_string();
+    EXPECT_NE(report->status.message().find(one_d->name), std::string::npos) << report->status.to_string();
+    EXPECT_EQ(w->sub->state().version, 1u) << "nothing of v5 was applied";
+  }
+  // A streamed update refused the same way.
+  auto stream = pub_->begin_update(t.specs, fp8_on_a_vector);
+  ASSERT_FALSE(stream->ok());
+  EXPECT_FALSE(stream->finish().ok());
+  for (auto& w : workers_) {
+    auto report = report_of(*w->sub, 5, std::chrono::seconds(10));
+    ASSERT_TRUE(report.has_value()) << "an engine never heard that the streamed v5 will not come";
+    EXPECT_NE(report->status.message().find(one_d->name), std::string::npos) << report->status.to_string();
+  }
+  // A group that does not form (on_member_loss: fail, worker-2 gone): the
+  // engine still there hears of version 2's end with the reason.
+  workers_[1]->sub->stop();
+  t.fill(2);
+  UpdateResult no_group = pub_->weight_update(t.views());
+  ASSERT_FALSE(no_group.ok());
+  EXPECT_EQ(no_group.version, 2u);
+  auto report = report_of(*workers_[0]->sub, 2, std::chrono::seconds(10));
+  ASSERT_TRUE(report.has_value()) << "worker-1 never heard that v2 will not come";
+  EXPECT_NE(report->status.message().find("worker-2"), std::string::npos) << report->status.to_string();
+  EXPECT_EQ(workers_[0]->sub->state().version, 1u);
+  EXPECT_EQ(workers_[0]->sub->state().kind, WeightStateKind::kConsistent);
+}
 
 TEST_F(WeightUpdateTest, EdgeSizesAndEveryDType) {
   std::vector<TensorSpec> specs;
