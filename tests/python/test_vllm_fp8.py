@@ -14,10 +14,8 @@ trainer's); every parameter holds its shard of those bytes, each part's scale ro
 puts them. Channel and tensor scaling reach ``load_weights`` under the same ``<name>_scale_inv`` names.
 A worker that serves slices refuses FP8 at init, naming the tensor."""
 
-import dataclasses
 import threading
 import types
-from typing import Any
 
 import pytest
 
@@ -35,7 +33,7 @@ from paramcast.integrations import vllm as backend  # noqa: E402
 if torch is not None:  # the helpers import torch
     import fp8_reference as ref
     from cluster import config_dict
-    from vllm_contract import Client, WorkerError
+    from vllm_contract import ModuleSource, WorkerError, serve_worker, start_cluster
 
 needs_fp8 = pytest.mark.skipif(torch is None or not hasattr(torch, "float8_e4m3fn") or transformers is None,
                                reason="needs PyTorch with torch.float8_e4m3fn (>= 2.1) and transformers; here: "
@@ -49,104 +47,39 @@ RULES = [{"match": "*norm*", "keep": True}, {"match": "*proj.weight", "fp8": "bl
 
 
 def worker_main(conn, rank, tp, spec, engine_cls_path):
-    """One vLLM worker (vllm_contract.worker_main's RPCs): vllm_fp8_model's block-FP8 model, or with
-    ``spec["bf16_model"]`` vllm_tp_model's unquantized one."""
-    import importlib
-
+    """One vLLM worker (vllm_contract.serve_worker: gpu_worker.py's RPCs): vllm_fp8_model's block-FP8 model,
+    or with ``spec["bf16_model"]`` vllm_tp_model's unquantized one."""
     import vllm_fp8_model
     import vllm_tp_model
-    torch.set_num_threads(1)
     spec = dict(spec)
     bf16 = spec.pop("bf16_model", False)
-    cfg = transformers.LlamaConfig(**spec)
-    model = (vllm_tp_model if bf16 else vllm_fp8_model).LlamaForCausalLM(cfg, rank, tp)
-    module, cls = engine_cls_path.rsplit(".", 1)
-    engine_cls = getattr(importlib.import_module(module), cls)
-    parallel = types.SimpleNamespace(rank=rank, world_size=tp, data_parallel_index=0, data_parallel_rank=0)
-    vllm_config = types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(hf_config=cfg))
-    engine = engine_cls(types.SimpleNamespace(backend="paramcast"), vllm_config, torch.device("cpu"), model)
-    active = False
 
-    def init_weight_transfer_engine(init_info):
-        engine.init_transfer_engine(engine.parse_init_info(init_info))
+    def make_model():
+        cfg = transformers.LlamaConfig(**spec)
+        return cfg, (vllm_tp_model if bf16 else vllm_fp8_model).LlamaForCausalLM(cfg, rank, tp)
 
-    def start_weight_update():
-        nonlocal active
-        if active:
-            raise RuntimeError("weight update already active")
-        engine.start_weight_update()
-        active = True
+    def make_checks(cfg, model, engine):
+        def check(ckpt):
+            """What load_weights was given this round, and the parameters against the checkpoint's shards."""
+            want = vllm_fp8_model.expected_params(cfg, vllm_fp8_model.unpack(ckpt), rank, tp)
+            bad = []
+            for name, param in model.named_parameters():
+                loaded = want.get(name)
+                got = param.data[:0 if loaded is None else loaded.shape[0]]
+                if loaded is None or got.dtype != loaded.dtype or \
+                        not torch.equal(got.contiguous().view(torch.uint8), loaded.contiguous().view(torch.uint8)):
+                    bad.append(name)
+            clobbered = sum(1 for t, raw in model.kept if not torch.equal(t.contiguous().view(torch.uint8), raw))
+            report = {"given": list(model.given), "bad": bad, "clobbered": clobbered,
+                      "other_threads": len(model.threads - {threading.get_ident()})}
+            model.given.clear()
+            model.kept.clear()
+            model.threads.clear()
+            return report
 
-    def update_weights(update_info):
-        nonlocal active
-        if not active:
-            raise RuntimeError("start_weight_update must be called first")
-        try:
-            engine.update_weights(update_info)
-        except Exception:
-            active = False
-            raise
+        return (check,)
 
-    def finish_weight_update():
-        nonlocal active
-        if not active:
-            raise RuntimeError("no active weight update")
-        engine.finish_weight_update()
-        active = False
-
-    def shutdown_weight_transfer_engine():
-        engine.shutdown()
-
-    def check(ckpt):
-        """What load_weights was given this round, and the parameters against the checkpoint's shards."""
-        want = vllm_fp8_model.expected_params(cfg, vllm_fp8_model.unpack(ckpt), rank, tp)
-        bad = []
-        for name, param in model.named_parameters():
-            loaded = want.get(name)
-            got = param.data[:0 if loaded is None else loaded.shape[0]]
-            if loaded is None or got.dtype != loaded.dtype or \
-                    not torch.equal(got.contiguous().view(torch.uint8), loaded.contiguous().view(torch.uint8)):
-                bad.append(name)
-        clobbered = sum(1 for t, raw in model.kept if not torch.equal(t.contiguous().view(torch.uint8), raw))
-        report = {"given": list(model.given), "bad": bad, "clobbered": clobbered,
-                  "other_threads": len(model.threads - {threading.get_ident()})}
-        model.given.clear()
-        model.kept.clear()
-        model.threads.clear()
-        return report
-
-    calls = {f.__name__: f for f in (init_weight_transfer_engine, start_weight_update, update_weights,
-                                      finish_weight_update, shutdown_weight_transfer_engine, check)}
-    conn.send("ready")
-    while True:
-        name, kwargs = conn.recv()
-        if name == "exit":
-            engine.shutdown()
-            conn.send(("ok", None))
-            return
-        try:
-            conn.send(("ok", calls[name](**kwargs)))
-        except Exception as e:  # noqa: BLE001 - sent back as vLLM's collective_rpc raises it
-            conn.send(("error", type(e).__name__, str(e)))
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamMeta:  # vLLM's ParamMeta(name, dtype, shape)
-    name: str
-    dtype: Any
-    shape: tuple
-
-
-class ModuleSource:
-    """vLLM's WeightSource over a module: ``metadata`` and ``iter_full()`` of (checkpoint name, tensor)."""
-
-    def __init__(self, module):
-        self.module = module
-        self.metadata = [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in module.named_parameters()]
-
-    def iter_full(self):
-        for name, p in self.module.named_parameters():
-            yield name, p.detach()
+    serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks)
 
 
 def _trainer_model():
@@ -203,18 +136,7 @@ def assert_round(client, ckpt):
 
 
 def _cluster(spec, engine_init, transforms=RULES):
-    client = Client(TP, spec, target=worker_main)
-    try:
-        model = _trainer_model()
-        info = backend.ParamCastTrainerInitInfo(
-            config=config_dict(subscribers=TP), rank=0, transforms=transforms, engine_init=engine_init,
-            engine_config={k: v for k, v in config_dict().items() if k != "publisher"})
-        trainer = backend.ParamCastTrainerWeightTransferEngine.trainer_init(info, client=client,
-                                                                            source=ModuleSource(model))
-    except BaseException:
-        client.close()
-        raise
-    return client, trainer, model
+    return start_cluster(TP, spec, worker_main, _trainer_model, transforms=transforms, engine_init=engine_init)
 
 
 @needs_fp8

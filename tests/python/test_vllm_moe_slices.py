@@ -18,17 +18,13 @@ per-worker count) exactly its slices' bytes, which with expert parallelism leave
 A quantized MoE layer fails the worker's init naming its parameter, or, with whole_fallback, loads through
 load_weights."""
 
-import dataclasses
-import types
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from paramcast.integrations import vllm as backend  # noqa: E402
 
-from cluster import config_dict  # noqa: E402
-from vllm_contract import Client, WorkerError  # noqa: E402
+from vllm_contract import ParamMeta, WorkerError, serve_worker, slice_report, start_cluster  # noqa: E402
 
 TP = 2
 QWEN2_MOE = dict(vocab_size=100, hidden_size=64, intermediate_size=64, moe_intermediate_size=42,
@@ -39,92 +35,27 @@ FLAGS = ("ep", "quantized_moe")
 
 
 def worker_main(conn, rank, tp, spec, engine_cls_path):
-    """One vLLM worker (vllm_contract.worker_main's RPCs), its model vllm_moe_model's Qwen2MoeForCausalLM."""
-    import importlib
-
+    """One vLLM worker (vllm_contract.serve_worker: gpu_worker.py's RPCs), its model vllm_moe_model's
+    Qwen2MoeForCausalLM."""
     import vllm_moe_model
-    torch.set_num_threads(1)
     spec = dict(spec)
     ep, quantized = (spec.pop(f, False) for f in FLAGS)
-    cfg = transformers.Qwen2MoeConfig(**spec)
-    model = vllm_moe_model.Qwen2MoeForCausalLM(cfg, rank, tp, ep=ep, quantized=quantized)
-    module, cls = engine_cls_path.rsplit(".", 1)
-    engine_cls = getattr(importlib.import_module(module), cls)
-    parallel = types.SimpleNamespace(rank=rank, world_size=tp, data_parallel_index=0, data_parallel_rank=0)
-    vllm_config = types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(hf_config=cfg))
-    engine = engine_cls(types.SimpleNamespace(backend="paramcast"), vllm_config, torch.device("cpu"), model)
-    active = False
 
-    def init_weight_transfer_engine(init_info):
-        engine.init_transfer_engine(engine.parse_init_info(init_info))
+    def make_model():
+        cfg = transformers.Qwen2MoeConfig(**spec)
+        return cfg, vllm_moe_model.Qwen2MoeForCausalLM(cfg, rank, tp, ep=ep, quantized=quantized)
 
-    def start_weight_update():
-        nonlocal active
-        if active:
-            raise RuntimeError("weight update already active")
-        engine.start_weight_update()
-        active = True
+    def make_checks(cfg, model, engine):
+        def check(ckpt):
+            """What this worker holds against the trainer's checkpoint tensors, and what its slices weigh."""
+            report = slice_report(model, vllm_moe_model.expected_params(cfg, ckpt, rank, tp, ep),
+                                  vllm_moe_model.expected_slices(cfg, ckpt, rank, tp, ep), ckpt)
+            report["experts"] = vllm_moe_model.held_experts(cfg, rank, tp, ep)
+            return report
 
-    def update_weights(update_info):
-        nonlocal active
-        if not active:
-            raise RuntimeError("start_weight_update must be called first")
-        try:
-            engine.update_weights(update_info)
-        except Exception:
-            active = False
-            raise
+        return (check,)
 
-    def finish_weight_update():
-        nonlocal active
-        if not active:
-            raise RuntimeError("no active weight update")
-        engine.finish_weight_update()
-        active = False
-
-    def shutdown_weight_transfer_engine():
-        engine.shutdown()
-
-    def check(ckpt):
-        """What this worker holds against the trainer's checkpoint tensors, and what its slices weigh."""
-        want = vllm_moe_model.expected_params(cfg, ckpt, rank, tp, ep)
-        bad, padding_written = [], []
-        for name, param in model.named_parameters():
-            loaded = want.get(name)
-            if loaded is None or not torch.equal(param.data[:loaded.shape[0]], loaded):
-                bad.append(name)
-            elif not torch.isnan(param.data[loaded.shape[0]:].float()).all():
-                padding_written.append(name)
-        cuts = vllm_moe_model.expected_slices(cfg, ckpt, rank, tp, ep)
-        report = {"bad": bad, "padding_written": padding_written, "load_calls": model.load_calls,
-                  "load_bytes": model.load_bytes, "experts": vllm_moe_model.held_experts(cfg, rank, tp, ep),
-                  "slice_bytes": sum(t.numel() * t.element_size() for t in cuts.values()),
-                  "layer0_slice_bytes": sum(t.numel() * t.element_size() for n, t in cuts.items()
-                                            if n.startswith("model.layers.0.")),
-                  "whole_bytes": sum(t.numel() * t.element_size() for t in ckpt.values())}
-        model.load_calls = model.load_bytes = 0
-        return report
-
-    calls = {f.__name__: f for f in (init_weight_transfer_engine, start_weight_update, update_weights,
-                                      finish_weight_update, shutdown_weight_transfer_engine, check)}
-    conn.send("ready")
-    while True:
-        name, kwargs = conn.recv()
-        if name == "exit":
-            engine.shutdown()
-            conn.send(("ok", None))
-            return
-        try:
-            conn.send(("ok", calls[name](**kwargs)))
-        except Exception as e:  # noqa: BLE001 - sent back as vLLM's collective_rpc raises it
-            conn.send(("error", type(e).__name__, str(e)))
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamMeta:  # vLLM's ParamMeta(name, dtype, shape)
-    name: str
-    dtype: torch.dtype
-    shape: tuple
+    serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks)
 
 
 def checkpoint_tensors(model):
@@ -157,25 +88,18 @@ class CheckpointSource:
         yield from checkpoint_tensors(self.model)
 
 
+def _trainer_model(spec):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    # the experts' plain loop: grouped_mm wants 16-byte strides, which an intermediate size of 42 in bf16 is not
+    cfg = transformers.Qwen2MoeConfig(**{k: v for k, v in spec.items() if k not in FLAGS},
+                                      experts_implementation="eager")
+    return transformers.Qwen2MoeForCausalLM(cfg).to(torch.bfloat16)
+
+
 def _cluster(spec, engine_init=None):
-    client = Client(TP, spec, target=worker_main)
-    try:
-        extra = {} if engine_init is None else {"engine_init": engine_init}
-        info = backend.ParamCastTrainerInitInfo(
-            config=config_dict(subscribers=TP), rank=0, **extra,
-            engine_config={k: v for k, v in config_dict().items() if k != "publisher"})
-        torch.manual_seed(0)
-        torch.set_num_threads(1)
-        # the experts' plain loop: grouped_mm wants 16-byte strides, which an intermediate size of 42 in bf16 is not
-        cfg = transformers.Qwen2MoeConfig(**{k: v for k, v in spec.items() if k not in FLAGS},
-                                          experts_implementation="eager")
-        model = transformers.Qwen2MoeForCausalLM(cfg).to(torch.bfloat16)
-        source = CheckpointSource(model)
-        trainer = backend.ParamCastTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
-    except BaseException:
-        client.close()
-        raise
-    return client, trainer, model
+    return start_cluster(TP, spec, worker_main, lambda: _trainer_model(spec), source=CheckpointSource,
+                         engine_init=engine_init)
 
 
 def _state(model):

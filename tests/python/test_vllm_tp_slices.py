@@ -14,17 +14,15 @@ init naming the parameter, or, with whole_fallback, goes through load_weights.""
 
 import dataclasses
 import time
-import types
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import paramcast  # noqa: E402
-from paramcast.integrations import vllm as backend  # noqa: E402
+from paramcast.integrations import vllm as backend  # noqa: E402,F401  (the trainer engine start_cluster makes)
 
-from cluster import config_dict  # noqa: E402
-from vllm_contract import Client, WorkerError  # noqa: E402
+from vllm_contract import ModuleSource, WorkerError, serve_worker, slice_report, start_cluster  # noqa: E402
 
 TP = 2
 LLAMA = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -32,107 +30,28 @@ LLAMA = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_l
 
 
 def worker_main(conn, rank, tp, spec, engine_cls_path):
-    """One vLLM worker (vllm_contract.worker_main's RPCs), its model vllm_tp_model's LlamaForCausalLM."""
-    import importlib
-
+    """One vLLM worker (vllm_contract.serve_worker: gpu_worker.py's RPCs), its model vllm_tp_model's
+    LlamaForCausalLM."""
     import vllm_tp_model
-    torch.set_num_threads(1)
     spec = dict(spec)
     quantized = spec.pop("quantized_mlp", False)
-    cfg = transformers.LlamaConfig(**spec)
-    model = vllm_tp_model.LlamaForCausalLM(cfg, rank, tp)
-    if quantized:  # a layer whose parameters are not the checkpoint's bytes
-        model.model.layers[0].mlp.gate_up_proj.quant_method = vllm_tp_model.Fp8LinearMethod()
-    module, cls = engine_cls_path.rsplit(".", 1)
-    engine_cls = getattr(importlib.import_module(module), cls)
-    parallel = types.SimpleNamespace(rank=rank, world_size=tp, data_parallel_index=0, data_parallel_rank=0)
-    vllm_config = types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(hf_config=cfg))
-    engine = engine_cls(types.SimpleNamespace(backend="paramcast"), vllm_config, torch.device("cpu"), model)
-    active = False
 
-    def init_weight_transfer_engine(init_info):
-        engine.init_transfer_engine(engine.parse_init_info(init_info))
+    def make_model():
+        cfg = transformers.LlamaConfig(**spec)
+        model = vllm_tp_model.LlamaForCausalLM(cfg, rank, tp)
+        if quantized:  # a layer whose parameters are not the checkpoint's bytes
+            model.model.layers[0].mlp.gate_up_proj.quant_method = vllm_tp_model.Fp8LinearMethod()
+        return cfg, model
 
-    def start_weight_update():
-        nonlocal active
-        if active:
-            raise RuntimeError("weight update already active")
-        engine.start_weight_update()
-        active = True
+    def make_checks(cfg, model, engine):
+        def check(hf_state):
+            """What this worker holds against the trainer's tensors, and what its slices weigh."""
+            return slice_report(model, vllm_tp_model.expected_params(cfg, hf_state, rank, tp),
+                                vllm_tp_model.expected_slices(cfg, hf_state, rank, tp), hf_state)
 
-    def update_weights(update_info):
-        nonlocal active
-        if not active:
-            raise RuntimeError("start_weight_update must be called first")
-        try:
-            engine.update_weights(update_info)
-        except Exception:
-            active = False
-            raise
+        return (check,)
 
-    def finish_weight_update():
-        nonlocal active
-        if not active:
-            raise RuntimeError("no active weight update")
-        engine.finish_weight_update()
-        active = False
-
-    def shutdown_weight_transfer_engine():
-        engine.shutdown()
-
-    def check(hf_state):
-        """What this worker holds against the trainer's tensors, and what its slices weigh."""
-        want = vllm_tp_model.expected_params(cfg, hf_state, rank, tp)
-        params = dict(model.named_parameters())
-        bad, padding_written = [], []
-        for name, param in params.items():
-            loaded = want.get(name)
-            if loaded is None or not torch.equal(param.data[:loaded.shape[0]], loaded):
-                bad.append(name)
-            elif not torch.isnan(param.data[loaded.shape[0]:].float()).all():
-                padding_written.append(name)
-        cuts = vllm_tp_model.expected_slices(cfg, hf_state, rank, tp)
-        report = {"bad": bad, "padding_written": padding_written, "load_calls": model.load_calls,
-                  "load_bytes": model.load_bytes,
-                  "slice_bytes": sum(t.numel() * t.element_size() for t in cuts.values()),
-                  "layer0_slice_bytes": sum(t.numel() * t.element_size() for n, t in cuts.items()
-                                            if n.startswith("model.layers.0.")),
-                  "whole_bytes": sum(t.numel() * t.element_size() for t in hf_state.values())}
-        model.load_calls = model.load_bytes = 0
-        return report
-
-    calls = {f.__name__: f for f in (init_weight_transfer_engine, start_weight_update, update_weights,
-                                      finish_weight_update, shutdown_weight_transfer_engine, check)}
-    conn.send("ready")
-    while True:
-        name, kwargs = conn.recv()
-        if name == "exit":
-            engine.shutdown()
-            conn.send(("ok", None))
-            return
-        try:
-            conn.send(("ok", calls[name](**kwargs)))
-        except Exception as e:  # noqa: BLE001 - sent back as vLLM's collective_rpc raises it
-            conn.send(("error", type(e).__name__, str(e)))
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamMeta:  # vLLM's ParamMeta(name, dtype, shape)
-    name: str
-    dtype: torch.dtype
-    shape: tuple
-
-
-class ModuleSource:
-    """vLLM's WeightSource over a module: ``metadata`` and ``iter_full()`` of (checkpoint name, tensor)."""
-
-    def __init__(self, module):
-        self.module = module
-        self.metadata = [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in module.named_parameters()]
-
-    def iter_full(self):
-        for name, p in self.module.named_parameters():
-            yield name, p.detach()
+    serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks)
 
 
 def _trainer_model(spec):
@@ -142,19 +61,9 @@ def _trainer_model(spec):
 
 
 def _cluster(spec, engine_init=None):
-    client = Client(TP, spec, target=worker_main)
-    try:
-        extra = {} if engine_init is None else {"engine_init": engine_init}
-        info = backend.ParamCastTrainerInitInfo(
-            config=config_dict(subscribers=TP), rank=0, **extra,
-            engine_config={k: v for k, v in config_dict().items() if k != "publisher"})
-        model = _trainer_model({k: v for k, v in spec.items() if k != "quantized_mlp"})
-        trainer = backend.ParamCastTrainerWeightTransferEngine.trainer_init(info, client=client,
-                                                                            source=ModuleSource(model))
-    except BaseException:
-        client.close()
-        raise
-    return client, trainer, model
+    return start_cluster(TP, spec, worker_main,
+                         lambda: _trainer_model({k: v for k, v in spec.items() if k != "quantized_mlp"}),
+                         engine_init=engine_init)
 
 
 def _state(model):

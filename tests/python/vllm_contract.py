@@ -9,8 +9,20 @@
   created after the model as ``engine_cls(config, vllm_config, device, model)`` and each RPC does what
   the worker's method of the same name does, in the same order, with the same checks.
 - ``Client``: the trainer's VLLMWeightSyncClient: each call is a collective RPC to every worker.
+
+The parts the other imitated-vLLM tests share (test_vllm_tp_slices.py, test_vllm_moe_slices.py,
+test_vllm_fp8.py; their models vllm_tp_model.py, vllm_moe_model.py, vllm_fp8_model.py):
+
+- ``serve_worker``: the worker process main with the model as a parameter (``make_model``), and the
+  test's own RPCs (``make_checks``); ``make_engine``, ``gpu_worker_rpcs`` and ``serve`` (the RPC loop)
+  are its steps. ``worker_main`` is ``serve_worker`` with a ``VllmStyleLlama``.
+- ``start_cluster``: the trainer's engine (rank 0 of 1) over ``tp`` worker processes, a ``Client``.
+- ``ModuleSource``: vLLM's WeightSource over a module.
+- ``load_stacked``: vLLM's ``load_weights`` loop over a model's parallel layers (``stacked_params_mapping``,
+  then each layer's ``weight_loader``); ``slice_report``: what a worker holds against its slices.
 """
 
+import dataclasses
 import multiprocessing
 import threading
 import types
@@ -109,22 +121,25 @@ class VllmStyleLlama(torch.nn.Module):
         return {n: torch.cat(parts) if len(parts) > 1 else parts[0] for n, parts in out.items()}
 
 
-def worker_main(conn, rank, tp, llama_config_dict, engine_cls_path):
-    """One vLLM worker: builds its model, then its weight-transfer engine, then serves RPCs."""
+def make_engine(engine_cls_path, rank, tp, hf_config, model):
+    """The worker's weight-transfer engine, made after its model as vLLM makes it:
+    ``engine_cls(config, vllm_config, device, model)``. Returns (engine, its parallel config)."""
     import importlib
 
-    import transformers
-    torch.set_num_threads(1)
-    cfg = transformers.LlamaConfig(**llama_config_dict)
-    model = VllmStyleLlama(cfg, rank, tp)
     module, cls = engine_cls_path.rsplit(".", 1)
     engine_cls = getattr(importlib.import_module(module), cls)
     parallel = types.SimpleNamespace(rank=rank, world_size=tp, data_parallel_index=0, data_parallel_rank=0)
-    vllm_config = types.SimpleNamespace(parallel_config=parallel, model_config=types.SimpleNamespace(hf_config=cfg))
+    vllm_config = types.SimpleNamespace(parallel_config=parallel,
+                                        model_config=types.SimpleNamespace(hf_config=hf_config))
     engine = engine_cls(types.SimpleNamespace(backend="paramcast"), vllm_config, torch.device("cpu"), model)
+    return engine, parallel
+
+
+def gpu_worker_rpcs(engine, parallel, rank):
+    """gpu_worker.py's weight-transfer RPC methods over ``engine``, in the same order, with the same
+    checks: {method name: function}."""
     active = False
 
-    # gpu_worker.py's RPC methods
     def init_weight_transfer_engine(init_info):
         engine.init_transfer_engine(engine.parse_init_info(init_info))
 
@@ -165,22 +180,13 @@ def worker_main(conn, rank, tp, llama_config_dict, engine_cls_path):
             raise RuntimeError("cannot shut down during a weight update")
         engine.shutdown()
 
-    # what the test asks of the worker
-    def check(hf_state):
-        want = model.expected(hf_state)
-        bad = [n for n, t in want.items() if not torch.equal(model.param(n).data, t)]
-        untouched = [n for n in model._names if n not in want]
-        clobbered = sum(1 for given, then in model.kept if not torch.equal(given, then))
-        model.kept.clear()
-        other_threads = len(model.threads - {threading.get_ident()})
-        model.threads.clear()
-        return {"bad": bad, "untouched": untouched, "clobbered": clobbered, "other_threads": other_threads}
+    return {f.__name__: f for f in (init_weight_transfer_engine, start_weight_update, update_weights,
+                                    finish_weight_update, shutdown_weight_transfer_engine)}
 
-    def parse(kind, info):
-        getattr(engine, f"parse_{kind}_info")(info)
 
-    calls = {f.__name__: f for f in (init_weight_transfer_engine, start_weight_update, update_weights,
-                                      finish_weight_update, shutdown_weight_transfer_engine, check, parse)}
+def serve(conn, engine, calls):
+    """The worker's RPC loop: says "ready", then answers each (name, kwargs) with ("ok", what
+    ``calls[name](**kwargs)`` returned) or ("error", exception class name, message), until "exit"."""
     conn.send("ready")
     while True:
         name, kwargs = conn.recv()
@@ -192,6 +198,101 @@ def worker_main(conn, rank, tp, llama_config_dict, engine_cls_path):
             conn.send(("ok", calls[name](**kwargs)))
         except Exception as e:  # noqa: BLE001 - sent back as vLLM's collective_rpc raises it
             conn.send(("error", type(e).__name__, str(e)))
+
+
+def serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks=None):
+    """One vLLM worker process (gpu_worker.py): ``make_model()`` -> (hf_config, model) builds its model,
+    then its weight-transfer engine is made (``make_engine``), then it serves gpu_worker's RPCs and the
+    test's own, ``make_checks(hf_config, model, engine)``'s functions under their names, until "exit"."""
+    torch.set_num_threads(1)
+    cfg, model = make_model()
+    engine, parallel = make_engine(engine_cls_path, rank, tp, cfg, model)
+    calls = gpu_worker_rpcs(engine, parallel, rank)
+    if make_checks is not None:
+        calls.update({f.__name__: f for f in make_checks(cfg, model, engine)})
+    serve(conn, engine, calls)
+
+
+def worker_main(conn, rank, tp, llama_config_dict, engine_cls_path):
+    """One vLLM worker: builds its model, then its weight-transfer engine, then serves RPCs."""
+    def make_model():
+        import transformers
+        cfg = transformers.LlamaConfig(**llama_config_dict)
+        return cfg, VllmStyleLlama(cfg, rank, tp)
+
+    def make_checks(cfg, model, engine):
+        # what the test asks of the worker
+        def check(hf_state):
+            want = model.expected(hf_state)
+            bad = [n for n, t in want.items() if not torch.equal(model.param(n).data, t)]
+            untouched = [n for n in model._names if n not in want]
+            clobbered = sum(1 for given, then in model.kept if not torch.equal(given, then))
+            model.kept.clear()
+            other_threads = len(model.threads - {threading.get_ident()})
+            model.threads.clear()
+            return {"bad": bad, "untouched": untouched, "clobbered": clobbered, "other_threads": other_threads}
+
+        def parse(kind, info):
+            getattr(engine, f"parse_{kind}_info")(info)
+
+        return check, parse
+
+    serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks)
+
+
+def load_stacked(model, weights, stacked, route=None):
+    """vLLM's ``load_weights`` over ``model``'s parallel layers: each (checkpoint name, full tensor) of
+    ``weights`` counted in ``model.load_calls``/``load_bytes``; taken by ``route(name, tensor)`` where it
+    returns true (a MoE block's experts); else renamed by the first (fused, part, shard id) of ``stacked``
+    (vLLM's stacked_params_mapping) whose part it contains and given to its layer's ``weight_loader``
+    (with the shard id where one matched), or copied whole where the layer has none (vLLM's
+    default_weight_loader: norms). Returns the names of the parameters loaded."""
+    params = dict(model.named_parameters())
+    loaded = set()
+    for name, full in weights:
+        model.load_calls += 1
+        model.load_bytes += full.numel() * full.element_size()
+        if route is not None and route(name, full):
+            continue
+        for fused, part, shard_id in stacked:
+            if part in name:
+                name = name.replace(part, fused)
+                break
+        else:
+            shard_id = None
+        param = params[name]  # KeyError for a name this model does not have, as vLLM's
+        module = model.get_submodule(name.rpartition(".")[0])
+        if not hasattr(module, "weight_loader"):  # vLLM's default_weight_loader (norms)
+            param.data.copy_(full)
+        elif shard_id is None:
+            module.weight_loader(param, full)
+        else:
+            module.weight_loader(param, full, shard_id)
+        loaded.add(name)
+    return loaded
+
+
+def _nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def slice_report(model, want, cuts, ckpt):
+    """What a worker serving slices holds, against ``want`` ({parameter name: its first rows as they must
+    be}; rows past them, the vocabulary's padding, must be untouched NaN), and what its slices ``cuts``
+    ({checkpoint name: slice}) and the whole checkpoint ``ckpt`` weigh; resets the model's load counters."""
+    bad, padding_written = [], []
+    for name, param in model.named_parameters():
+        loaded = want.get(name)
+        if loaded is None or not torch.equal(param.data[:loaded.shape[0]], loaded):
+            bad.append(name)
+        elif not torch.isnan(param.data[loaded.shape[0]:].float()).all():
+            padding_written.append(name)
+    report = {"bad": bad, "padding_written": padding_written, "load_calls": model.load_calls,
+              "load_bytes": model.load_bytes, "slice_bytes": _nbytes(cuts.values()),
+              "layer0_slice_bytes": _nbytes(t for n, t in cuts.items() if n.startswith("model.layers.0.")),
+              "whole_bytes": _nbytes(ckpt.values())}
+    model.load_calls = model.load_bytes = 0
+    return report
 
 
 class WorkerError(RuntimeError):
@@ -254,3 +355,44 @@ class Client:
             p.join(20)
             if p.is_alive():
                 p.kill()
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamMeta:  # vLLM's ParamMeta(name, dtype, shape)
+    name: str
+    dtype: torch.dtype
+    shape: tuple
+
+
+class ModuleSource:
+    """vLLM's WeightSource over a module: ``metadata`` and ``iter_full()`` of (checkpoint name, tensor)."""
+
+    def __init__(self, module):
+        self.module = module
+        self.metadata = [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in module.named_parameters()]
+
+    def iter_full(self):
+        for name, p in self.module.named_parameters():
+            yield name, p.detach()
+
+
+def start_cluster(tp, spec, worker, trainer_model, source=ModuleSource, **init_info):
+    """The trainer's weight-transfer engine (paramcast.integrations.vllm's, rank 0 of 1) over ``tp`` worker
+    processes (a ``Client``: ``worker(conn, rank, tp, spec, engine_cls_path)`` each): returns (client,
+    trainer engine, trainer model). ``trainer_model()`` makes the trainer's model, ``source(model)`` its
+    WeightSource; ``init_info``: further ParamCastTrainerInitInfo fields (engine_init, transforms).
+    A failed start closes the workers."""
+    from paramcast.integrations import vllm as backend
+
+    from cluster import config_dict
+    client = Client(tp, spec, target=worker)
+    try:
+        info = backend.ParamCastTrainerInitInfo(
+            config=config_dict(subscribers=tp), rank=0, **init_info,
+            engine_config={k: v for k, v in config_dict().items() if k != "publisher"})
+        model = trainer_model()
+        trainer = backend.ParamCastTrainerWeightTransferEngine.trainer_init(info, client=client, source=source(model))
+    except BaseException:
+        client.close()
+        raise
+    return client, trainer, model

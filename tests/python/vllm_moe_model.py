@@ -12,9 +12,9 @@ attributes vLLM's carry (``moe_config`` with its ``moe_parallel_config``: tp/ep 
 ``determine_expert_map`` (linear or round-robin placement), ``ckpt_*_proj_name``,
 ``intermediate_size_per_partition``, ``quant_method``, ``layer_name``), and ``get_expert_mapping()``
 as ``RoutedExperts.build_expert_params_mapping`` states it. Attention, embeddings and norms are
-vllm_tp_model's. ``load_weights`` follows vLLM's (the stacked mapping, then for experts the
-RoutedExperts loader: global to local expert id, gate/up rows and down columns narrowed per TP rank,
-other ranks' experts skipped) and counts its calls.
+vllm_tp_model's. ``load_weights`` follows vLLM's (vllm_contract.load_stacked: the stacked mapping,
+then for experts the RoutedExperts loader: global to local expert id, gate/up rows and down columns
+narrowed per TP rank, other ranks' experts skipped) and counts its calls.
 
 ``expected_slices`` is the test's own statement of what rank ``rank`` holds of each checkpoint tensor,
 written from vLLM's loaders, independently of ParamCast's mapping.
@@ -24,6 +24,7 @@ import types
 
 import torch
 
+import vllm_contract
 import vllm_tp_model
 from vllm_tp_model import (LinearBase, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RMSNorm,
                            RowParallelLinear, VocabParallelEmbedding, _param)
@@ -229,26 +230,15 @@ class Qwen2MoeForCausalLM(torch.nn.Module):
         stacked = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
                    (".shared_expert.gate_up_proj", ".shared_expert.gate_proj", 0),
                    (".shared_expert.gate_up_proj", ".shared_expert.up_proj", 1)]
-        params = dict(self.named_parameters())
-        for name, full in weights:
-            self.load_calls += 1
-            self.load_bytes += full.numel() * full.element_size()
-            if ".mlp.experts." in name:
-                block, _, rest = name.partition(".mlp.experts.")
-                self.get_submodule(f"{block}.mlp.experts").load_weights([(rest, full)])
-                continue
-            for fused, part, shard_id in stacked:
-                if part in name:
-                    name = name.replace(part, fused)
-                    break
-            else:
-                shard_id = None
-            param = params[name]  # KeyError for a name this model does not have, as vLLM's
-            module = self.get_submodule(name.rpartition(".")[0])
-            if shard_id is None:
-                module.weight_loader(param, full) if hasattr(module, "weight_loader") else param.data.copy_(full)
-            else:
-                module.weight_loader(param, full, shard_id)
+
+        def experts(name, full):
+            if ".mlp.experts." not in name:
+                return False
+            block, _, rest = name.partition(".mlp.experts.")
+            self.get_submodule(f"{block}.mlp.experts").load_weights([(rest, full)])
+            return True
+
+        vllm_contract.load_stacked(self, weights, stacked, route=experts)  # returns nothing, as before
 
 
 def held_experts(cfg, rank, tp, ep):

@@ -8,8 +8,8 @@ attributes vLLM 0.33.0's layers carry (``vllm/model_executor/layers/linear.py``,
 ``output_sizes``, ``total_num_heads``/``num_heads``/``num_kv_heads``/``num_kv_head_replicas``/``head_size``,
 ``input_size_per_partition``/``input_is_parallel``, ``shard_indices`` (vocabulary padded to 64 rows per
 rank), ``quant_method``, with parameters of the shapes those layers allocate. ``load_weights`` follows
-vLLM's (``stacked_params_mapping``, each layer's ``weight_loader`` narrowing the full checkpoint tensor)
-and counts its calls: a full tensor reaching the worker shows there.
+vLLM's (``stacked_params_mapping``, each layer's ``weight_loader`` narrowing the full checkpoint tensor:
+vllm_contract.load_stacked) and counts its calls: a full tensor reaching the worker shows there.
 
 ``expected_slices`` is the test's own statement of what rank ``rank`` holds of each checkpoint tensor,
 written from vLLM's loaders, independently of ParamCast's mapping.
@@ -18,6 +18,8 @@ written from vLLM's loaders, independently of ParamCast's mapping.
 import types
 
 import torch
+
+import vllm_contract
 
 PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 
@@ -198,27 +200,7 @@ class LlamaForCausalLM(torch.nn.Module):
         """vLLM's LlamaForCausalLM.load_weights: stacked_params_mapping, then each layer's weight_loader."""
         stacked = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
                    (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
-        params = dict(self.named_parameters())
-        loaded = set()
-        for name, full in weights:
-            self.load_calls += 1
-            self.load_bytes += full.numel() * full.element_size()
-            for fused, part, shard_id in stacked:
-                if part in name:
-                    name = name.replace(part, fused)
-                    break
-            else:
-                shard_id = None
-            param = params[name]  # KeyError for a name this model does not have, as vLLM's
-            module = self.get_submodule(name.rpartition(".")[0])
-            if not hasattr(module, "weight_loader"):  # vLLM's default_weight_loader (norms)
-                param.data.copy_(full)
-            elif shard_id is None:
-                module.weight_loader(param, full)
-            else:
-                module.weight_loader(param, full, shard_id)
-            loaded.add(name)
-        return loaded
+        return vllm_contract.load_stacked(self, weights, stacked)
 
 
 def expected_slices(cfg, hf_state, rank, tp):
