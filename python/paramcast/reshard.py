@@ -12,8 +12,10 @@ and the many-sender plan over every rank's holdings and every engine's wants.
 A DTensor (FSDP2's fully_shard, a tensor-parallel layout, HSDP's 2-D mesh)
 holds the region its placements give its rank on its device mesh; a plain
 tensor is held whole. A Partial placement (a pending reduction) is refused:
-its bytes are not the weight's. The plan is common/reshard's, checked as a
-whole before anything moves (docs/ARCHITECTURE.md).
+its bytes are not the weight's. `piece_of` gives the same box from a
+layout stated as data (vLLM's ParamMeta: owners, mesh shape, placements),
+cut as DTensor and torch.chunk cut it. The plan is common/reshard's, checked
+as a whole before anything moves (docs/ARCHITECTURE.md).
 """
 
 from . import _core
@@ -104,6 +106,60 @@ def region_of(tensor, what="tensor"):
         raise ValueError(f"{what}: its local tensor is {list(tensor.to_local().shape)} but its placements give "
                          f"{list(local)}")
     return shape, ([int(o) for o in offset], [int(n) for n in local])
+
+
+def _placement_dim(placement, ndim, what):
+    """The tensor dim a placement shards, or None for a Replicate; anything else is refused.
+
+    Takes vLLM's ``Shard(dim)``/``Replicate()`` and torch's ``Shard``/``Replicate`` alike; a strided
+    or partial placement holds no plain box."""
+    kind = type(placement).__name__
+    if kind == "Replicate":
+        return None
+    dim = getattr(placement, "dim", None)
+    if kind == "Shard" and isinstance(dim, int) and not isinstance(dim, bool):
+        if not 0 <= dim < ndim:
+            raise ValueError(f"{what}: placement {placement!r} shards dim {dim} of a {ndim}-d tensor")
+        return dim
+    raise ValueError(f"{what}: placement {placement!r} is neither Replicate nor Shard(dim)")
+
+
+def piece_of(shape, owners, mesh_shape, placements, rank, what="tensor"):
+    """(offsets, lengths): the box trainer rank ``rank`` holds of a tensor of ``shape`` laid out as
+    vLLM's ``ParamMeta`` says (``owners``, the row-major ``mesh_shape`` over them, one placement per
+    mesh axis), exactly as DTensor's ``compute_local_shape_and_global_offset`` and ``torch.chunk``
+    cut it: each ``Shard(dim)`` axis splits the extent the axes before it left into chunks of
+    ceil(n / k) (the last short, trailing ones empty, an empty one at offset ``shape[dim]``), an
+    outer axis before an inner one on the same dim; a ``Replicate`` axis holds the whole extent.
+    ``owners`` None or ``placements`` None: the whole tensor (every owner a replica)."""
+    shape = [int(d) for d in shape]
+    offsets, lengths = whole(shape)
+    if owners is None or placements is None:
+        return offsets, lengths
+    owners = tuple(owners)
+    mesh_shape = (len(owners),) if mesh_shape is None else tuple(int(d) for d in mesh_shape)
+    if rank not in owners:
+        raise ValueError(f"{what}: rank {rank} is not one of its owners {owners}")
+    if len(placements) != len(mesh_shape):
+        raise ValueError(f"{what}: {len(placements)} placements for a {len(mesh_shape)}-d mesh {mesh_shape}")
+    # The rank's coordinate on the mesh: its index in owners, row-major.
+    index, coordinate = owners.index(rank), []
+    for extent in reversed(mesh_shape):
+        coordinate.append(index % extent)
+        index //= extent
+    coordinate.reverse()
+    for axis, placement in enumerate(placements):
+        dim = _placement_dim(placement, len(shape), what)
+        if dim is None:
+            continue
+        n, k, c = lengths[dim], mesh_shape[axis], coordinate[axis]
+        chunk = -(-n // k)
+        start = min(n, chunk * c)
+        size = max(0, min(n, start + chunk) - start)
+        # DTensor puts an empty piece at the tensor's end; a non-empty one inside what the outer axes left.
+        offsets[dim] = shape[dim] if size == 0 else offsets[dim] + start
+        lengths[dim] = size
+    return offsets, lengths
 
 
 def holdings(source):

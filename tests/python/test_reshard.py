@@ -171,3 +171,104 @@ def test_fsdp2_holdings_are_read_without_a_gather_and_plan_to_whole_and_sliced_e
     liar = dict(trainers[1], holds=grown)
     with pytest.raises(paramcast.ConfigError, match=r"trainer-0 holds \[.*\] and trainer-1 holds \[.*\]: both claim"):
         reshard.plan([trainers[0], liar] + trainers[2:] + [_engine(world, "engine-1", specs)])
+
+
+# ---- piece_of: the box a layout stated as data (vLLM's ParamMeta) gives a rank ----------------------
+class _VShard:  # vLLM's Shard(dim) (weight_transfer/base.py), without vLLM
+    def __init__(self, dim):
+        self.dim = dim
+
+    def __repr__(self):
+        return f"Shard(dim={self.dim})"
+
+
+_VShard.__name__ = "Shard"
+
+
+class _VReplicate:
+    def __repr__(self):
+        return "Replicate()"
+
+
+_VReplicate.__name__ = "Replicate"
+
+
+def _dtensor_offsets_available():
+    try:
+        from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _torch_box(shape, mesh_shape, coordinate, placements):
+    """DTensor's own answer: (offsets, lengths) of the piece at `coordinate` (no process group)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    theirs = [Replicate() if p is None else Shard(p) for p in placements]
+    lengths, offsets = _compute_local_shape_and_global_offset(list(shape), list(mesh_shape), list(coordinate), theirs)
+    return [int(o) for o in offsets], [int(n) for n in lengths]
+
+
+# (shape, mesh shape, placements: a dim per mesh axis, None for Replicate)
+_LAYOUTS = [
+    ((8, 4), (2,), (0,)), ((7, 4), (2,), (0,)), ((515, 96), (3,), (0,)), ((2, 5), (3,), (0,)),  # even, uneven
+    ((1, 5), (4,), (0,)), ((0, 3), (2,), (0,)), ((5,), (8,), (0,)),  # fewer rows than chunks: empty trailing pieces
+    ((6, 10), (2,), (1,)), ((6, 11), (3,), (1,)), ((3, 3, 7), (2,), (2,)),  # Megatron-style dim-1 (and dim-2) splits
+    ((9, 10), (2, 2), (0, 1)), ((9, 10), (2, 3), (1, 0)),  # 2-D meshes, each axis a dim
+    # two axes on one dim: the outer one first
+    ((10, 4), (2, 2), (0, 0)), ((11, 4), (2, 3), (0, 0)), ((3, 4), (2, 2), (0, 0)), ((5, 4), (3, 2), (0, 0)),
+    ((3, 2), (3, 2), (0, 0)), ((2, 4), (2, 3), (0, 0)),  # an empty inner piece inside a non-last outer one
+    ((9, 10), (2, 2), (None, 0)), ((9, 10), (2, 2), (1, None)), ((9, 10), (2,), (None,)),  # Replicate axes (HSDP)
+    ((4, 6, 9), (2, 2, 2), (0, 2, 2)), ((13, 7), (2, 2, 2), (0, None, 0)),
+]
+
+
+@pytest.mark.skipif(not _dtensor_offsets_available(), reason="the reference is DTensor's own "
+                    "_compute_local_shape_and_global_offset (torch.distributed.tensor._utils); here "
+                    f"PyTorch {torch.__version__}")
+@pytest.mark.parametrize("shape, mesh_shape, dims", _LAYOUTS)
+def test_piece_of_cuts_as_dtensor_does(shape, mesh_shape, dims):
+    """Every owner's box equals torch's compute_local_shape_and_global_offset for its coordinate, owners in
+    a shuffled order (an owner's coordinate is its index in owners, row-major), and the boxes of one
+    replica group tile the tensor exactly once."""
+    import random
+
+    n = 1
+    for d in mesh_shape:
+        n *= d
+    owners = list(range(10, 10 + n))
+    random.Random(len(shape) * 31 + n).shuffle(owners)
+    placements = tuple(_VReplicate() if d is None else _VShard(d) for d in dims)
+    grid = torch.arange(n).reshape(mesh_shape)
+    covered = torch.zeros(shape, dtype=torch.int32)
+    for index, rank in enumerate(owners):
+        coordinate = [int(c) for c in (grid == index).nonzero()[0]]
+        box = reshard.piece_of(shape, owners, mesh_shape, placements, rank, "'w'")
+        assert box == _torch_box(shape, mesh_shape, coordinate, dims), (rank, coordinate)
+        replicated_axes = [a for a, d in enumerate(dims) if d is None]
+        if all(coordinate[a] == 0 for a in replicated_axes):  # one replica group
+            offsets, lengths = box
+            covered[tuple(slice(o, o + k) for o, k in zip(offsets, lengths))] += 1
+    assert bool((covered == 1).all()), "the pieces of one replica group do not tile the tensor exactly once"
+    # vLLM's ParamMeta without mesh_shape: a 1-d mesh over the owners.
+    if len(mesh_shape) == 1:
+        for rank in owners:
+            assert reshard.piece_of(shape, owners, None, placements, rank) == \
+                reshard.piece_of(shape, owners, mesh_shape, placements, rank)
+
+
+def test_piece_of_holds_a_replica_whole_and_refuses_what_is_no_box():
+    assert reshard.piece_of((7, 3), (0, 1), (2,), None, 1) == ([0, 0], [7, 3])  # placements None: a replica
+    assert reshard.piece_of((7, 3), None, None, None, 5) == ([0, 0], [7, 3])  # owners None: every rank, whole
+    with pytest.raises(ValueError, match=r"'w': rank 2 is not one of its owners \(0, 1\)"):
+        reshard.piece_of((7, 3), (0, 1), (2,), (_VShard(0),), 2, "'w'")
+    with pytest.raises(ValueError, match=r"'w': 1 placements for a 2-d mesh \(1, 2\)"):
+        reshard.piece_of((7, 3), (0, 1), (1, 2), (_VShard(0),), 0, "'w'")
+    with pytest.raises(ValueError, match=r"'w': placement Shard\(dim=2\) shards dim 2 of a 2-d tensor"):
+        reshard.piece_of((7, 3), (0, 1), (2,), (_VShard(2),), 0, "'w'")
+    with pytest.raises(ValueError, match=r"'w': placement Partial\(\) is neither Replicate nor Shard"):
+        reshard.piece_of((7, 3), (0, 1), (2,), (type("Partial", (), {"__repr__": lambda self: "Partial()"})(),), 0,
+                         "'w'")
+    # A piece past the end along one dim (fewer rows than chunks) sits empty at the tensor's end.
+    assert reshard.piece_of((1, 4), (0, 1, 2), (3,), (_VShard(0),), 2) == ([1, 0], [0, 4])

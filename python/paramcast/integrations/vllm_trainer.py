@@ -10,16 +10,24 @@ or ``ParamCastWeightTransferEngine.trainer_send_weights(iterator, args)``
 
 Several trainer ranks (``ParamCastTrainerInitInfo.ranks`` = M > 1; pipeline stages, FSDP or DTensor
 owners): every rank 0..M-1 calls ``trainer_init`` and ``send_weights``, and each sends only the
-parameters vLLM's ``ParamMeta.owners`` gives it (None: every rank), as yielded by the source's
-``iter_full()``, through ParamCast's many senders (rank 0 ``Publisher.weight_update_sharded``, the
-others a ``PublisherRank``; a tensor several ranks own is a replica, each byte sent by one of them).
+parameters vLLM's ``ParamMeta.owners`` gives it (None: every rank), through ParamCast's many senders
+(rank 0 ``Publisher.weight_update_sharded``, the others a ``PublisherRank``). A source with
+``iter_local()`` (vLLM's ModuleSource: each DTensor's ``to_local()``, no all-gather) is iterated that
+way: each rank sends only its piece, as the box ``paramcast.reshard.piece_of`` computes from the
+parameter's ``owners``, ``mesh_shape`` and ``placements`` (no placements: every owner holds it whole).
+Without ``iter_local`` (or with ``init_info.iterate = "full"``) each rank sends the whole tensors its
+``iter_full()`` yields, and a tensor several ranks own is a replica, each byte sent by one of them.
 Rank 0 hands its endpoint out and each round's checks are agreed over torch.distributed
 (``init_info.group``, default: the default group), so every rank refuses alike, before any byte moves
 and before the workers' round starts: a name owned by no rank of the job, a name declared twice, a
-metadata that differs between ranks (e.g. another shape on rank 1), or a tensor that is not what the
-metadata declares, each named. The workers are unchanged. Transforms (FP8) need ``ranks`` = 1. With
-``ranks`` = 1, rank 0 sends everything as before, and a metadata giving a name only to other ranks is
-refused naming it.
+metadata that differs between ranks (e.g. another shape or layout on rank 1), a tensor that is not what
+the metadata declares, or a piece whose shape is not what its placements give that rank, each named.
+The workers are unchanged. Transforms (FP8) with several ranks are ``publisher.transforms`` of the
+config every rank loads (a dict config gets ``init_info.transforms`` there): each rank transforms its
+own pieces (ParamCast refuses a piece a rule cannot apply to, e.g. ``fp8: block`` on a box whose edges
+are not on multiples of 128, naming the tensor and box, before any byte moves). With ``ranks`` = 1,
+rank 0 sends everything as before, and a metadata giving a name only to other ranks is refused naming
+it.
 
 FP8 (docs/transforms.md): ``ParamCastTrainerInitInfo.transforms`` (rules as
 ``publisher.transforms`` takes them, e.g. ``[{"match": "*proj.weight", "fp8":
@@ -88,17 +96,25 @@ class ParamCastTrainerInitInfo(_TrainerInitInfoBase):
     # What every round sends instead of the trainer's bytes (docs/transforms.md), e.g.
     # [{"match": "*norm*", "keep": True}, {"match": "*proj.weight", "fp8": "block"}]: the workers' load_weights
     # gets <name> as float8 e4m3fn and <name>_scale_inv. [] sends every tensor as it is; None: the
-    # publisher config's (publisher.transforms). The workers are told them (init_info.transforms).
+    # publisher config's (publisher.transforms). The workers are told them (init_info.transforms). With
+    # ranks > 1 they become the publisher.transforms of the (dict) config every rank loads: each rank
+    # transforms its own pieces.
     transforms: Any = None
     # How many trainer ranks publish each round together (ParamCast's many senders): 1 (default), rank 0
     # sends every tensor the source declares; M > 1, every rank 0..M-1 sends the parameters it owns
-    # (ParamMeta.owners; None: every rank) and the plan takes each byte from one of its owners. With a
+    # (ParamMeta.owners; None: every rank), its own pieces where the source has iter_local (see iterate),
+    # and the plan takes each byte from one of its holders. With a
     # dict config, publisher.ranks is set from it (a YAML config must say publisher.ranks: M itself).
     ranks: int = 1
     # With ranks > 1: the torch.distributed group of the trainer ranks (group rank = TrainerInitInfo.rank),
     # over which rank 0's endpoint is handed out and each round's holdings are checked; None: the default
     # group (what vLLM's ModuleSource assumes).
     group: Any = None
+    # With ranks > 1, which of the source's iterations each rank sends from. "auto": iter_local() (each
+    # rank's piece as ParamMeta.placements lay it out, no gather) when the source implements it, else
+    # iter_full(). "local": iter_local(), refusing a source without it. "full": iter_full() (whole
+    # tensors: an FSDP source gathers each one), e.g. for "fp8: tensor", which needs the whole tensor.
+    iterate: str = "auto"
 
     def __post_init__(self):
         _check_rules(self.transforms, "paramcast trainer init_info.transforms")
@@ -108,9 +124,14 @@ class ParamCastTrainerInitInfo(_TrainerInitInfoBase):
         if r > 1 and not 0 <= self.rank < r:
             raise ValueError(f"paramcast trainer init_info.rank {self.rank}: not one of the {r} trainer ranks "
                              f"(init_info.ranks)")
-        if r > 1 and self.transforms:
-            raise ValueError("paramcast trainer init_info.transforms: a round sent by several trainer ranks "
-                             "(init_info.ranks > 1) sends every tensor as it is; transforms need ranks: 1")
+        if r > 1 and self.transforms is not None and self.config is not None and not isinstance(self.config, dict):
+            raise ValueError("paramcast trainer init_info.transforms: with several trainer ranks (init_info.ranks "
+                             "> 1) every rank applies the publisher.transforms of the config it loads; a YAML "
+                             "config keeps its own: pass the config as a dict (e.g. yaml.safe_load of the file), "
+                             "whose publisher.transforms these rules then become")
+        if self.iterate not in ("auto", "local", "full"):
+            raise ValueError(f"paramcast trainer init_info.iterate: expected 'auto', 'local' or 'full', "
+                             f"got {self.iterate!r}")
         if self.send not in ("auto", "stream", "whole"):
             raise ValueError(f"paramcast trainer init_info.send: expected 'auto', 'stream' or 'whole', "
                              f"got {self.send!r}")
@@ -121,7 +142,8 @@ class ParamCastTrainerInitInfo(_TrainerInitInfoBase):
 
 
 class ParamCastTrainerWeightTransferEngine(_TrainerBase):
-    """The trainer's side: rank 0 publishes; the other trainer ranks take part in gathering only."""
+    """The trainer's side: rank 0 publishes; with ``ranks`` > 1 every rank sends its part, else the other
+    trainer ranks take part in the source's gathers only."""
 
     init_info_cls = ParamCastTrainerInitInfo
 
@@ -137,6 +159,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         self.send = "auto"
         self.transforms = None  # passed to every round's update (None: the publisher config's)
         self._rules = None  # the rules in effect, where known: the scales' names for update_info.names
+        self.iterate = "auto"  # with ranks > 1: the source's iter_local ("auto", "local") or iter_full
 
     @classmethod
     def trainer_init(cls, init_info, *, client, source=None):
@@ -187,12 +210,14 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             if pub.get("ranks", ranks) != ranks:
                 raise ValueError(f"paramcast trainer init_info.ranks {ranks} but config publisher.ranks "
                                  f"{pub['ranks']}: they must agree")
-            if pub.get("transforms"):
-                raise ValueError("paramcast trainer config publisher.transforms: a round sent by several trainer "
-                                 "ranks (init_info.ranks > 1) sends every tensor as it is; transforms need ranks: 1")
+            # Every rank applies the config's publisher.transforms to its own pieces (ParamCast requires
+            # them alike on every rank): init_info.transforms become them.
+            if init_info.transforms is not None:
+                pub["transforms"] = list(init_info.transforms)
             pub["ranks"] = ranks
             pub.setdefault("update_timeout", f"{int(init_info.update_timeout_s * 1000)}ms")
             config = dict(config, publisher=pub)
+        rules = (config.get("publisher") or {}).get("transforms") if isinstance(config, dict) else None
         box = [None]
         publisher = None
         if init_info.rank == 0:
@@ -212,7 +237,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
                                                     "endpoint": endpoint,
                                                     "config": init_info.engine_config,
                                                     "worker_id_prefix": init_info.worker_id_prefix,
-                                                    "transforms": None})
+                                                    "transforms": None if rules is None else list(rules)})
                 publisher.start()  # waits for the workers and for trainer ranks 1..M-1
             except BaseException:
                 publisher.close()
@@ -236,6 +261,9 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         engine.ranks = ranks
         engine.group = init_info.group
         engine.send = "whole"
+        engine.iterate = init_info.iterate
+        engine.transforms = None if rules is None else list(rules)
+        engine._rules = rules
         return engine
 
     def send_weights(self):
@@ -244,7 +272,9 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         ``finish_weight_update`` is given the ParamCast version as ``weight_version`` (a decimal string):
         vLLM sets its engine's weight version from it (``/weight_info``, ``LLM.get_weight_version()``).
         """
-        missing = [a for a in ("metadata", "iter_full") if not hasattr(self.source, a)]
+        # Several ranks send from iter_full or iter_local, whichever the source has (checked per round).
+        missing = [a for a in ("metadata",) + (() if self.ranks > 1 else ("iter_full",))
+                   if not hasattr(self.source, a)]
         if missing:
             raise TypeError(f"paramcast send_weights: the source ({type(self.source).__name__}) has no "
                             f"{' or '.join(missing)}: pass a vLLM WeightSource (e.g. ModuleSource(model))")
@@ -343,20 +373,30 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         for m in metas:
             declared.setdefault(m.name, m)
         mine = [m.name for m in metas if _owners(m, self.ranks) is not None and self.rank in _owners(m, self.ranks)]
+        local, why = _iteration(self.source, self.iterate)
+        if why:
+            problems.append(f"trainer rank {self.rank}: {why}")
         tensors = []
         if not problems:
             try:
                 got = set()
-                for name, tensor in self.source.iter_full():
+                for name, tensor in (self.source.iter_local() if local else self.source.iter_full()):
+                    got.add(name)
                     m = declared.get(name)
                     if m is None or self.rank not in (_owners(m, self.ranks) or ()):
                         problems.append(f"trainer rank {self.rank} yields {name!r}, which the metadata does not "
                                         f"give it (owners {None if m is None else m.owners})")
+                    elif local:
+                        said, piece = self._piece(m, tensor)
+                        if said:
+                            problems.append(said)
+                        else:
+                            tensors.append((name, piece))
                     elif tensor.dtype != m.dtype or tuple(tensor.shape) != tuple(m.shape):
                         problems.append(f"trainer rank {self.rank} holds {name!r} as {tensor.dtype} "
                                         f"{tuple(tensor.shape)}, declared {m.dtype} {tuple(m.shape)}")
-                    got.add(name)
-                    tensors.append((name, tensor))
+                    else:
+                        tensors.append((name, tensor))
                 lost = [n for n in mine if n not in got]
                 if lost:
                     problems.append(f"trainer rank {self.rank} owns {_names_list(lost)} but its source did not "
@@ -373,13 +413,17 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
                 problems.append(f"trainer rank 0: start_weight_update failed: {type(e).__name__}: {e}")
         said = [None] * self.ranks
         dist.all_gather_object(said, (self.rank, problems, version,
-                                      [(m.name, str(m.dtype), tuple(m.shape), m.owners) for m in metas]),
+                                      [(m.name, str(m.dtype), tuple(m.shape), m.owners, _layout(m)) for m in metas],
+                                      self._rules),
                                group=self.group)
-        everyone = list(dict.fromkeys(p for _, ps, _, _ in said for p in ps))  # metadata problems: on every rank
+        everyone = list(dict.fromkeys(p for _, ps, _, _, _ in said for p in ps))  # metadata problems: on every rank
         version = said[0][2]
-        for rank, _, _, theirs in said[1:]:
+        for rank, _, _, theirs, rules in said[1:]:
             if theirs != said[0][3]:
                 everyone.append(_metadata_difference(said[0][3], theirs, rank))
+            if rules != said[0][4]:
+                everyone.append(f"trainer ranks 0 and {rank} apply different transforms (rank 0 {said[0][4]}, "
+                                f"rank {rank} {rules}): give every rank the same init_info.transforms")
         if everyone:
             if started:
                 with contextlib.suppress(Exception):
@@ -390,7 +434,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
                 return self.publisher.weight_update(tensors, version=version)
             finally:
                 del tensors
-        names = [m.name for m in metas]
+        names = wire_names([m.name for m in metas], self._rules)  # each FP8 tensor with its scales
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             receiving = pool.submit(self.client.update_weights,
                                     {"version": version, "names": names, "timeout_s": self.update_timeout_s})
@@ -404,6 +448,33 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             receiving.result()
         self.client.finish_weight_update(weight_version=str(result.version))
         return result
+
+    def _piece(self, meta, tensor):
+        """(refusal, None) or (None, what this rank sends of ``meta``): ``tensor``, the piece its
+        ``iter_local()`` yielded, checked against the box the metadata's layout gives this rank."""
+        if hasattr(tensor, "to_local") and hasattr(tensor, "device_mesh"):  # a DTensor: its local piece
+            tensor = tensor.to_local()
+        shape = tuple(meta.shape)
+        try:
+            offsets, lengths = paramcast.reshard.piece_of(shape, meta.owners, getattr(meta, "mesh_shape", None),
+                                                         getattr(meta, "placements", None), self.rank,
+                                                         f"{meta.name!r}")
+        except ValueError as e:
+            return f"trainer rank {self.rank}: {e}", None
+        if tensor.dtype != meta.dtype:
+            return (f"trainer rank {self.rank} holds its piece of {meta.name!r} as {tensor.dtype}, declared "
+                    f"{meta.dtype}"), None
+        if tuple(tensor.shape) != tuple(lengths):
+            mesh, placements = _layout(meta)
+            laid = ("owners None: every rank holds it whole" if meta.owners is None else
+                    f"owners {tuple(meta.owners)}, no placements: every owner holds it whole" if placements is None
+                    else f"owners {tuple(meta.owners)}, mesh {mesh}, placements [{', '.join(placements)}]")
+            return (f"trainer rank {self.rank} yields a piece of {meta.name!r} shaped {tuple(tensor.shape)}, but "
+                    f"its layout ({laid}) gives rank "
+                    f"{self.rank} {tuple(lengths)} at offsets {tuple(offsets)} of {meta.dtype} {shape}"), None
+        if list(lengths) == list(shape):
+            return None, tensor  # the whole tensor (a replica)
+        return None, paramcast.reshard.Shard(tensor, shape, offsets)
 
     def _names(self, manifest):
         # What the workers must receive this round: the source's names, each FP8 one with its scales.
@@ -444,13 +515,52 @@ def _owner_problems(metas, ranks):
     return problems
 
 
+def _iteration(source, iterate):
+    """(True: iter_local, False: iter_full; why neither can be used or '') for ``init_info.iterate``."""
+    has = {what: _implements(source, what) for what in ("iter_local", "iter_full")}
+    if iterate == "full" or (iterate == "auto" and not has["iter_local"]):
+        if has["iter_full"]:
+            return False, ""
+        return False, (f"its source ({type(source).__name__}) implements neither iter_full nor iter_local"
+                       if iterate == "auto" else f"init_info.iterate is 'full' but its source "
+                       f"({type(source).__name__}) does not implement iter_full")
+    if has["iter_local"]:
+        return True, ""
+    return True, (f"init_info.iterate is 'local' but its source ({type(source).__name__}) does not implement "
+                  f"iter_local")
+
+
+def _implements(source, what):
+    """Whether ``source`` has its own ``what`` (vLLM's WeightSource.implements_<what>() where it has one)."""
+    said = getattr(source, "implements_" + what, None)
+    if callable(said):
+        return bool(said())
+    return callable(getattr(source, what, None))
+
+
+def _layout(meta):
+    """(mesh_shape, placements) of ``meta`` as plain data, compared between ranks; (None, None) for a tensor
+    every owner holds whole (no placements: the mesh says nothing then)."""
+    mesh, placements = getattr(meta, "mesh_shape", None), getattr(meta, "placements", None)
+    if placements is None or getattr(meta, "owners", None) is None:
+        return None, None
+    if mesh is None:
+        mesh = (len(meta.owners),)  # vLLM's default: a 1-d mesh over the owners
+    placements = tuple(f"Shard({p.dim})" if type(p).__name__ == "Shard" and hasattr(p, "dim") else
+                       "Replicate()" if type(p).__name__ == "Replicate" else repr(p) for p in placements)
+    return tuple(mesh), placements
+
+
 def _metadata_difference(ours, theirs, rank):
     """Where trainer rank ``rank``'s metadata differs from rank 0's (vLLM: identical on every rank)."""
     a, b = {e[0]: e for e in ours}, {e[0]: e for e in theirs}
     for name in list(a) + [n for n in b if n not in a]:
         if a.get(name) != b.get(name):
             def say(e):
-                return "does not declare it" if e is None else f"declares {e[1]} {e[2]} owned by {e[3]}"
+                if e is None:
+                    return "does not declare it"
+                laid = "" if e[4] == (None, None) else f" on mesh {e[4][0]} as [{', '.join(e[4][1])}]"
+                return f"declares {e[1]} {e[2]} owned by {e[3]}{laid}"
             return (f"trainer ranks 0 and {rank} declare {name!r} differently: rank 0 {say(a.get(name))}, "
                     f"rank {rank} {say(b.get(name))}")
     return f"trainer rank {rank} declares the parameters in another order than rank 0"
