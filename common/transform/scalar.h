@@ -6,7 +6,10 @@
 // device those are written as __fmul_rn / __fadd_rn / __fdiv_rn, which nvcc
 // neither contracts into an FMA nor approximates; fp8_kernels.cu is also
 // compiled with -ftz=false -prec-div=true -fmad=false (common/CMakeLists.txt)
-// so that subnormals are kept as the host keeps them.
+// so that subnormals are kept as the host keeps them; the host keeps them
+// because transform.cc's apply clears the thread's denormals-are-zero and
+// flush-to-zero modes (x86 MXCSR, Arm FPCR) for its loops, whatever the
+// process set (torch.set_flush_denormal, a library built with -ffast-math).
 //
 // Pure: header only, no state.
 #pragma once
@@ -65,7 +68,11 @@ PC_SCALAR float div(float a, float b) {
 }
 
 inline constexpr float kFp8MaxValue = 448.0f;                  // the largest finite e4m3fn
-inline constexpr float kTinyAmax = 448.0f * 0x1.0p-149f;       // below this, amax / 448 is 0 in float32
+// The smallest amax that gets the scale amax / 448; below it a block is
+// scaled as a zero block is (scale 1), as the reference defines it
+// (docs/transforms.md). Note that amax / 448 rounds to 0 in float32 only
+// for amax <= 224 x 2^-149; between that and this bound it is 2^-149.
+inline constexpr float kTinyAmax = 448.0f * 0x1.0p-149f;
 inline constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 inline constexpr uint32_t kInfBits = 0x7F800000u;              // |x|'s bits at least this: not finite
 
@@ -86,9 +93,14 @@ PC_SCALAR uint8_t encode(float x) {
   return static_cast<uint8_t>((u < 0x3C800000u ? sub : norm) | sign);  // 2^-6
 }
 
-// amax / 448 would underflow to 0 below 448 x 2^-149 (x / 0 is no value):
-// such a block is scaled as a zero block is.
-PC_SCALAR float scale_of(float amax) { return amax < kTinyAmax ? 1.0f : div(amax, kFp8MaxValue); }
+// The scale of a block whose max |x| is `amax` (non-negative, finite):
+// amax / 448, or 1 below kTinyAmax. The comparison is on the bits (they
+// order as non-negative values do), so that a host thread running with
+// denormals-are-zero, where the subnormal kTinyAmax compares as 0, still
+// takes this branch (transform.cc also clears DAZ/FTZ for the division).
+PC_SCALAR float scale_of(float amax) {
+  return bits_of(amax) < bits_of(kTinyAmax) ? 1.0f : div(amax, kFp8MaxValue);
+}
 
 // The quantized code of x under `scale` (x finite): e4m3fn(clamp(x / scale)).
 PC_SCALAR uint8_t quantize(float x, float scale) { return encode(div(x, scale)); }

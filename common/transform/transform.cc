@@ -6,6 +6,10 @@
 #include <new>
 #include <set>
 
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
+#include <xmmintrin.h>
+#endif
+
 #include "common/transform/scalar.h"
 #include "paramcast/build_config.h"
 #if PARAMCAST_HAVE_NCCL
@@ -43,17 +47,18 @@ std::string rule_name(const std::vector<Rule>& rules, int rule) {
 }
 
 
-// max |x| over [begin, end), on the bits of |x| (they order as the values
-// do); `bad` set when any x is not finite (its bits are at least inf's).
+// max |x| over [begin, end) as the bits of |x| (they order as the values
+// do, and integers compare the same under denormals-are-zero); `bad` set
+// when any x is not finite (its bits are at least inf's).
 template <class Load>
-inline float amax_of(const Load& load, int64_t begin, int64_t end, bool& bad) {
+inline uint32_t amax_bits(const Load& load, int64_t begin, int64_t end, bool& bad) {
   uint32_t m = 0;
   for (int64_t i = begin; i < end; ++i) {
-    const uint32_t a = bits_of(load(i)) & 0x7FFFFFFFu;
+    const uint32_t a = bits_of(load(i)) & scalar::kAbsMask;
     m = a > m ? a : m;
   }
-  bad = bad || m >= 0x7F800000u;
-  return float_of(m);
+  bad = bad || m >= scalar::kInfBits;
+  return m;
 }
 
 template <class Load>
@@ -71,31 +76,31 @@ int64_t fp8_kernel(const Load& load, int64_t rows, int64_t cols, Fp8Scaling scal
     return int64_t{-1};
   };
   if (scaling == Fp8Scaling::kTensor) {
-    const float s = scale_of(amax_of(load, 0, rows * cols, bad));
+    const float s = scale_of(float_of(amax_bits(load, 0, rows * cols, bad)));
     if (bad) return first_bad();
     scales[0] = s;
     quantize_run(load, 0, rows * cols, s, q);
     return -1;
   }
   if (scaling == Fp8Scaling::kChannel) {
-    for (int64_t r = 0; r < rows; ++r) scales[r] = scale_of(amax_of(load, r * cols, (r + 1) * cols, bad));
+    for (int64_t r = 0; r < rows; ++r) scales[r] = scale_of(float_of(amax_bits(load, r * cols, (r + 1) * cols, bad)));
     if (bad) return first_bad();
     for (int64_t r = 0; r < rows; ++r) quantize_run(load, r * cols, (r + 1) * cols, scales[r], q);
     return -1;
   }
   const int64_t bcols = (cols + kBlock - 1) / kBlock;
-  std::vector<float> amax(static_cast<size_t>(bcols));
+  std::vector<uint32_t> amax(static_cast<size_t>(bcols));  // |x|'s bits
   for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {  // one stripe of 128 rows at a time
     const int64_t r1 = std::min(rows, r0 + kBlock);
-    std::fill(amax.begin(), amax.end(), 0.0f);
+    std::fill(amax.begin(), amax.end(), 0u);
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t b = 0; b < bcols; ++b) {
-        const float m = amax_of(load, r * cols + b * kBlock, r * cols + std::min(cols, (b + 1) * kBlock), bad);
+        const uint32_t m = amax_bits(load, r * cols + b * kBlock, r * cols + std::min(cols, (b + 1) * kBlock), bad);
         amax[static_cast<size_t>(b)] = std::max(amax[static_cast<size_t>(b)], m);
       }
     if (bad) return first_bad();
     float* row_scales = scales + (r0 / kBlock) * bcols;
-    for (int64_t b = 0; b < bcols; ++b) row_scales[b] = scale_of(amax[static_cast<size_t>(b)]);
+    for (int64_t b = 0; b < bcols; ++b) row_scales[b] = scale_of(float_of(amax[static_cast<size_t>(b)]));
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t b = 0; b < bcols; ++b)
         quantize_run(load, r * cols + b * kBlock, r * cols + std::min(cols, (b + 1) * kBlock), row_scales[b], q);
@@ -215,6 +220,63 @@ uint16_t f16_from_float(float f) { return scalar::f16_from_float(f); }
 float f16_to_float(uint16_t h) { return scalar::f16_to_float(h); }
 
 // ------------------------------------------------------------ apply
+namespace {
+
+// For a scope: the calling thread computes float32 with subnormals, as IEEE
+// 754 and the CUDA kernels do, whatever mode the process left it in. A
+// thread running with denormals-are-zero (a subnormal input read as 0) or
+// flush-to-zero (a subnormal result written as 0), as after
+// torch.set_flush_denormal(True) or loading a library built with
+// -ffast-math, would otherwise get other scales and codes for blocks whose
+// amax is tiny (amax 1e-40: scale 0 and every code +-448). Saves the
+// thread's control register, clears those two modes, and puts the saved
+// register back at scope exit. x86: MXCSR's DAZ (bit 6) and FTZ (bit 15).
+// AArch64: FPCR's FZ (bit 24) and FIZ (bit 0, flush inputs; RES0 before
+// FEAT_AFP, where clearing it changes nothing). Elsewhere nothing is
+// changed (no such mode in use that ParamCast knows of).
+class KeepSubnormals {
+ public:
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
+  static constexpr unsigned kFlushModes = 0x8040u;
+  KeepSubnormals() : saved_(_mm_getcsr()) {
+    if (saved_ & kFlushModes) _mm_setcsr(saved_ & ~kFlushModes);
+  }
+  ~KeepSubnormals() {
+    if (saved_ & kFlushModes) _mm_setcsr(saved_);
+  }
+
+ private:
+  unsigned saved_;
+#elif defined(__aarch64__)
+  static constexpr uint64_t kFlushModes = (uint64_t{1} << 24) | uint64_t{1};
+  KeepSubnormals() {
+    asm volatile("mrs %0, fpcr" : "=r"(saved_));
+    if (saved_ & kFlushModes) {
+      const uint64_t exact = saved_ & ~kFlushModes;
+      asm volatile("msr fpcr, %0" : : "r"(exact));
+    }
+  }
+  ~KeepSubnormals() {
+    if (saved_ & kFlushModes) asm volatile("msr fpcr, %0" : : "r"(saved_));
+  }
+
+ private:
+  uint64_t saved_ = 0;
+#else
+  KeepSubnormals() {}
+#endif
+ public:
+  KeepSubnormals(const KeepSubnormals&) = delete;
+  KeepSubnormals& operator=(const KeepSubnormals&) = delete;
+};
+
+// apply for a host tensor. Not inlined: its float operations then cannot be
+// moved across the mode change around the call in apply (the compiler does
+// not see the control register as an input of float arithmetic).
+[[gnu::noinline]] Status apply_host(const TensorView& src, const Transform& t, void* out, float* scales);
+
+}  // namespace
+
 Status apply(const TensorView& src, const Transform& t, void* out, float* scales) {
   if (src.device.is_cuda()) {
 #if PARAMCAST_HAVE_NCCL
@@ -227,6 +289,13 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
     return invalid_argument(msg);
 #endif
   }
+  const KeepSubnormals exact;
+  return apply_host(src, t, out, scales);
+}
+
+namespace {
+
+Status apply_host(const TensorView& src, const Transform& t, void* out, float* scales) {
   auto numel = src.spec.numel();
   if (!numel.ok()) return numel.status();
   const uint64_t n = *numel;
@@ -269,6 +338,8 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
   if (bad < 0) return Status();
   return not_finite_error(src.spec, t, bad, load(src.data, from, static_cast<uint64_t>(bad)));
 }
+
+}  // namespace
 
 Status not_finite_error(const TensorSpec& spec, const Transform& t, int64_t index, float value) {
   const int64_t c = spec.shape.size() == 2 ? std::max<int64_t>(spec.shape[1], 1) : 1;

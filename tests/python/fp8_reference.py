@@ -9,12 +9,12 @@ FP8_MAX = 448.0
 BLOCK = 128
 
 
-TINY = FP8_MAX * 2.0 ** -149  # below this amax, amax / 448 is 0 in float32
+TINY = FP8_MAX * 2.0 ** -149  # below this amax, amax / 448 is 0 or the smallest subnormal in float32
 
 
 def _scale(amax):
-    """scale = amax / 448 in float32; 1 where that would be 0 (amax 0, or below 448 x 2^-149):
-    such a block is scaled as a zero block."""
+    """scale = amax / 448 in float32; 1 where amax is below 448 x 2^-149 (amax 0 included: amax / 448
+    would be 0, or 2^-149 at most): such a block is scaled as a zero block."""
     amax = amax.to(torch.float32)
     return torch.where(amax < TINY, torch.ones_like(amax), amax / FP8_MAX)
 

@@ -4,24 +4,30 @@
 // (cudaMallocAsync / cudaFreeAsync): nothing here synchronizes the device,
 // so a transform never waits on unrelated work (an NCCL broadcast in
 // flight on another stream).
+//
+// Errors: every failed runtime call becomes a Status naming the tensor and
+// the call, and its error is taken off the thread (cudaGetLastError), so
+// that no later CUDA check of the caller's (PyTorch's, NCCL's) reports it
+// again. Out of device memory is kUnavailable wherever it happens (an
+// output in allocate, the scratch in apply); a device that does not exist
+// and a pointer not aligned to its elements are kInvalidArgument;
+// everything else is kInternal.
 #include "common/transform/cuda/cuda_transform.h"
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/data/device_memory.h"
-#include "common/data/nccl/device_guard.h"
-#include "common/data/nccl/nccl_check.h"
 #include "common/transform/cuda/fp8_kernels.h"
 #include "common/transform/scalar.h"
 
 namespace paramcast::transform::cuda {
 namespace {
-
-using nccl_backend::DeviceGuard;
 
 std::optional<Float> float_kind(DType d) {
   switch (d) {
@@ -32,6 +38,77 @@ std::optional<Float> float_kind(DType d) {
   }
 }
 
+// The Status of a failed runtime call `call` (returned `e`), for `what`
+// ("tensor 'w'", "cuda:0"). The thread's last error is cleared (a sticky
+// error, one that broke the context, stays: CUDA keeps reporting it).
+Status failure(cudaError_t e, const char* call, const std::string& what) {
+  (void)cudaGetLastError();
+  std::string msg = what;
+  msg += ": ";
+  msg += call;
+  msg += ": ";
+  msg += cudaGetErrorName(e);
+  msg += ": ";
+  msg += cudaGetErrorString(e);
+  if (e == cudaErrorMemoryAllocation) return unavailable(msg);
+  if (e == cudaErrorInvalidDevice || e == cudaErrorNoDevice) return invalid_argument(msg);
+  return internal_error(msg);
+}
+
+// Returns the failure of `call` for `what` (a std::string) when it fails.
+#define PC_TRANSFORM_CUDA(call, what)                                  \
+  do {                                                                 \
+    const cudaError_t pc_te_ = (call);                                 \
+    if (pc_te_ != cudaSuccess) return failure(pc_te_, #call, (what));  \
+  } while (0)
+
+// Makes a device current for a scope and then makes the caller's current
+// again, so that ParamCast never changes the device a trainer's thread
+// works on. Unlike nccl_backend::DeviceGuard, says when the device cannot
+// be made current (enter's Status), rather than running on another one.
+class OnDevice {
+ public:
+  OnDevice() = default;
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+  ~OnDevice() {
+    if (current_ >= 0 && previous_ != current_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  Status enter(int device) {
+    const std::string what = "cuda:" + std::to_string(device);
+    int previous = -1;
+    PC_TRANSFORM_CUDA(cudaGetDevice(&previous), what);
+    previous_ = previous;
+    if (previous != device) PC_TRANSFORM_CUDA(cudaSetDevice(device), what);
+    current_ = device;
+    return Status();
+  }
+
+ private:
+  int previous_ = -1;  // the caller's device
+  int current_ = -1;   // the device entered; -1: none (nothing to restore)
+};
+
+// Refuses a pointer a kernel would read or write elements of `size` bytes
+// through when it is not aligned to them (a misaligned load is a sticky
+// error: it would end every later CUDA call of the process).
+Status check_aligned(const void* p, size_t size, const std::string& name, const char* which, std::string_view type) {
+  if (size <= 1 || reinterpret_cast<uintptr_t>(p) % size == 0) return Status();
+  char at[32];
+  std::snprintf(at, sizeof(at), "%p", p);
+  std::string msg = name;
+  msg += ": ";
+  msg += which;
+  msg += " (";
+  msg += at;
+  msg += ") is not aligned to its ";
+  msg += std::to_string(size);
+  msg += "-byte ";
+  msg += type;
+  msg += " elements; the CUDA transform reads and writes whole elements";
+  return invalid_argument(msg);
+}
+
 // Element `index` of a device tensor as float32 (for the refusal's text).
 float element(const TensorView& src, int64_t index, cudaStream_t stream) {
   const size_t size = dtype_size(src.spec.dtype);
@@ -39,7 +116,7 @@ float element(const TensorView& src, int64_t index, cudaStream_t stream) {
   const auto* at = static_cast<const uint8_t*>(src.data) + static_cast<uint64_t>(index) * size;
   if (cudaMemcpyAsync(&bits, at, size, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
       cudaStreamSynchronize(stream) != cudaSuccess) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     return scalar::float_of(0x7FC00000u);
   }
   switch (src.spec.dtype) {
@@ -48,12 +125,6 @@ float element(const TensorView& src, int64_t index, cudaStream_t stream) {
     default: return scalar::bf16_to_float(static_cast<uint16_t>(bits));
   }
 }
-
-// Per fp8 call: the first bad index, then `amax_count` row amaxes.
-struct Scratch {
-  unsigned long long* bad = nullptr;
-  uint32_t* amax = nullptr;
-};
 
 }  // namespace
 
@@ -65,26 +136,34 @@ StatusOr<int> ordinal(const Device& device) {
 }
 
 StatusOr<uint8_t*> allocate(int device, size_t bytes) {
-  DeviceGuard guard(device);
+  OnDevice on;
+  PC_RETURN_IF_ERROR(on.enter(device));
   void* p = nullptr;
   const cudaError_t e = cudaMallocAsync(&p, bytes, nullptr);
   if (e == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     return unavailable("no device memory on cuda:" + std::to_string(device) + " for " + std::to_string(bytes) +
                        " bytes");
   }
-  PC_CUDA_RETURN(e);
+  PC_TRANSFORM_CUDA(e, "cuda:" + std::to_string(device));
   return static_cast<uint8_t*>(p);
 }
 
 void release(int device, uint8_t* ptr) {
   if (!ptr) return;
-  DeviceGuard guard(device);
-  if (cudaFreeAsync(ptr, nullptr) != cudaSuccess) cudaGetLastError();
+  OnDevice on;
+  if (!on.enter(device).ok()) return;  // the device is unreachable: its memory goes with its context
+  if (cudaFreeAsync(ptr, nullptr) != cudaSuccess) (void)cudaGetLastError();
 }
 
 Status encode_bits(uint32_t first, uint64_t n, uint8_t* codes_device, void* stream) {
-  PC_CUDA_RETURN(launch_encode_bits(first, n, codes_device, static_cast<cudaStream_t>(stream)));
+  PC_TRANSFORM_CUDA(launch_encode_bits(first, n, codes_device, static_cast<cudaStream_t>(stream)), "encode_bits");
+  return Status();
+}
+
+Status reference_bits(uint32_t first, uint64_t n, uint8_t* codes_device, void* stream) {
+  PC_TRANSFORM_CUDA(launch_reference_bits(first, n, codes_device, static_cast<cudaStream_t>(stream)),
+                    "reference_bits");
   return Status();
 }
 
@@ -108,19 +187,30 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
   }
   const auto to = float_kind(t.to);
   if (t.kind == Transform::Kind::kCast && !to) return invalid_argument(name + ": cast goes to bf16, fp16 or fp32");
+  if (t.kind != Transform::Kind::kNone) {  // the kernels read and write whole elements
+    PC_RETURN_IF_ERROR(check_aligned(src.data, dtype_size(src.spec.dtype), name, "its data",
+                                     dtype_name(src.spec.dtype)));
+    if (t.kind == Transform::Kind::kCast)
+      PC_RETURN_IF_ERROR(check_aligned(out, dtype_size(t.to), name, "the output buffer", dtype_name(t.to)));
+    else
+      PC_RETURN_IF_ERROR(check_aligned(scales, sizeof(float), name, "the scales buffer", "F32"));
+  }
   auto device = ordinal(src.device);
   if (!device.ok()) return device.status().with_context(name);
-  DeviceGuard guard(*device);
+  OnDevice on;
+  if (Status s = on.enter(*device); !s.ok()) return s.with_context(name);
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
 
   if (t.kind == Transform::Kind::kNone) {
-    if (n) PC_CUDA_RETURN(cudaMemcpyAsync(out, src.data, n * dtype_size(src.spec.dtype), cudaMemcpyDeviceToDevice, stream));
-    PC_CUDA_RETURN(cudaStreamSynchronize(stream));
+    if (n)
+      PC_TRANSFORM_CUDA(cudaMemcpyAsync(out, src.data, n * dtype_size(src.spec.dtype), cudaMemcpyDeviceToDevice, stream),
+                        name);
+    PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
     return Status();
   }
   if (t.kind == Transform::Kind::kCast) {
-    PC_CUDA_RETURN(launch_cast(src.data, *from, n, out, *to, stream));
-    PC_CUDA_RETURN(cudaStreamSynchronize(stream));
+    PC_TRANSFORM_CUDA(launch_cast(src.data, *from, n, out, *to, stream), name);
+    PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
     return Status();
   }
 
@@ -133,39 +223,57 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
   if (n == 0) {
     if (scale_count > 0) {
       const std::vector<float> ones(static_cast<size_t>(scale_count), 1.0f);
-      PC_CUDA_RETURN(cudaMemcpyAsync(scales, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-      PC_CUDA_RETURN(cudaStreamSynchronize(stream));
+      PC_TRANSFORM_CUDA(
+          cudaMemcpyAsync(scales, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream), name);
+      PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
     }
     return Status();
   }
+  // Scratch: the first non-finite index, then (rows) the rows' amax bits.
   const int64_t amax_count = t.scaling == Fp8Scaling::kBlock ? 0 : scale_count;
+  const size_t scratch_bytes = sizeof(unsigned long long) + sizeof(uint32_t) * static_cast<size_t>(amax_count);
   void* raw = nullptr;
-  PC_CUDA_RETURN(cudaMallocAsync(&raw, sizeof(unsigned long long) + sizeof(uint32_t) * static_cast<size_t>(amax_count), stream));
-  Scratch scratch{static_cast<unsigned long long*>(raw),
-                  reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(raw) + sizeof(unsigned long long))};
+  if (const cudaError_t e = cudaMallocAsync(&raw, scratch_bytes, stream); e != cudaSuccess) {
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return unavailable(name + ": no device memory on cuda:" + std::to_string(*device) + " for its " +
+                         std::to_string(scratch_bytes) + " bytes of scratch (" + describe(t) + ")");
+    }
+    return failure(e, "cudaMallocAsync(scratch)", name);
+  }
+  auto* first_bad = static_cast<unsigned long long*>(raw);
+  auto* amax = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(raw) + sizeof(unsigned long long));
   unsigned long long bad = ~0ull;
-  auto queue = [&]() -> cudaError_t {
-    cudaError_t e = cudaMemsetAsync(scratch.bad, 0xFF, sizeof(unsigned long long), stream);
-    if (e == cudaSuccess && amax_count)
-      e = cudaMemsetAsync(scratch.amax, 0, sizeof(uint32_t) * static_cast<size_t>(amax_count), stream);
-    if (e != cudaSuccess) return e;
+  // Queues the work; the first failure's Status (the rest is not queued).
+  auto queue = [&]() -> Status {
+    PC_TRANSFORM_CUDA(cudaMemsetAsync(first_bad, 0xFF, sizeof(unsigned long long), stream), name);
+    if (amax_count)
+      PC_TRANSFORM_CUDA(cudaMemsetAsync(amax, 0, sizeof(uint32_t) * static_cast<size_t>(amax_count), stream), name);
     auto* q = static_cast<uint8_t*>(out);
     switch (t.scaling) {
-      case Fp8Scaling::kBlock: e = launch_fp8_block(src.data, *from, rows, cols, q, scales, scratch.bad, stream); break;
+      case Fp8Scaling::kBlock:
+        PC_TRANSFORM_CUDA(launch_fp8_block(src.data, *from, rows, cols, q, scales, first_bad, stream), name);
+        break;
       case Fp8Scaling::kChannel:
-        e = launch_fp8_rows(src.data, *from, rows, cols, q, scales, scratch.amax, scratch.bad, stream);
+        PC_TRANSFORM_CUDA(launch_fp8_rows(src.data, *from, rows, cols, q, scales, amax, first_bad, stream), name);
         break;
       default:  // the tensor as one row
-        e = launch_fp8_rows(src.data, *from, 1, rows * cols, q, scales, scratch.amax, scratch.bad, stream);
+        PC_TRANSFORM_CUDA(launch_fp8_rows(src.data, *from, 1, rows * cols, q, scales, amax, first_bad, stream), name);
     }
-    if (e != cudaSuccess) return e;
-    return cudaMemcpyAsync(&bad, scratch.bad, sizeof(bad), cudaMemcpyDeviceToHost, stream);
+    PC_TRANSFORM_CUDA(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), name);
+    return Status();
   };
-  const cudaError_t queued = queue();
+  const Status queued = queue();
+  // Freed after what was queued, whether or not all of it was.
   const cudaError_t freed = cudaFreeAsync(raw, stream);
-  PC_CUDA_RETURN(queued);
-  PC_CUDA_RETURN(freed);
-  PC_CUDA_RETURN(cudaStreamSynchronize(stream));
+  // The copy of `bad` lands in this frame: wait for it before any return.
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (!queued.ok()) {
+    (void)cudaGetLastError();
+    return queued;
+  }
+  PC_TRANSFORM_CUDA(freed, name);
+  PC_TRANSFORM_CUDA(synced, name);
   if (bad == ~0ull) return Status();
   const auto index = static_cast<int64_t>(bad);
   return not_finite_error(src.spec, t, index, element(src, index, stream));

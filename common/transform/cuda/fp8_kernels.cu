@@ -1,5 +1,7 @@
 #include "common/transform/cuda/fp8_kernels.h"
 
+#include <cuda_fp8.h>
+
 #include <algorithm>
 
 #include "common/transform/scalar.h"
@@ -104,16 +106,28 @@ __device__ __forceinline__ void store_codes(uint8_t* q, const float (&v)[V], flo
 }
 
 // max over |v|'s bits (they order as the values do); a non-finite element
-// (bits at least inf's) records its flat index in *bad, the smallest wins.
+// (bits at least inf's) lowers the thread's `first` to its flat index. A
+// thread publishes its `first` with one atomicMin at the end of its kernel
+// (report_bad), not one per non-finite element: an all-NaN tensor costs one
+// atomic per thread, not one per element on a single address.
 template <int V>
-__device__ __forceinline__ uint32_t amax_of(const float (&v)[V], uint32_t m, uint64_t flat, unsigned long long* bad) {
+__device__ __forceinline__ uint32_t amax_of(const float (&v)[V], uint32_t m, uint64_t flat,
+                                            unsigned long long& first) {
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     const uint32_t a = sc::bits_of(v[e]) & sc::kAbsMask;
     m = a > m ? a : m;
-    if (a >= sc::kInfBits) atomicMin(bad, static_cast<unsigned long long>(flat + e));
+    const unsigned long long at = flat + e;
+    if (a >= sc::kInfBits && at < first) first = at;
   }
   return m;
+}
+
+constexpr unsigned long long kNoBad = ~0ull;
+
+// The thread's first non-finite index into *bad (the smallest wins).
+__device__ __forceinline__ void report_bad(unsigned long long first, unsigned long long* bad) {
+  if (first != kNoBad) atomicMin(bad, first);
 }
 
 // The block's max of every thread's m, returned to every thread. Every
@@ -143,6 +157,7 @@ __global__ void __launch_bounds__(kThreads) fp8_block_kernel(const typename S::T
   const int64_t tiles = (rows + kTile - 1) / kTile * bcols;
   const int64_t c = static_cast<int64_t>(threadIdx.x % kPerRow) * V;
   const int64_t ty = threadIdx.x / kPerRow;
+  unsigned long long first = kNoBad;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {  // uniform across the block
     const int64_t r0 = tile / bcols * kTile, c0 = tile % bcols * kTile;
     const int64_t h = rows - r0 < kTile ? rows - r0 : kTile, w = cols - c0 < kTile ? cols - c0 : kTile;
@@ -158,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) fp8_block_kernel(const typename S::T
       if (r < h && c < w) {
         float (&x)[V] = v[kHold ? k : 0];
         load<S, V>(src + at, x);
-        m = amax_of<V>(x, m, static_cast<uint64_t>(at), bad);
+        m = amax_of<V>(x, m, static_cast<uint64_t>(at), first);
       }
     }
     const float scale = sc::scale_of(sc::float_of(block_max(m, warp_max)));
@@ -174,6 +189,7 @@ __global__ void __launch_bounds__(kThreads) fp8_block_kernel(const typename S::T
       }
     }
   }
+  report_bad(first, bad);
 }
 
 // fp8 per row, pass 1: blockIdx.y strides over the rows, x over each row's
@@ -183,6 +199,7 @@ __global__ void __launch_bounds__(kThreads) amax_rows_kernel(const typename S::T
                                                               uint32_t* amax, unsigned long long* bad) {
   constexpr int64_t kChunk = int64_t{kThreads} * V * kRowSteps;
   __shared__ uint32_t warp_max[kThreads / 32];
+  unsigned long long first = kNoBad;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     for (int64_t c0 = blockIdx.x * kChunk; c0 < cols; c0 += gridDim.x * kChunk) {  // uniform across the block
       uint32_t m = 0;
@@ -192,13 +209,14 @@ __global__ void __launch_bounds__(kThreads) amax_rows_kernel(const typename S::T
         if (c < cols) {
           float v[V];
           load<S, V>(src + r * cols + c, v);
-          m = amax_of<V>(v, m, static_cast<uint64_t>(r * cols + c), bad);
+          m = amax_of<V>(v, m, static_cast<uint64_t>(r * cols + c), first);
         }
       }
       m = block_max(m, warp_max);
       if (threadIdx.x == 0 && m) atomicMax(&amax[r], m);
     }
   }
+  report_bad(first, bad);
 }
 
 // fp8 per row, pass 2: the row's scale and codes.
@@ -248,6 +266,23 @@ __global__ void __launch_bounds__(kThreads) encode_bits_kernel(uint32_t first, u
     codes[i] = sc::encode(sc::float_of(static_cast<uint32_t>(first + i)));
 }
 
+__global__ void __launch_bounds__(kThreads) reference_bits_kernel(uint32_t first, uint64_t n, uint8_t* codes) {
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x)
+    codes[i] = static_cast<uint8_t>(
+        __nv_cvt_float_to_fp8(__uint_as_float(static_cast<uint32_t>(first + i)), __NV_SATFINITE, __NV_E4M3));
+}
+
+// Runs `launch` (it queues kernels) and returns the error of its launches
+// alone: an error an earlier failed runtime call left on this thread is
+// cleared first, so it is not taken for this launch's. (A sticky error, one
+// that broke the context, cannot be cleared; the launch then fails with it
+// and reports it.)
+template <class F>
+cudaError_t launched(F&& launch) {
+  (void)cudaGetLastError();
+  return launch();
+}
+
 unsigned grid_for(uint64_t items) {
   return static_cast<unsigned>(std::clamp<uint64_t>((items + kThreads - 1) / kThreads, 1, kMaxGridX));
 }
@@ -268,11 +303,13 @@ template <class S, class D>
 cudaError_t cast_as(const void* src, uint64_t n, void* out, cudaStream_t stream) {
   const auto* s = static_cast<const typename S::T*>(src);
   auto* d = static_cast<typename D::T*>(out);
-  if (aligned16(src) && aligned16(out))
-    cast_kernel<S, D, 8><<<grid_for((n + 7) / 8), kThreads, 0, stream>>>(s, n, d);
-  else
-    cast_kernel<S, D, 1><<<grid_for(n), kThreads, 0, stream>>>(s, n, d);
-  return cudaGetLastError();
+  return launched([&] {
+    if (aligned16(src) && aligned16(out))
+      cast_kernel<S, D, 8><<<grid_for((n + 7) / 8), kThreads, 0, stream>>>(s, n, d);
+    else
+      cast_kernel<S, D, 1><<<grid_for(n), kThreads, 0, stream>>>(s, n, d);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace
@@ -295,12 +332,14 @@ cudaError_t launch_fp8_block(const void* src, Float from, int64_t rows, int64_t 
   const int64_t tiles = (rows + kTile - 1) / kTile * ((cols + kTile - 1) / kTile);
   const unsigned grid = static_cast<unsigned>(std::min(tiles, kMaxGridX));
   const bool vec = cols % 8 == 0 && aligned16(src) && aligned16(q);
-  return with_source(from, [&](auto s) {
-    using S = decltype(s);
-    const auto* p = static_cast<const typename S::T*>(src);
-    if (vec) fp8_block_kernel<S, 8><<<grid, kThreads, 0, stream>>>(p, rows, cols, q, scales, bad);
-    else fp8_block_kernel<S, 1><<<grid, kThreads, 0, stream>>>(p, rows, cols, q, scales, bad);
-    return cudaGetLastError();
+  return launched([&] {
+    return with_source(from, [&](auto s) {
+      using S = decltype(s);
+      const auto* p = static_cast<const typename S::T*>(src);
+      if (vec) fp8_block_kernel<S, 8><<<grid, kThreads, 0, stream>>>(p, rows, cols, q, scales, bad);
+      else fp8_block_kernel<S, 1><<<grid, kThreads, 0, stream>>>(p, rows, cols, q, scales, bad);
+      return cudaGetLastError();
+    });
   });
 }
 
@@ -311,26 +350,38 @@ cudaError_t launch_fp8_rows(const void* src, Float from, int64_t rows, int64_t c
   const int64_t chunk = int64_t{kThreads} * (vec ? 8 : 1) * kRowSteps;
   const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>((cols + chunk - 1) / chunk, 1, kMaxGridX)),
                   static_cast<unsigned>(std::min(rows, kMaxGridY)));
-  return with_source(from, [&](auto s) {
-    using S = decltype(s);
-    const auto* p = static_cast<const typename S::T*>(src);
-    if (vec) {
-      amax_rows_kernel<S, 8><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, bad);
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      quantize_rows_kernel<S, 8><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, q, scales);
-    } else {
-      amax_rows_kernel<S, 1><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, bad);
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      quantize_rows_kernel<S, 1><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, q, scales);
-    }
-    return cudaGetLastError();
+  return launched([&] {
+    return with_source(from, [&](auto s) {
+      using S = decltype(s);
+      const auto* p = static_cast<const typename S::T*>(src);
+      if (vec) {
+        amax_rows_kernel<S, 8><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, bad);
+        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+        quantize_rows_kernel<S, 8><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, q, scales);
+      } else {
+        amax_rows_kernel<S, 1><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, bad);
+        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+        quantize_rows_kernel<S, 1><<<grid, kThreads, 0, stream>>>(p, rows, cols, amax, q, scales);
+      }
+      return cudaGetLastError();
+    });
   });
 }
 
 cudaError_t launch_encode_bits(uint32_t first, uint64_t n, uint8_t* codes, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  encode_bits_kernel<<<grid_for(n), kThreads, 0, stream>>>(first, n, codes);
-  return cudaGetLastError();
+  return launched([&] {
+    encode_bits_kernel<<<grid_for(n), kThreads, 0, stream>>>(first, n, codes);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_reference_bits(uint32_t first, uint64_t n, uint8_t* codes, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return launched([&] {
+    reference_bits_kernel<<<grid_for(n), kThreads, 0, stream>>>(first, n, codes);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace paramcast::transform::cuda

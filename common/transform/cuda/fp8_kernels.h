@@ -1,6 +1,8 @@
 // The quantizer's device steps (fp8_kernels.cu), for cuda_transform.cc.
-// Each launcher queues work on `stream` and returns the launch's error;
-// nothing here waits or allocates. Every element goes through scalar.h, the
+// Each launcher queues work on `stream` and returns its launches' own
+// error (an error an earlier failed call left on the thread is cleared
+// first, not reported as this launch's; a sticky one is reported, as the
+// launch fails with it); nothing here waits or allocates. Every element goes through scalar.h, the
 // code the host apply runs, so the bytes are the host's.
 //
 // Vectorized (8 elements per thread, 16-byte loads) where the source and
@@ -36,5 +38,11 @@ cudaError_t launch_fp8_rows(const void* src, Float from, int64_t rows, int64_t c
 
 // codes[i] = e4m3fn code of the float with bits first + i (clamp included).
 cudaError_t launch_encode_bits(uint32_t first, uint64_t n, uint8_t* codes, cudaStream_t stream);
+
+// For tests, a reference the quantizer shares no code with: codes[i] =
+// CUDA's own __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) of the
+// float x with bits first + i (the hardware cvt.rn.satfinite on sm_89 and
+// later, cuda_fp8.hpp's emulation before).
+cudaError_t launch_reference_bits(uint32_t first, uint64_t n, uint8_t* codes, cudaStream_t stream);
 
 }  // namespace paramcast::transform::cuda

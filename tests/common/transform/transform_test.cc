@@ -9,6 +9,13 @@
 #include <cstring>
 #include <random>
 
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
+#include <xmmintrin.h>
+#define PC_TEST_HAVE_MXCSR 1
+#else
+#define PC_TEST_HAVE_MXCSR 0
+#endif
+
 namespace paramcast::transform {
 namespace {
 
@@ -239,6 +246,112 @@ TEST(TransformCastTest, CastsEveryElement) {
   ASSERT_TRUE(apply(h, Transform{Transform::Kind::kCast, DType::kF32, Fp8Scaling::kBlock, 0}, back.data(), nullptr).ok());
   EXPECT_EQ(back[0], 1.0f);
   EXPECT_EQ(back[1], -2.5f);
+}
+
+#if PC_TEST_HAVE_MXCSR
+constexpr unsigned kDazFtz = 0x8040u;  // MXCSR: DAZ (bit 6), FTZ (bit 15)
+constexpr unsigned kModes = ~0x3Fu;    // MXCSR less its exception flags (bits 0-5), which float work sets
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// What apply writes for `src` under `t`, and its Status.
+struct Applied {
+  Status status;
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> scales;
+  unsigned mxcsr_after = 0;  // the thread's MXCSR modes right after apply returned
+};
+Applied apply_with_mxcsr(const TensorView& src, const Transform& t, unsigned mxcsr) {
+  const auto specs = wire_specs(src.spec, t);
+  Applied a;
+  a.out.assign(specs[0].nbytes().value(), 0xAB);
+  a.scales.assign(specs.size() > 1 ? specs[1].nbytes().value() : 0, 0xAB);
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(mxcsr);
+  a.status = apply(src, t, a.out.data(), reinterpret_cast<float*>(a.scales.data()));
+  a.mxcsr_after = _mm_getcsr() & kModes;
+  _mm_setcsr(saved);
+  return a;
+}
+#endif
+
+// A process may run with denormals-are-zero and flush-to-zero on
+// (torch.set_flush_denormal(True), a library built with -ffast-math): the
+// host apply clears them for its loops, so a block whose amax is a
+// subnormal float gets the scale and codes it gets without them (and that
+// the GPU gets), and puts the caller's modes back.
+TEST(TransformFp8Test, DenormalsAreZeroAndFlushToZeroChangeNoByte) {
+#if !PC_TEST_HAVE_MXCSR
+  GTEST_SKIP() << "denormals-are-zero / flush-to-zero here are x86 MXCSR modes; this is not x86";
+#else
+  // [130, 256] F32, four blocks:
+  //   (0, 0): subnormal values, max |x| 1e-40 in row 5 (rows 0-4 at most
+  //           3e-41: the block's max is taken across rows);
+  //   (0, 1): max |x| 5e-43, below 448 x 2^-149 (scale 1);
+  //   (1, 0): normal values;  (1, 1): normal values and subnormal ones.
+  constexpr int64_t kRows = 130, kCols = 256;
+  std::mt19937 rng(17);
+  std::vector<float> x(kRows * kCols);
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t c = 0; c < kCols; ++c) {
+      const float frac = static_cast<float>(rng() % 1000) / 1000.0f;
+      float v;
+      if (r < 128 && c < 128) v = (r < 5 ? 3e-41f : 1e-40f) * frac;
+      else if (r < 128) v = 5e-43f * frac;
+      else if (c < 128) v = std::ldexp(1.0f + frac, static_cast<int>(rng() % 20) - 10);
+      else v = (c % 2) ? 2e-39f * frac : std::ldexp(1.0f + frac, static_cast<int>(rng() % 20) - 10);
+      x[static_cast<size_t>(r * kCols + c)] = (rng() & 1) ? v : -v;
+    }
+  x[5 * kCols + 7] = 1e-40f;
+  x[6 * kCols + 9] = -1e-40f;
+  x[3 * kCols + 200] = 5e-43f;
+  const TensorView src{TensorSpec{"tiny", DType::kF32, {kRows, kCols}}, x.data(), Device::cpu()};
+  const unsigned exact = _mm_getcsr() & kModes & ~kDazFtz;
+  const unsigned flushing = exact | kDazFtz;
+  for (Fp8Scaling s : {Fp8Scaling::kBlock, Fp8Scaling::kChannel, Fp8Scaling::kTensor}) {
+    const Transform t{Transform::Kind::kFp8, DType::kF8E4M3, s, 0};
+    const Applied want = apply_with_mxcsr(src, t, exact);
+    const Applied got = apply_with_mxcsr(src, t, flushing);
+    ASSERT_TRUE(want.status.ok()) << want.status.to_string();
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    EXPECT_EQ(got.mxcsr_after, flushing) << describe(t) << ": the caller's MXCSR is not what it was";
+    EXPECT_EQ(want.mxcsr_after, exact);
+    EXPECT_EQ(want.scales, got.scales) << describe(t);
+    EXPECT_EQ(want.out, got.out) << describe(t);
+    if (s == Fp8Scaling::kBlock) {
+      ASSERT_EQ(want.scales.size(), 2u * 2u * 4u);
+      float s00, s01;
+      std::memcpy(&s00, want.scales.data(), 4);
+      std::memcpy(&s01, want.scales.data() + 4, 4);
+      EXPECT_EQ(bits(s00), bits(1e-40f / 448.0f)) << "block (0, 0): a subnormal scale, not 0";
+      EXPECT_NE(bits(s00), 0u);
+      EXPECT_EQ(s01, 1.0f) << "block (0, 1): amax below 448 x 2^-149";
+      EXPECT_EQ(want.out[5 * kCols + 7], 0x7E);   // 1e-40 / scale: 448
+      EXPECT_EQ(want.out[6 * kCols + 9], 0xFE);   // -448
+      EXPECT_EQ(want.out[3 * kCols + 200], 0x00);  // 5e-43 / 1: 0
+    }
+  }
+  for (DType to : {DType::kBF16, DType::kF16}) {
+    const Transform t{Transform::Kind::kCast, to, Fp8Scaling::kBlock, 0};
+    const Applied want = apply_with_mxcsr(src, t, exact);
+    const Applied got = apply_with_mxcsr(src, t, flushing);
+    ASSERT_TRUE(got.status.ok());
+    EXPECT_EQ(got.mxcsr_after, flushing);
+    EXPECT_EQ(want.out, got.out) << describe(t);
+  }
+  // A refusal (a non-finite element) puts the modes back too.
+  auto with_nan = x;
+  with_nan[100] = std::nanf("");
+  const TensorView bad{TensorSpec{"tiny", DType::kF32, {kRows, kCols}}, with_nan.data(), Device::cpu()};
+  const Applied refused = apply_with_mxcsr(bad, Transform{Transform::Kind::kFp8, DType::kF8E4M3, Fp8Scaling::kBlock, 0},
+                                           flushing);
+  EXPECT_FALSE(refused.status.ok());
+  EXPECT_EQ(refused.mxcsr_after, flushing);
+#endif
 }
 
 }  // namespace
