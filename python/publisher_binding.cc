@@ -293,6 +293,15 @@ class PyPublisher {
     return d;
   }
 
+  // The version an update submitted now would get (above every version
+  // issued or held: a failed update's version is never reused). Waits for
+  // an update in progress.
+  uint64_t next_version() const {
+    Publisher& p = live();
+    py::gil_scoped_release nogil;
+    return p.next_version();
+  }
+
   py::object poll_event() {
     auto e = live().poll_event();
     if (!e) return py::none();
@@ -416,6 +425,7 @@ void bind_publisher(py::module_& m) {
       .def("begin_update", &PyPublisher::begin_update, py::arg("manifest"), py::arg("version"), py::arg("partial"),
            py::arg("transforms") = py::none())
       .def("stats", &PyPublisher::stats)
+      .def("next_version", &PyPublisher::next_version)
       .def("poll_event", &PyPublisher::poll_event)
       .def("close", &PyPublisher::close);
   py::class_<PyPublisherRank>(m, "PublisherRank")

@@ -131,7 +131,10 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
       r.tensors = tensors.size();
       r.status = wire.status();
       PC_WARN("publisher: update refused before any byte moved: " << r.status.to_string());
-      end_unplanned(options.version.value_or(next_version()), false, r.status);
+      // Under the update gate, as every version is chosen: an update that
+      // takes this version next has not sent its plan yet.
+      std::lock_guard<UpdateGate> held(update_mu_);
+      end_unplanned(options.version ? *options.version : next_version(), false, r.status);
       return r;
     }
     UpdateOptions as_is = options;
@@ -176,7 +179,7 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
   if (plan.ok()) run(*plan, tensors, options, r);
   else r.status = plan.status();
   if (!r.ok())  // refused before its plan, or the group did not form: the engines waiting for it stop
-    end_unplanned(plan.ok() ? plan->version : (r.version ? r.version : options.version.value_or(next_version())),
+    end_unplanned(plan.ok() ? plan->version : r.version ? r.version : options.version ? *options.version : next_version(),
                   plan.ok(), r.status);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log_result(r);

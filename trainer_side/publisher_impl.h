@@ -191,6 +191,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   // The plain and streamed paths' failures: when no plan of `version` went
   // out (refused before it, or the group did not form), the engines hear of
   // its end (abandon_unplanned); one whose plan went out ends with its round.
+  // Called with the update gate held (no other update chooses a version
+  // meanwhile).
   void end_unplanned(uint64_t version, bool reserved, const Status& why);
   Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
                       const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r);

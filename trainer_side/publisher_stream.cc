@@ -68,7 +68,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   if (!st->rules.empty() && cfg_.publisher.device.is_cuda()) {
     st->status = st->r.status = invalid_argument(std::string("UpdateOptions::transforms on publisher.device ") +
                                                  cfg_.publisher.device.to_string() + ": " + transform::kCudaPending);
-    end_unplanned(options.version.value_or(next_version()), false, st->status);
+    end_unplanned(options.version ? *options.version : next_version(), false, st->status);
     return st;
   }
   std::vector<TensorSpec> wire;
@@ -79,7 +79,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
     auto how = transform::resolve(st->rules, spec);
     if (!how.ok()) {
       st->status = st->r.status = how.status();
-      end_unplanned(options.version.value_or(next_version()), false, st->status);
+      end_unplanned(options.version ? *options.version : next_version(), false, st->status);
       return st;
     }
     const auto specs = transform::wire_specs(spec, *how);
@@ -92,7 +92,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
         st->status = st->r.status = invalid_argument("tensor '" + spec.name + "': " + transform::describe(*how, st->rules) +
                                                      " sends its scales as '" + specs[1].name +
                                                      "', which is also a tensor of this update");
-        end_unplanned(options.version.value_or(next_version()), false, st->status);
+        end_unplanned(options.version ? *options.version : next_version(), false, st->status);
         return st;
       }
       st->scales[specs[1].name] = spec.name;
@@ -104,7 +104,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
   st->r.transformed = transformed;
   if (!plan.ok()) {
     st->status = st->r.status = plan.status();
-    end_unplanned(st->r.version ? st->r.version : options.version.value_or(next_version()), false, st->status);
+    end_unplanned(st->r.version ? st->r.version : options.version ? *options.version : next_version(), false, st->status);
     return st;
   }
   st->plan = std::move(plan.value());

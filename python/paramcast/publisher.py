@@ -170,6 +170,12 @@ class Publisher:
         threading.Thread(target=finish, name="paramcast-update").start()
         return future
 
+    def next_version(self):
+        """The version an update submitted now would get: above every version this publisher issued
+        (a failed update's too: versions are never reused) and every version a member holds. Waits
+        for an update in progress."""
+        return self._core.next_version()
+
     def status(self):
         """Members, epoch and versions as plain Python objects."""
         while (event := self._core.poll_event()) is not None:

@@ -300,7 +300,7 @@ TEST_F(NetnsTest, TrainerLinkCut) { cut_trainer_for(Ms(4000), false); }
 // heal: frames dropped for 20 s leave the control connections' TCP
 // retransmissions backed off (a cut link, with carrier lost, does not).
 TEST_F(NetnsTest, TrainerFramesDroppedForTwentySeconds) {
-  PARAMCAST_TIMING_SCENARIO("TrainerLinkCut (the same cut, 4 s)");
+  PARAMCAST_TIMING_SCENARIO("FramesDroppedWithLinksUp (frames dropped) and TrainerLinkCut (the trainer cut off)");
   cut_trainer_for(Ms(20000), true);
 }
 

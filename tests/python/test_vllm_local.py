@@ -147,11 +147,13 @@ class SplitSource:
     """A vLLM WeightSource (metadata, iter_local, iter_full) of a tensor-parallel trainer over ranks 0 and 1,
     written by hand: ``layout(name, shape, rank)`` lays each tensor out; each rank keeps only its pieces.
     ``iter_local()`` yields them; ``iter_full()`` all-gathers each (counted in GATHERS), as such a
-    trainer would to hand out whole tensors. ``wrong``: (name, rank) whose piece is one column short."""
+    trainer would to hand out whole tensors. ``wrong``: (name, rank) whose piece is one column short;
+    ``rename``: {name: the name it is declared and sent under}."""
 
-    def __init__(self, model, rank, layout, wrong=None):
+    def __init__(self, model, rank, layout, wrong=None, rename=None):
         self.rank, self.metadata, self.pieces = rank, [], {}
         for name, p in model.named_parameters():
+            name = (rename or {}).get(name, name)
             shape, lay = tuple(p.shape), layout(name, tuple(p.shape), rank)
             if lay is None:
                 self.metadata.append(ParamMeta(name, p.dtype, shape))
@@ -244,7 +246,7 @@ class Side:
             fully_shard(self.model, mesh=mesh)
         self.source()
 
-    def source(self, wrong=None, full_only=False, layout=None):
+    def source(self, wrong=None, full_only=False, layout=None, rename=None):
         if self.kind == "fsdp":
             vllm_real.use(SRC)
             from vllm.distributed.weight_transfer.base import ModuleSource
@@ -259,7 +261,7 @@ class Side:
             self.engine.source = Recording(self.model)
         else:
             self.engine.source = (FullOnly if full_only else SplitSource)(self.model, self.rank,
-                                                                          layout or self.layout, wrong)
+                                                                          layout or self.layout, wrong, rename)
 
     def set_iterate(self, mode):
         self.engine.iterate = mode
@@ -472,6 +474,18 @@ def test_megatron_style_pieces_are_sent_where_their_placements_put_them(trainers
     trainers.ok("source")  # the next round is whole again
     mine, theirs = trainers.ok("send")
     assert trainers.side.result.version == versions[-1] + 1 and theirs["version"] == versions[-1] + 1
+    assert_workers_hold(trainers.client, want)
+    versions.append(trainers.side.result.version)
+
+    # A round that fails once its version is taken (the workers' load_weights does not know a name): that
+    # version is never used again, and the next round takes the one after it.
+    trainers.ok("source", None, False, None, {"lm_head.weight": "output.weight"})
+    mine, theirs = trainers.both("send")
+    assert mine[0] == "error" and "load_weights failed: KeyError: 'output.weight'" in mine[2], mine
+    trainers.ok("source")
+    mine, theirs = trainers.both("send")
+    assert mine[0] == "ok" and theirs[0] == "ok", f"the round after a failed one: rank 0 {mine}, rank 1 {theirs}"
+    assert trainers.side.result.version == versions[-1] + 2 and theirs[1]["version"] == versions[-1] + 2
     assert_workers_hold(trainers.client, want)
 
 

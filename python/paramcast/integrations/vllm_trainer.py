@@ -406,7 +406,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         version = started = None
         if self.is_sender and not problems:
             try:
-                version = self.publisher.status()["version"] + 1
+                version = self.publisher.next_version()  # above any version a failed round reserved
                 self.client.start_weight_update()
                 started = True
             except Exception as e:  # noqa: BLE001
