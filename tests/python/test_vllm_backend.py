@@ -13,30 +13,11 @@ import paramcast  # noqa: E402
 from paramcast.integrations import vllm as backend  # noqa: E402
 
 from cluster import config_dict  # noqa: E402
-from vllm_contract import Client, WorkerError  # noqa: E402
+from vllm_contract import Client, ModuleSource, WorkerError  # noqa: E402
 
 TP = 2
 LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=64)
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamMeta:  # vLLM's ParamMeta(name, dtype, shape)
-    name: str
-    dtype: torch.dtype
-    shape: tuple
-
-
-class ModuleSource:
-    """vLLM's WeightSource over a module: ``metadata`` and ``iter_full()`` of (checkpoint name, tensor)."""
-
-    def __init__(self, module):
-        self.module = module
-        self.metadata = [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in module.named_parameters()]
-
-    def iter_full(self):
-        for name, p in self.module.named_parameters():
-            yield name, p.detach()
 
 
 def hf_state(model):

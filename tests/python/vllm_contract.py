@@ -213,6 +213,20 @@ def serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks=None):
     serve(conn, engine, calls)
 
 
+def llama_check(model, hf_state):
+    """What a test asks of a VllmStyleLlama worker after a round: parameters that differ from the
+    trainer's (``bad``), ones never loaded, tensors handed to load_weights that changed after it
+    returned (``clobbered``), and loads from threads other than this one; the last two reset."""
+    want = model.expected(hf_state)
+    bad = [n for n, t in want.items() if not torch.equal(model.param(n).data, t)]
+    untouched = [n for n in model._names if n not in want]
+    clobbered = sum(1 for given, then in model.kept if not torch.equal(given, then))
+    model.kept.clear()
+    other_threads = len(model.threads - {threading.get_ident()})
+    model.threads.clear()
+    return {"bad": bad, "untouched": untouched, "clobbered": clobbered, "other_threads": other_threads}
+
+
 def worker_main(conn, rank, tp, llama_config_dict, engine_cls_path):
     """One vLLM worker: builds its model, then its weight-transfer engine, then serves RPCs."""
     def make_model():
@@ -223,14 +237,7 @@ def worker_main(conn, rank, tp, llama_config_dict, engine_cls_path):
     def make_checks(cfg, model, engine):
         # what the test asks of the worker
         def check(hf_state):
-            want = model.expected(hf_state)
-            bad = [n for n, t in want.items() if not torch.equal(model.param(n).data, t)]
-            untouched = [n for n in model._names if n not in want]
-            clobbered = sum(1 for given, then in model.kept if not torch.equal(given, then))
-            model.kept.clear()
-            other_threads = len(model.threads - {threading.get_ident()})
-            model.threads.clear()
-            return {"bad": bad, "untouched": untouched, "clobbered": clobbered, "other_threads": other_threads}
+            return llama_check(model, hf_state)
 
         def parse(kind, info):
             getattr(engine, f"parse_{kind}_info")(info)

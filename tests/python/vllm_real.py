@@ -16,7 +16,6 @@ import contextlib
 import importlib
 import os
 import sys
-import threading
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,7 +61,7 @@ def worker_main(conn, rank, tp, llama_config_dict, src):
     import torch
     import transformers
 
-    from vllm_contract import VllmStyleLlama
+    from vllm_contract import VllmStyleLlama, llama_check
     torch.set_num_threads(1)
     from vllm.config.weight_transfer import WeightTransferConfig
     from vllm.distributed.weight_transfer import base as vbase
@@ -107,14 +106,7 @@ def worker_main(conn, rank, tp, llama_config_dict, src):
         vllm_config.weight_transfer_config, vllm_config, torch.device("cpu"), model)
 
     def check(hf_state):
-        want = model.expected(hf_state)
-        bad = [n for n, t in want.items() if not torch.equal(model.param(n).data, t)]
-        untouched = [n for n in model._names if n not in want]
-        clobbered = sum(1 for given, then in model.kept if not torch.equal(given, then))
-        model.kept.clear()
-        other_threads = len(model.threads - {threading.get_ident()})
-        model.threads.clear()
-        return {"bad": bad, "untouched": untouched, "clobbered": clobbered, "other_threads": other_threads}
+        return llama_check(model, hf_state)
 
     def state():
         engine = worker.weight_transfer_engine
