@@ -58,6 +58,27 @@ void bind_config(py::module_& m) {
       .def_property_readonly("source", [](const Config& c) { return c.source; })
       .def_property_readonly("endpoint", [](const Config& c) { return c.control.endpoint; })
       .def_property_readonly("worker_ids", &Config::worker_ids)
+      .def_property_readonly(
+          "transforms",
+          [](const Config& c) {
+            // publisher.transforms as the YAML states them: what a trainer
+            // tells its engines (the wire names of the scales).
+            py::list rules;
+            for (const auto& r : c.publisher.transforms) {
+              py::dict rule;
+              rule["match"] = r.match;
+              if (r.cast)
+                rule["cast"] = *r.cast == DType::kBF16 ? "bf16" : *r.cast == DType::kF16 ? "fp16" : "fp32";
+              if (r.fp8)
+                rule["fp8"] = *r.fp8 == transform::Fp8Scaling::kBlock     ? "block"
+                              : *r.fp8 == transform::Fp8Scaling::kChannel ? "channel"
+                                                                          : "tensor";
+              if (r.keep) rule["keep"] = true;
+              rules.append(rule);
+            }
+            return rules;
+          },
+          "publisher.transforms as rules in the YAML's keys ({'match': ..., 'fp8': 'block'}); [] if none.")
       .def_property_readonly("heartbeat_timeout",
                              [](const Config& c) { return c.control.heartbeat_timeout.count() / 1000.0; })
       .def("with_endpoint",

@@ -151,9 +151,23 @@ class Communicator {
   // On the shm plane a sender serves its peer's receives in the order the
   // peer posted them: both ends must issue a pair's moves in one order (the
   // many-sender executor goes round by round on every rank).
+  // On NCCL (device memory) a pair's moves meet by issue order, not by tag:
+  // both ends issue them in one order, and a rank's moves that must run at
+  // once are issued between begin_moves() and end_moves() (below).
   // A backend without them returns a Work failed with kUnavailable.
   virtual std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag);
   virtual std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag);
+  // The point-to-point moves issued between begin_moves() and end_moves()
+  // start together. NCCL needs this: it launches one move at a time in
+  // issue order on the communicator's stream, so two ranks that each send
+  // to the other before they receive would wait for each other forever;
+  // inside one group (ncclGroupStart/ncclGroupEnd) they run at once. A
+  // move's Work may be waited on only after end_moves(), which reports a
+  // failure to launch the group (each of its Works then fails with it).
+  // Host backends run every move at once anyway: no-ops. Same thread as
+  // send/recv; groups do not nest.
+  virtual void begin_moves() {}
+  virtual Status end_moves() { return Status(); }
   // Orders later broadcasts after everything queued so far on `stream` (a
   // cudaStream_t; nullptr = the legacy default stream), on the device,
   // without a host wait. Host backends have no streams: no-op.

@@ -90,7 +90,12 @@ std::string point_to_point_unavailable_reason(Backend backend, bool local, const
     }
     return "";
   }
-  return "the NCCL plane has no point-to-point moves yet";
+  // NCCL moves point to point (ncclSend/ncclRecv groups) and the many-sender
+  // executor runs over device memory (RunOptions::memory), but neither has
+  // run on a GPU yet (tests/gpu/run.sh: nccl_suite, reshard_nccl), and the
+  // publisher and engines do not hand the executor their device memory.
+  return "a many-sender update does not run on the NCCL plane yet: its point-to-point moves are built but wait "
+         "for their first run on a GPU";
 }
 
 }  // namespace paramcast

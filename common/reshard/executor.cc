@@ -10,57 +10,11 @@
 #include <optional>
 
 namespace paramcast::reshard {
-namespace {
-
-// Row-major strides (in elements) of a buffer holding `box`.
-std::vector<uint64_t> strides(const Region& box) {
-  std::vector<uint64_t> s(box.rank(), 1);
-  for (size_t d = box.rank(); d-- > 1;) s[d - 1] = s[d] * static_cast<uint64_t>(box.lengths[d]);
-  return s;
-}
-
-// Element offset of `at` (global indices) in a buffer holding `box`.
-uint64_t offset_of(const Region& box, const std::vector<uint64_t>& stride, const std::vector<int64_t>& at) {
-  uint64_t o = 0;
-  for (size_t d = 0; d < box.rank(); ++d) o += static_cast<uint64_t>(at[d] - box.offsets[d]) * stride[d];
-  return o;
-}
-
-// Byte offset of `region` in a buffer holding `box` when its elements lie
-// there back to back (every dimension after its first longer than one is
-// whole in the box), else nullopt.
-std::optional<uint64_t> contiguous_at(const Region& box, const Region& region, size_t element) {
-  size_t d = 0;
-  while (d < region.rank() && region.lengths[d] == 1) ++d;
-  for (size_t e = d + 1; e < region.rank(); ++e)
-    if (region.offsets[e] != box.offsets[e] || region.lengths[e] != box.lengths[e]) return std::nullopt;
-  return offset_of(box, strides(box), region.offsets) * element;
-}
-
-}  // namespace
 
 void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Region& to, const Region& region,
                  size_t element) {
-  if (region.empty()) return;
-  if (region.rank() == 0) {
-    std::memcpy(dst, src, element);
-    return;
-  }
-  const auto sf = strides(from), st = strides(to);
-  const size_t last = region.rank() - 1;
-  const size_t run = static_cast<size_t>(region.lengths[last]) * element;
-  std::vector<int64_t> at = region.offsets;  // the first element of the current run
-  for (;;) {
-    std::memcpy(dst + offset_of(to, st, at) * element, src + offset_of(from, sf, at) * element, run);
-    // Next run: count up the dimensions before the last, like an odometer.
-    size_t d = last;
-    for (;;) {
-      if (d == 0) return;
-      --d;
-      if (++at[d] < region.offsets[d] + region.lengths[d]) break;
-      at[d] = region.offsets[d];
-    }
-  }
+  for_each_run(from, to, region, element,
+               [&](uint64_t f, uint64_t t, size_t bytes) { std::memcpy(dst + t, src + f, bytes); });
 }
 
 namespace {
@@ -89,6 +43,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   if (plan.transfers.size() >= kHeaderTag)
     return invalid_argument("many-sender plan: " + std::to_string(plan.transfers.size()) +
                             " transfers, more than a tag can number");
+  if (options.memory) return detail::run_reshard_by_rounds(plan, rounds, rank, comm, buffers, deadline, options);
   const bool delta = options.delta_base != 0;
   if (options.sent) options.sent->begin_run();
   RunOptions::Stats stats;

@@ -29,6 +29,11 @@
 // came (its receiver holds the same base). A sender's baseline is its own
 // pieces only, recorded by every run, dense or delta.
 //
+// Device memory (RunOptions::memory; device_executor.cc): round by round,
+// each round's moves one group (Communicator::begin_moves: NCCL launches a
+// rank's moves one at a time otherwise), a round's packing one batch of the
+// memory's copies, checksums xxh64-blocks where the bytes are; dense only.
+//
 // Thread-safety: one call at a time per communicator.
 #pragma once
 
@@ -37,6 +42,7 @@
 #include <vector>
 
 #include "common/data/communicator.h"
+#include "common/data/device_memory.h"
 #include "common/reshard/reshard_plan.h"
 #include "common/reshard/schedule.h"
 #include "common/reshard/sent_baseline.h"
@@ -89,6 +95,15 @@ struct RunOptions {
   // A sender's baseline of the pieces it sends (null: it keeps none and
   // sends dense): read for a delta plan, recorded by every run.
   SentBaseline* sent = nullptr;
+  // The memory the rank's buffers are in (a GPU's), for staging, packing
+  // and checksums: the run then goes round by round, each round's moves one
+  // group (begin_moves/end_moves), which NCCL needs; dense only (no
+  // delta_base, no sent baseline; staging_limit unused: a rank stages at most
+  // its round's send and the landings it still forwards), checksums
+  // xxh64-blocks. Null: host memory, every move posted at once (the host
+  // planes). Every rank of a plan runs the same way; the caller orders the
+  // communicator after whatever wrote the buffers.
+  DeviceMemory* memory = nullptr;
   // What the run did (may be null).
   struct Stats {
     uint64_t wire_sent = 0, wire_received = 0;  // bytes on this rank's links, headers and checksums aside
@@ -102,5 +117,11 @@ inline constexpr uint32_t kHeaderTag = 0x40000000u;
 // are the communicator's ranks.
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
                    const RankBuffers& buffers, Deadline deadline, const RunOptions& options = {});
+
+namespace detail {
+// run_reshard's path for RunOptions::memory (device_executor.cc).
+Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
+                             const RankBuffers& buffers, Deadline deadline, const RunOptions& options);
+}  // namespace detail
 
 }  // namespace paramcast::reshard

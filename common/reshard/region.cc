@@ -99,4 +99,54 @@ std::vector<Region> subtract(const Region& a, const Region& b) {
   return out;
 }
 
+namespace {
+
+// Row-major strides (in elements) of a buffer holding `box`.
+std::vector<uint64_t> strides(const Region& box) {
+  std::vector<uint64_t> s(box.rank(), 1);
+  for (size_t d = box.rank(); d-- > 1;) s[d - 1] = s[d] * static_cast<uint64_t>(box.lengths[d]);
+  return s;
+}
+
+// Element offset of `at` (global indices) in a buffer holding `box`.
+uint64_t offset_of(const Region& box, const std::vector<uint64_t>& stride, const std::vector<int64_t>& at) {
+  uint64_t o = 0;
+  for (size_t d = 0; d < box.rank(); ++d) o += static_cast<uint64_t>(at[d] - box.offsets[d]) * stride[d];
+  return o;
+}
+
+}  // namespace
+
+std::optional<uint64_t> contiguous_at(const Region& box, const Region& region, size_t element) {
+  size_t d = 0;
+  while (d < region.rank() && region.lengths[d] == 1) ++d;
+  for (size_t e = d + 1; e < region.rank(); ++e)
+    if (region.offsets[e] != box.offsets[e] || region.lengths[e] != box.lengths[e]) return std::nullopt;
+  return offset_of(box, strides(box), region.offsets) * element;
+}
+
+void for_each_run(const Region& from, const Region& to, const Region& region, size_t element,
+                  const std::function<void(uint64_t, uint64_t, size_t)>& run) {
+  if (region.empty()) return;
+  if (region.rank() == 0) {
+    run(0, 0, element);
+    return;
+  }
+  const auto sf = strides(from), st = strides(to);
+  const size_t last = region.rank() - 1;
+  const size_t bytes = static_cast<size_t>(region.lengths[last]) * element;
+  std::vector<int64_t> at = region.offsets;  // the first element of the current run
+  for (;;) {
+    run(offset_of(from, sf, at) * element, offset_of(to, st, at) * element, bytes);
+    // Next run: count up the dimensions before the last, like an odometer.
+    size_t d = last;
+    for (;;) {
+      if (d == 0) return;
+      --d;
+      if (++at[d] < region.offsets[d] + region.lengths[d]) break;
+      at[d] = region.offsets[d];
+    }
+  }
+}
+
 }  // namespace paramcast::reshard

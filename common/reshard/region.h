@@ -7,7 +7,9 @@
 // Pure: no I/O; every function is total on regions of the same rank.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,5 +44,17 @@ std::optional<Region> intersect(const Region& a, const Region& b);
 // `a` less `b`: disjoint boxes covering exactly the elements of a not in b
 // (at most two per dimension).
 std::vector<Region> subtract(const Region& a, const Region& b);
+
+// Buffers: a rank keeps a box of a tensor row-major, `element` bytes each.
+// The byte offset of `region` (inside `box`) in such a buffer when its
+// elements lie there back to back (every dimension after its first longer
+// than one is whole in the box: a row range), else nullopt.
+std::optional<uint64_t> contiguous_at(const Region& box, const Region& region, size_t element);
+// Calls run(from_byte, to_byte, bytes) for each run of `region` (its last
+// dimension, row by row) between a buffer holding `from` and one holding
+// `to`; `region` is inside both. The one walk every copy of a region takes,
+// host memcpy or a device batch.
+void for_each_run(const Region& from, const Region& to, const Region& region, size_t element,
+                  const std::function<void(uint64_t from_byte, uint64_t to_byte, size_t bytes)>& run);
 
 }  // namespace paramcast::reshard

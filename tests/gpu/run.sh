@@ -13,7 +13,9 @@
 #   fp8_bench     the CUDA quantizer's rate on 256 MiB of BF16 against a
 #                 device-to-device cudaMemcpy (its last 4 lines: cast and fp8)
 #   gloo_suite    data-plane conformance on Gloo (the pack itself works)
-#   nccl_suite    data-plane conformance on NCCL, 8 ranks (NCCL_DEBUG=INFO)
+#   nccl_suite    data-plane conformance on NCCL, 8 ranks (NCCL_DEBUG=INFO),
+#                 point to point on 6 (ncclSend/ncclRecv groups, a killed rank)
+#   reshard_nccl  the many-sender plan over NCCL, buffers on the GPU
 #   gpu_bench     memcpy vs pack/unpack, xxh64-blocks rate, per-bucket overhead
 #   bench_nccl_*  weight_update vs raw ncclBroadcast, separate and arena layouts
 #   python        the Python package built for this machine's python3 and
@@ -79,7 +81,7 @@ echo "== pack $pack; NCCL from ${nccl_dir:-nowhere (NCCL stages will fail)}; log
 
 summary=()
 failed=0
-known="gpu_info data_pieces cuda_memory fp8_bench gloo_suite nccl_suite shm_cuda gpu_bench bench_nccl_separate bench_nccl_arena python"
+known="gpu_info data_pieces cuda_memory fp8_bench gloo_suite nccl_suite reshard_nccl shm_cuda gpu_bench bench_nccl_separate bench_nccl_arena python"
 for name in ${STAGES:-}; do
   if [[ " $known " != *" $name "* ]]; then echo "run.sh: STAGES names '$name'; the stages are: $known" >&2; exit 2; fi
 done
@@ -121,7 +123,10 @@ stage cuda_memory 120 "$bin/cuda_memory_test"
 stage fp8_bench 60 bash -c "out=\$('$bin/cuda_memory_test' --gtest_also_run_disabled_tests \
   --gtest_filter='CudaFp8Rate.*' 2>&1); rc=\$?; echo \"\$out\"; echo \"\$out\" | grep '^fp8_bench'; exit \$rc"
 stage gloo_suite 60 "$bin/communicator_test" --gtest_filter='*/gloo'
-stage nccl_suite 120 "$bin/communicator_test" --gtest_filter='*/nccl' --gtest_repeat="${NCCL_REPEAT:-1}"
+stage nccl_suite 180 "$bin/communicator_test" --gtest_filter='*/nccl' --gtest_repeat="${NCCL_REPEAT:-1}"
+# The many-sender plan over NCCL: trainer and engine ranks as processes, the
+# buffers on the GPU, round by round (ncclSend/ncclRecv groups).
+stage reshard_nccl 120 "$bin/reshard_exec_test" --gtest_filter='ReshardExecTest.OnNccl*'
 # The shm plane on CUDA memory: engines on the trainer's GPU through CUDA IPC.
 stage shm_cuda 90 "$bin/communicator_test" --gtest_filter='ShmOnCudaTest.*:*/shm'
 stage gpu_bench 60 "$bin/paramcast-gpu-bench" --size 256MiB --repeats 10 --json "$out/gpu_bench.json"

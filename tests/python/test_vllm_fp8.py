@@ -14,6 +14,7 @@ trainer's); every parameter holds its shard of those bytes, each part's scale ro
 puts them. Channel and tensor scaling reach ``load_weights`` under the same ``<name>_scale_inv`` names.
 A worker that serves slices refuses FP8 at init, naming the tensor."""
 
+import json
 import threading
 import types
 
@@ -216,7 +217,10 @@ class _InProcessClient:
 
 
 @needs_fp8
-def test_channel_and_tensor_scales_reach_load_weights_under_their_wire_names():
+@pytest.mark.parametrize("form", ["dict", "yaml"])
+def test_channel_and_tensor_scales_reach_load_weights_under_their_wire_names(form, tmp_path):
+    # The config as a dict, or as a YAML file (JSON is YAML): either way the workers are told the
+    # config's publisher.transforms, so they know the scales' names.
     rules = [{"match": "*norm*", "keep": True}, {"match": "*k_proj.weight", "fp8": "channel"},
              {"match": "*v_proj.weight", "fp8": "tensor"}, {"match": "*proj.weight", "fp8": "block"}]
     model = _trainer_model()
@@ -226,7 +230,12 @@ def test_channel_and_tensor_scales_reach_load_weights_under_their_wire_names():
         types.SimpleNamespace(backend="paramcast"), types.SimpleNamespace(parallel_config=parallel),
         torch.device("cpu"), recording)
     cfg = config_dict(subscribers=1)
-    info = backend.ParamCastTrainerInitInfo(config=dict(cfg, publisher=dict(cfg["publisher"], transforms=rules)),
+    config = dict(cfg, publisher=dict(cfg["publisher"], transforms=rules))
+    if form == "yaml":
+        path = tmp_path / "trainer.yaml"
+        path.write_text(json.dumps(config))
+        config = str(path)
+    info = backend.ParamCastTrainerInitInfo(config=config,
                                             engine_config={k: v for k, v in cfg.items() if k != "publisher"}, rank=0)
     trainer = backend.ParamCastTrainerWeightTransferEngine.trainer_init(info, client=_InProcessClient(engine),
                                                                         source=ModuleSource(model))

@@ -161,6 +161,11 @@ TEST_F(WeightUpdateTest, AnUpdateThatEndsBeforeItsPlanEndsOnEveryEngineAtOnce) {
   // A group that does not form (on_member_loss: fail, worker-2 gone): the
   // engine still there hears of version 2's end with the reason.
   workers_[1]->sub->stop();
+  // The leave must have reached the publisher: an update that starts before
+  // it plans with worker-2 and fails mid-bucket instead (a different case).
+  for (int i = 0; i < 200 && pub_->stats().live_members != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(pub_->stats().live_members, 1) << "the publisher never saw worker-2 leave";
   t.fill(2);
   UpdateResult no_group = pub_->weight_update(t.views());
   ASSERT_FALSE(no_group.ok());

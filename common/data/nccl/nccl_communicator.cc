@@ -9,14 +9,24 @@
 // (cudaLaunchHostFunc) runs; the waiting thread sleeps on a condition and
 // wakes every millisecond only to look for an asynchronous error or abort.
 //
-// Slowness: NCCL shows no per-link progress, so a completed broadcast is the
-// progress a waiter sees; a Work fails with kTimeout when no broadcast of
-// the communicator completed for stall_timeout (since it was issued, or
-// since the previous one completed). op_timeout backs the enqueue only.
+// Point to point: ncclSend/ncclRecv. NCCL matches a pair's moves by issue
+// order (tags are the caller's bookkeeping). Moves issued between
+// begin_moves() and end_moves() are one NCCL group (ncclGroupStart/End) and
+// one launch: every Work of the group completes with it. A move issued
+// outside a group is a group of one. Zero bytes complete at once on both
+// ends (both know the size) without reaching NCCL.
+//
+// Slowness: NCCL shows no per-link progress, so a completed launch (a
+// broadcast, a group) is the progress a waiter sees; a Work fails with
+// kTimeout when no launch of the communicator completed for stall_timeout
+// (since it was issued, or since the previous one completed). op_timeout
+// backs the enqueue only.
 //
 // Failure: any error or deadline leads to abort(), which marks the
 // communicator failed at once and hands ncclCommAbort to an AbortReaper
-// thread: it never blocks the caller (a control thread). A Work of an
+// thread: it never blocks the caller (a control thread). An abort while the
+// issuing thread has a group open is handed over at its end_moves(), which
+// must first close the thread's NCCL group on a live communicator. A Work of an
 // aborted communicator waits (bounded) for that teardown, so its buffer is
 // not reused under a running kernel. ncclCommFinalize is only called on an
 // idle, healthy communicator at destruction.
@@ -62,7 +72,7 @@ Status poll_comm(ncclComm_t comm, Deadline deadline, const std::atomic<bool>* ab
   }
 }
 
-// Set by a host function queued on the stream after a broadcast.
+// Set by a host function queued on the stream after a launch.
 struct Completion {
   std::mutex mu;
   std::condition_variable cv;
@@ -86,6 +96,19 @@ struct Completion {
   }
 };
 
+// One launch: a broadcast, or a group of point-to-point moves; its Works
+// share it. Touched by the issuing thread only.
+struct Launch {
+  explicit Launch(const char* w) : what(w) {}
+  const char* what;                  // for messages: "ncclBroadcast", ...
+  std::shared_ptr<Completion> done;  // null: nothing reached the stream
+  Status status;
+  // Work reached NCCL before the failure: its kernels may still write the
+  // buffers until the abort that followed ends.
+  bool queued = false;
+  bool open = false;  // a group whose end_moves() has not come yet
+};
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const GroupOptions& options, ncclComm_t comm, cudaStream_t stream, cudaEvent_t ordered)
@@ -93,6 +116,10 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override;
 
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override;
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag) override;
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag) override;
+  void begin_moves() override;
+  Status end_moves() override;
   Status order_after(void* stream) override;
   void abort(const std::string& reason) override;
   Status async_error() override;
@@ -115,6 +142,8 @@ class NcclCommunicator : public Communicator {
   std::string where() const {
     return "epoch " + std::to_string(options_.epoch) + ", rank " + std::to_string(options_.rank);
   }
+  std::shared_ptr<Work> move(bool send, void* data, size_t bytes, int peer);
+  void hand_to_reaper();  // comm_mu_ held
 
   const GroupOptions options_;
   const ncclComm_t comm_;
@@ -122,48 +151,54 @@ class NcclCommunicator : public Communicator {
   const cudaEvent_t ordered_;
   std::mutex comm_mu_;
   bool gone_ = false;  // comm_ handed to the reaper (guarded by comm_mu_)
+  // The issuing thread is inside ncclGroupStart/End on comm_, and an abort
+  // that came meanwhile waits for end_moves() (both guarded by comm_mu_).
+  bool in_group_ = false;
+  bool abort_deferred_ = false;
+  std::shared_ptr<Launch> group_;  // the open group's launch (issuing thread)
   std::atomic<bool> aborted_{false};
   std::mutex err_mu_;
   Status error_;
-  std::shared_ptr<Completion> last_;  // the latest broadcast's (issuing thread)
-  // When a waiter last saw a broadcast complete (steady-clock ns): NCCL
-  // shows no per-link progress, so a completion is the progress it has.
+  std::shared_ptr<Completion> last_;  // the latest launch's (issuing thread)
+  // When a waiter last saw a launch complete (steady-clock ns): NCCL shows
+  // no per-link progress, so a completion is the progress it has.
   std::atomic<int64_t> progress_ns_{0};
   AbortReaper reaper_;
 };
 
 struct NcclCommunicator::Event : Work {
-  Event(NcclCommunicator* c, std::shared_ptr<Completion> d) : comm(c), done(std::move(d)) {}
+  Event(NcclCommunicator* c, std::shared_ptr<Launch> l) : comm(c), launch(std::move(l)) {}
   Status wait(Deadline deadline) override;
   bool settled() override {
-    if (!status.ok()) return !queued || comm->reaper_.finished();
-    return !done || done->is_done() || comm->reaper_.finished();
+    if (!launch->status.ok()) return !launch->queued || comm->reaper_.finished();
+    return !launch->done || launch->done->is_done() || comm->reaper_.finished();
   }
   NcclCommunicator* comm;
-  std::shared_ptr<Completion> done;  // null: nothing was issued
-  Status status;
-  // The enqueue failed after ncclBroadcast took the work: its kernel may
-  // still write the buffer until the abort that followed ends.
-  bool queued = false;
+  std::shared_ptr<Launch> launch;
   Clock::time_point issued = Clock::now();
-  // After an abort: the broadcast's kernel may still write its buffer until
-  // the abort ends, so wait for it (bounded) before the caller reuses it.
+  // After an abort: the launch's kernels may still write its buffers until
+  // the abort ends, so wait for it (bounded) before the caller reuses them.
   void await_abort() const {
     if (!comm->reaper_.wait_for(kAbortGrace))
       PC_WARN("nccl (" << comm->where() << "): ncclCommAbort still running after "
-                       << std::chrono::seconds(kAbortGrace).count() << "s; the broadcast's buffer is let go");
+                       << std::chrono::seconds(kAbortGrace).count() << "s; the " << launch->what
+                       << "'s buffers are let go");
   }
 };
 
 Status NcclCommunicator::Event::wait(Deadline deadline) {
-  if (!status.ok() && queued) await_abort();
-  if (!status.ok() || !done) return status;
+  if (launch->open)
+    return internal_error(std::string("a move of an open ") + launch->what +
+                               " waited on before end_moves() (" + comm->where() + ")");
+  if (!launch->status.ok() && launch->queued) await_abort();
+  if (!launch->status.ok() || !launch->done) return launch->status;
+  const std::shared_ptr<Completion>& done = launch->done;
   for (;;) {
     if (done->wait_until(std::min(deadline, Clock::now() + kErrorPoll))) {
       comm->progress_ns_ = Clock::now().time_since_epoch().count();
       return Status();
     }
-    // No broadcast of this communicator completed since this one was issued
+    // No launch of this communicator completed since this one was issued
     // or the previous one completed, whichever is later.
     const auto since = std::max(issued, Clock::time_point(Clock::duration(comm->progress_ns_.load())));
     const auto still = Clock::now() - since;
@@ -175,13 +210,13 @@ Status NcclCommunicator::Event::wait(Deadline deadline) {
       failure = async;
     } else if (still > comm->options_.stall_timeout) {
       comm->abort("no progress for stall_timeout");
-      failure = timeout_error("ncclBroadcast made no progress for " + format_duration(still) + " (stall_timeout " +
-                              format_duration(comm->options_.stall_timeout) +
-                              "; NCCL shows no per-link progress: no broadcast completed) (" + comm->where() +
+      failure = timeout_error(std::string(launch->what) + " made no progress for " + format_duration(still) +
+                              " (stall_timeout " + format_duration(comm->options_.stall_timeout) +
+                              "; NCCL shows no per-link progress: nothing completed) (" + comm->where() +
                               "); ncclCommAbort called");
     } else if (Clock::now() >= deadline) {
-      comm->abort("broadcast deadline passed");
-      failure = timeout_error("ncclBroadcast did not finish before its deadline (" + comm->where() +
+      comm->abort(std::string(launch->what) + " deadline passed");
+      failure = timeout_error(std::string(launch->what) + " did not finish before its deadline (" + comm->where() +
                               "); ncclCommAbort called");
     } else {
       continue;
@@ -192,6 +227,7 @@ Status NcclCommunicator::Event::wait(Deadline deadline) {
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (group_) (void)end_moves();  // a caller's open group: closed before anything else
   DeviceGuard g(options_.device.index);
   bool finalize = false;
   {
@@ -220,19 +256,24 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 std::shared_ptr<Work> NcclCommunicator::broadcast(void* data, size_t bytes, int root) {
-  if (bytes == 0) return std::make_shared<Event>(this, nullptr);
-  auto work = std::make_shared<Event>(this, nullptr);
+  auto launch = std::make_shared<Launch>("ncclBroadcast");
+  auto work = std::make_shared<Event>(this, launch);
+  if (bytes == 0) return work;
+  if (group_) {
+    launch->status = internal_error("ncclBroadcast inside begin_moves()/end_moves() (" + where() + ")");
+    return work;
+  }
   Status s;
   {
     std::lock_guard<std::mutex> lock(comm_mu_);
     if (gone_ || aborted_.load()) {
-      work->status = unusable();
+      launch->status = unusable();
       return work;
     }
     DeviceGuard g(options_.device.index);
     auto done = std::make_shared<Completion>();
     s = nccl_status(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast", comm_);
-    work->queued = s.ok();
+    launch->queued = s.ok();
     if (s.ok()) s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclBroadcast enqueue");
     if (s.ok()) {
       auto* arg = new std::shared_ptr<Completion>(done);
@@ -241,7 +282,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcast(void* data, size_t bytes, int 
     }
     if (s.ok()) {
       last_ = done;
-      work->done = std::move(done);
+      launch->done = std::move(done);
       return work;
     }
   }
@@ -250,8 +291,110 @@ std::shared_ptr<Work> NcclCommunicator::broadcast(void* data, size_t bytes, int 
   // later work fails at once as unusable, naming it.
   fail(s);
   abort(s.message());
-  work->status = s;
+  launch->status = s;
   return work;
+}
+
+std::shared_ptr<Work> NcclCommunicator::send(const void* data, size_t bytes, int peer, uint32_t /*tag*/) {
+  // ncclSend takes a const buffer; move() casts back only to share the path.
+  return move(true, const_cast<void*>(data), bytes, peer);
+}
+
+std::shared_ptr<Work> NcclCommunicator::recv(void* data, size_t bytes, int peer, uint32_t /*tag*/) {
+  return move(false, data, bytes, peer);
+}
+
+std::shared_ptr<Work> NcclCommunicator::move(bool is_send, void* data, size_t bytes, int peer) {
+  const char* call = is_send ? "ncclSend" : "ncclRecv";
+  if (peer < 0 || peer >= options_.world_size || peer == options_.rank) {
+    auto bad = std::make_shared<Launch>(call);
+    std::string why = std::string(call) + " with peer " + std::to_string(peer) + " in a group of " +
+                      std::to_string(options_.world_size) + " (" + where() + ")";
+    bad->status = invalid_argument(why);
+    return std::make_shared<Event>(this, bad);
+  }
+  if (bytes == 0) return std::make_shared<Event>(this, std::make_shared<Launch>(call));
+  const bool alone = !group_;
+  if (alone) begin_moves();
+  auto work = std::make_shared<Event>(this, group_);
+  Launch& launch = *group_;
+  if (launch.status.ok()) {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (aborted_.load() || !in_group_) {
+      launch.status = unusable();
+    } else {
+      DeviceGuard g(options_.device.index);
+      const ncclResult_t r = is_send ? ncclSend(data, bytes, ncclUint8, peer, comm_, stream_)
+                                     : ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_);
+      launch.status = nccl_status(r, call, comm_);
+      if (launch.status.ok()) launch.queued = true;
+    }
+  }
+  if (alone) (void)end_moves();  // its failure is the Work's
+  return work;
+}
+
+void NcclCommunicator::begin_moves() {
+  if (group_) return;  // groups do not nest: the open one goes on
+  group_ = std::make_shared<Launch>("ncclSend/ncclRecv group");
+  group_->open = true;
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  if (gone_ || aborted_.load()) {
+    group_->status = unusable();
+    return;
+  }
+  group_->status = nccl_status(ncclGroupStart(), "ncclGroupStart");
+  in_group_ = group_->status.ok();
+}
+
+Status NcclCommunicator::end_moves() {
+  if (!group_) return Status();
+  std::shared_ptr<Launch> launch = std::move(group_);
+  group_.reset();
+  launch->open = false;
+  Status s = launch->status;
+  bool enqueue_failed = false;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (in_group_) {
+      // Always closed, even after a failure or an abort: the group is the
+      // thread's NCCL state, and comm_ is still live (abort waits for this).
+      DeviceGuard g(options_.device.index);
+      Status ended = nccl_status(ncclGroupEnd(), "ncclGroupEnd", comm_);
+      in_group_ = false;
+      if (s.ok()) {
+        s = ended;
+        enqueue_failed = !ended.ok();
+      }
+      if (s.ok() && aborted_.load()) s = unusable();
+      if (s.ok() && launch->queued) {
+        s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclSend/ncclRecv group enqueue");
+        enqueue_failed = !s.ok();
+      }
+      if (s.ok() && launch->queued) {
+        auto done = std::make_shared<Completion>();
+        auto* arg = new std::shared_ptr<Completion>(done);
+        s = cuda_status(cudaLaunchHostFunc(stream_, &Completion::fire, arg), "cudaLaunchHostFunc");
+        if (s.ok()) {
+          last_ = done;
+          launch->done = std::move(done);
+        } else {
+          delete arg;
+          enqueue_failed = true;
+        }
+      }
+      if (abort_deferred_) hand_to_reaper();
+    }
+  }
+  if (!s.ok()) {
+    launch->status = s;
+    if (enqueue_failed) {
+      // As a broadcast's failed enqueue: the communicator is done for.
+      fail(s);
+      abort(s.message());
+    }
+  }
+  return s;
 }
 
 Status NcclCommunicator::order_after(void* stream) {
@@ -271,7 +414,17 @@ void NcclCommunicator::abort(const std::string& reason) {
   fail(aborted(reason));
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (gone_) return;
+  if (in_group_) {
+    abort_deferred_ = true;  // end_moves() closes the group, then hands comm_ over
+    return;
+  }
+  hand_to_reaper();
+}
+
+void NcclCommunicator::hand_to_reaper() {
+  if (gone_) return;
   gone_ = true;
+  abort_deferred_ = false;
   reaper_.start([comm = comm_, stream = stream_, event = ordered_, index = options_.device.index, w = where()] {
     DeviceGuard g(index);
     const ncclResult_t r = ncclCommAbort(comm);

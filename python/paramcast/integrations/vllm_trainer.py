@@ -176,8 +176,8 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             config = dict(config, publisher={**(config.get("publisher") or {}),
                                              "update_timeout": f"{int(init_info.update_timeout_s * 1000)}ms"})
         rules = init_info.transforms
-        if rules is None and isinstance(config, dict):
-            rules = (config.get("publisher") or {}).get("transforms")
+        if rules is None:
+            rules = _config_rules(config)
         publisher = paramcast.Publisher(config)
         try:
             endpoint = init_info.advertise_endpoint or publisher.endpoint
@@ -217,7 +217,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             pub["ranks"] = ranks
             pub.setdefault("update_timeout", f"{int(init_info.update_timeout_s * 1000)}ms")
             config = dict(config, publisher=pub)
-        rules = (config.get("publisher") or {}).get("transforms") if isinstance(config, dict) else None
+        rules = _config_rules(config)
         box = [None]
         publisher = None
         if init_info.rank == 0:
@@ -564,6 +564,17 @@ def _metadata_difference(ours, theirs, rank):
             return (f"trainer ranks 0 and {rank} declare {name!r} differently: rank 0 {say(a.get(name))}, "
                     f"rank {rank} {say(b.get(name))}")
     return f"trainer rank {rank} declares the parameters in another order than rank 0"
+
+
+def _config_rules(config):
+    """The publisher.transforms of a config in any form paramcast takes (a dict, a YAML path, a
+    paramcast.Config), as rules the workers are told; None if it has none."""
+    if config is None:
+        return None
+    if isinstance(config, dict):
+        return (config.get("publisher") or {}).get("transforms")
+    from paramcast._config import load_config
+    return load_config(config).transforms or None
 
 
 def _trainer_group(info):

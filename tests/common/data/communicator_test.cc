@@ -93,7 +93,6 @@ TEST_P(CommunicatorTest, EightRanksBroadcastBitExact) {
 // receives from every other at once, bit-exact, sizes from one byte to
 // 16 MiB, several rounds on one communicator.
 TEST_P(CommunicatorTest, EveryPairSendsAndReceivesBitExact) {
-  if (GetParam() == Backend::kNccl) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
   // Under a sanitizer 4 MiB: still many chunks of a point-to-point channel.
   auto ranks = spawn(6, test::kSanitized ? "1,4097,4194304" : "1,4097,16777216", 2, 60000, {"--mode", "p2p"});
   for (auto& p : ranks) {
@@ -106,10 +105,12 @@ TEST_P(CommunicatorTest, EveryPairSendsAndReceivesBitExact) {
 
 // A rank killed while every rank exchanges with it: each other rank's
 // pending receive from it fails, the communicator refuses further work,
-// well before the operation's timeout.
+// well before the operation's timeout (Gloo, shm); on NCCL, which may see
+// the loss only as moves that never finish, within the operation's
+// deadline and an abort.
 TEST_P(CommunicatorTest, KilledPeerFailsPointToPointMovesWithinDeadline) {
-  if (GetParam() == Backend::kNccl) GTEST_SKIP() << backend_name(GetParam()) << ": no point-to-point moves yet";
-  const int timeout_ms = 10000;
+  const bool nccl = GetParam() == Backend::kNccl;
+  const int timeout_ms = nccl ? 4000 : 10000;
   auto ranks = spawn(6, "8388608", 100000, timeout_ms, {"--mode", "p2p"});
   for (auto& p : ranks) ASSERT_TRUE(p->wait_for_output("ready", std::chrono::seconds(60))) << p->output();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // mid-exchange
@@ -123,6 +124,10 @@ TEST_P(CommunicatorTest, KilledPeerFailsPointToPointMovesWithinDeadline) {
                                   << ranks[r]->output();
     EXPECT_EQ(*code, 3) << "rank " << r << " must fail and then refuse work:\n" << ranks[r]->output();
     const auto out = ranks[r]->output();
+    if (nccl) {
+      EXPECT_LE(secs, (timeout_ms + 3000) / 1000.0) << "rank " << r << ":\n" << out;
+      continue;
+    }
     const long long ns = stamp(out, "async error at");
     ASSERT_GE(ns, 0) << out;
     const double failed = (ns - ns_of(killed_at)) / 1e9;

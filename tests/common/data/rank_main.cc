@@ -7,6 +7,7 @@
 // communicator then refused further work as it must), 4 it did not.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -145,8 +146,7 @@ int main(int argc, char** argv) {
     }
   } joiner{aborter, monitor, done};
   // --mode p2p: instead of broadcasts, every rank sends each size to every other
-  // rank and receives it from each (point-to-point, host memory), verifying
-  // every byte; "first exchange issued at" stamps the start.
+  // rank and receives it from each (point-to-point), verifying every byte; "first exchange issued at" stamps the start.
   if (f.get("mode") == "p2p") {
     const int w = g.world_size;
     auto payload = [](int from, int to, uint64_t size, int rep, uint64_t i) {
@@ -169,48 +169,67 @@ int main(int argc, char** argv) {
                     scribble_posted_count(g.rank, g.world_size, g.shm_slot_bytes) ? "its posted count" : "nothing");
         std::fflush(stdout);
       });
-    for (uint64_t size : sizes)
+    // The buffers are the communicator's memory (a GPU's on NCCL), filled
+    // and checked through host copies; every move of an exchange is one
+    // group (begin_moves/end_moves), as NCCL needs.
+    const size_t peers = static_cast<size_t>(w);
+    for (uint64_t size : sizes) {
+      std::vector<void*> out(peers, nullptr), in(peers, nullptr);
+      for (int q = 0; q < w; ++q)
+        if (q != g.rank) {
+          out[static_cast<size_t>(q)] = mem->allocate(size).value();
+          in[static_cast<size_t>(q)] = mem->allocate(size).value();
+        }
+      std::vector<uint8_t> host(size);
       for (int rep = 0; rep < repeat; ++rep) {
-        std::vector<std::vector<uint8_t>> out(static_cast<size_t>(w)), in(static_cast<size_t>(w));
         std::vector<std::shared_ptr<Work>> works;
         for (int q = 0; q < w; ++q) {
           if (q == g.rank) continue;
-          auto& o = out[static_cast<size_t>(q)];
-          o.resize(size);
-          for (uint64_t i = 0; i < size; ++i) o[i] = payload(g.rank, q, size, rep, i);
-          in[static_cast<size_t>(q)].assign(size, 0xAB);
+          for (uint64_t i = 0; i < size; ++i) host[i] = payload(g.rank, q, size, rep, i);
+          (void)mem->copy(out[static_cast<size_t>(q)], host.data(), size);
+          std::fill(host.begin(), host.end(), uint8_t{0xAB});
+          (void)mem->copy(in[static_cast<size_t>(q)], host.data(), size);
         }
         if (first_exchange) {
           std::printf("rank %d: first exchange issued at %lld ns\n", g.rank, monotonic_ns());
           std::fflush(stdout);
           first_exchange = false;
         }
+        comm.value()->begin_moves();
         for (int q = 0; q < w; ++q) {
           if (q == g.rank) continue;
-          works.push_back(comm.value()->recv(in[static_cast<size_t>(q)].data(), size, q,
-                                             static_cast<uint32_t>(rep * w + q)));
-          works.push_back(comm.value()->send(out[static_cast<size_t>(q)].data(), size, q,
-                                             static_cast<uint32_t>(rep * w + g.rank)));
+          works.push_back(comm.value()->recv(in[static_cast<size_t>(q)], size, q, static_cast<uint32_t>(rep * w + q)));
+          works.push_back(
+              comm.value()->send(out[static_cast<size_t>(q)], size, q, static_cast<uint32_t>(rep * w + g.rank)));
         }
+        Status launched = comm.value()->end_moves();
         for (auto& work : works) {
-          Status st = work->wait(Clock::now() + g.op_timeout + std::chrono::seconds(1));
+          Status st = launched.ok() ? work->wait(Clock::now() + g.op_timeout + std::chrono::seconds(1)) : launched;
           if (st.ok()) continue;
           std::printf("rank %d: exchange of %llu bytes failed: %s\n", g.rank, static_cast<unsigned long long>(size),
                       st.to_string().c_str());
-          uint8_t byte = 0;
-          Status again = comm.value()->send(&byte, 1, (g.rank + 1) % w, 999999)->wait(Clock::now() + std::chrono::seconds(1));
+          Status again = comm.value()->send(out[static_cast<size_t>((g.rank + 1) % w)], 1, (g.rank + 1) % w, 999999)
+                             ->wait(Clock::now() + std::chrono::seconds(1));
           std::printf("rank %d: next send: %s\n", g.rank, again.to_string().c_str());
           std::fflush(stdout);
           return again.code() == Code::kAborted ? 3 : 4;
         }
-        for (int q = 0; q < w; ++q)
-          for (uint64_t i = 0; q != g.rank && i < size; ++i)
-            if (in[static_cast<size_t>(q)][i] != payload(q, g.rank, size, rep, i)) {
+        for (int q = 0; q < w; ++q) {
+          if (q == g.rank) continue;
+          (void)mem->copy(host.data(), in[static_cast<size_t>(q)], size);
+          for (uint64_t i = 0; i < size; ++i)
+            if (host[i] != payload(q, g.rank, size, rep, i)) {
               std::printf("rank %d: from rank %d, size %llu rep %d: byte %llu is wrong\n", g.rank, q,
                           static_cast<unsigned long long>(size), rep, static_cast<unsigned long long>(i));
               return 1;
             }
+        }
       }
+      for (size_t q = 0; q < peers; ++q) {
+        if (out[q]) mem->release(out[q]);
+        if (in[q]) mem->release(in[q]);
+      }
+    }
     std::printf("rank %d: all point-to-point moves verified\n", g.rank);
     return 0;
   }

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include "common/data/communicator.h"
 #include "tests/support/process.h"
 
 namespace paramcast {
@@ -21,7 +22,23 @@ struct Job {
   int delta_steps = 0;        // versions sent as deltas after the first
   int corrupt_base = -1;      // the rank whose buffers stop holding the base before the first delta
   uint64_t staging_limit = 0;  // a sender's packed pieces and encodings in flight (RunOptions::staging_limit)
+  // "host": every move posted at once; "cpu": round by round over a host
+  // DeviceMemory (the device path's logic, on Gloo); "cuda": over NCCL, the
+  // buffers on the GPU.
+  std::string memory = "host";
+  bool checksums = false;
+  int corrupt_rank = -1;  // its first piece leaves with a byte flipped
 };
+
+std::string hex_of(const std::string& bytes) {
+  std::string out;
+  char two[3];
+  for (unsigned char c : bytes) {
+    std::snprintf(two, sizeof two, "%02x", c);
+    out += two;
+  }
+  return out;
+}
 
 // Runs the job; returns each rank's output and exit code.
 std::vector<std::pair<std::string, int>> run_raw(const Job& job) {
@@ -29,15 +46,31 @@ std::vector<std::pair<std::string, int>> run_raw(const Job& job) {
   const int world = job.senders + job.replicas * job.tp;
   std::vector<std::unique_ptr<Process>> ranks;
   const std::string prefix = "reshard-" + std::to_string(getpid()) + "-" + job.layout;
-  for (int r = 0; r < world; ++r)
-    ranks.push_back(Process::start(test::binary("reshard_rank"),
-                                   {"--rank", std::to_string(r), "--senders", std::to_string(job.senders),
-                                    "--replicas", std::to_string(job.replicas), "--tp", std::to_string(job.tp),
-                                    "--layout", job.layout, "--forward", job.forward ? "1" : "0", "--mode", job.mode,
-                                    "--store", dir, "--bootstrap", prefix, "--delta-steps",
-                                    std::to_string(job.delta_steps), "--corrupt-base",
-                                    std::to_string(job.corrupt_base), "--staging-limit",
-                                    std::to_string(job.staging_limit)}));
+  const bool cuda = job.memory == "cuda";
+  std::string nccl_id;
+  if (cuda) {
+    auto id = mint_bootstrap(Backend::kNccl, 1);
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    if (id.ok()) nccl_id = hex_of(*id);
+  }
+  const int gpus = std::max(1, test::cuda_devices());
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> args = {"--rank", std::to_string(r), "--senders", std::to_string(job.senders),
+                                     "--replicas", std::to_string(job.replicas), "--tp", std::to_string(job.tp),
+                                     "--layout", job.layout, "--forward", job.forward ? "1" : "0", "--mode", job.mode,
+                                     "--store", dir, "--bootstrap", prefix, "--delta-steps",
+                                     std::to_string(job.delta_steps), "--corrupt-base",
+                                     std::to_string(job.corrupt_base), "--staging-limit",
+                                     std::to_string(job.staging_limit), "--memory", job.memory, "--checksums",
+                                     job.checksums ? "1" : "0", "--corrupt-rank", std::to_string(job.corrupt_rank)};
+    std::vector<std::string> env;
+    if (cuda) {
+      args.insert(args.end(), {"--bootstrap-hex", nccl_id, "--device", "cuda:" + std::to_string(r % gpus)});
+      // Ranks sharing a GPU each report their own host to NCCL.
+      if (gpus < world) env.push_back("NCCL_HOSTID=paramcast-reshard-rank-" + std::to_string(r));
+    }
+    ranks.push_back(Process::start(test::binary("reshard_rank"), args, env));
+  }
   std::vector<std::pair<std::string, int>> out;
   for (auto& p : ranks) {
     auto code = p->wait_for(std::chrono::seconds(180));
@@ -171,6 +204,73 @@ TEST(ReshardExecTest, ADeltaOntoBytesThatAreNotTheBaseIsCaughtByTheHash) {
   EXPECT_NE(out[2].first.find("DATA_CORRUPT"), std::string::npos) << out[2].first;
   EXPECT_NE(out[2].first.find("were not that version"), std::string::npos) << out[2].first;
   EXPECT_NE(out[2].first.find("from rank "), std::string::npos) << out[2].first;
+}
+
+// The device path's logic (RunOptions::memory: round by round, each round
+// one group of moves, packing and checksums through a DeviceMemory) over
+// host memory and Gloo: dim-1 slices packed and unpacked, pieces forwarded
+// along the replicas from where they landed, every piece checked.
+TEST(ReshardExecTest, RoundByRoundOverAMemoryMegatronToTensorParallelEnginesWithChecksums) {
+  Job job{"megatron", 2, 2, 2};
+  job.memory = "cpu";
+  job.checksums = true;
+  auto out = run(job);
+  for (size_t r = 2; r < out.size(); ++r) {
+    auto [got, want] = received_wanted(out[r]);
+    EXPECT_EQ(got, want) << out[r];
+  }
+}
+
+TEST(ReshardExecTest, RoundByRoundOverAMemoryFsdpAndPipelineSenders) {
+  for (const char* layout : {"fsdp", "pipeline"}) {
+    Job job{layout, 3, 2, 1};
+    job.memory = "cpu";
+    auto out = run(job);
+    for (size_t r = 3; r < out.size(); ++r) {
+      auto [got, want] = received_wanted(out[r]);
+      EXPECT_EQ(got, want) << layout << ": " << out[r];
+    }
+  }
+}
+
+// A piece that leaves a trainer rank with one byte flipped (its checksum
+// the true one) fails its receiver with DATA_CORRUPT naming the tensor, the
+// range and the sender, before the piece counts; no rank ends with wrong
+// bytes it did not report, none hangs.
+TEST(ReshardExecTest, RoundByRoundAFlippedByteIsCaughtByTheChecksumNamingItsSender) {
+  Job job{"megatron", 2, 2, 2};
+  job.memory = "cpu";
+  job.checksums = true;
+  job.corrupt_rank = 1;
+  bool caught = false;
+  for (auto& [text, code] : run_raw(job)) {
+    EXPECT_NE(code, 1) << "wrong bytes that no check caught:\n" << text;
+    if (text.find("DATA_CORRUPT") == std::string::npos) continue;
+    caught = true;
+    EXPECT_EQ(code, 3) << text;
+    EXPECT_NE(text.find("from rank 1"), std::string::npos) << text;
+    EXPECT_NE(text.find("arrived with xxh64-blocks"), std::string::npos) << text;
+  }
+  EXPECT_TRUE(caught) << "no rank reported the flipped byte";
+}
+
+// The same over NCCL with the buffers on the GPU (tests/gpu/run.sh's
+// reshard_nccl stage): ncclSend/ncclRecv in groups, packing by the gather
+// kernel, checksums on the device.
+TEST(ReshardExecTest, OnNcclMegatronToTensorParallelEnginesWithChecksums) {
+  if (test::cuda_devices() == 0) GTEST_SKIP() << "no CUDA device on this machine (GPU tests run in tests/gpu/run.sh)";
+  if (const std::string why = backend_unavailable_reason(Backend::kNccl); !why.empty())
+    GTEST_SKIP() << "nccl backend cannot run here: " << why;
+  for (const char* layout : {"megatron", "fsdp"}) {
+    Job job{layout, 2, 2, 2};
+    job.memory = "cuda";
+    job.checksums = true;
+    auto out = run(job);
+    for (size_t r = 2; r < out.size(); ++r) {
+      auto [got, want] = received_wanted(out[r]);
+      EXPECT_EQ(got, want) << layout << ": " << out[r];
+    }
+  }
 }
 
 }  // namespace

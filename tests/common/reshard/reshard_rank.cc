@@ -8,13 +8,20 @@
 // whole). Every rank builds the same manifests, plans, schedules and runs
 // its transfers over a Gloo group (FileStore rendezvous); engines verify
 // every element of what they want against the generator.
+// --memory cpu: the run goes round by round over a DeviceMemory of host
+// memory (RunOptions::memory, the device path's logic on Gloo); --memory
+// cuda: over NCCL, the buffers in --device's memory (--bootstrap-hex: the
+// ncclUniqueId). --checksums 1: every piece followed by its checksum.
 // Exit: 0 ok, 1 wrong bytes, 2 usage or plan refused, 3 the run failed.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "common/cli.h"
 #include "common/data/communicator.h"
+#include "common/data/device_memory.h"
 #include "common/data/file_store.h"
 #include "common/reshard/executor.h"
 #include "common/xxhash.h"
@@ -23,6 +30,39 @@ using namespace paramcast;
 using namespace paramcast::reshard;
 
 namespace {
+
+// --corrupt-rank R (host memory): rank R's first piece of more than 8 bytes
+// leaves with one byte flipped, as a bad link or a hostile sender would send
+// it; its checksum is the true one. Wraps the real communicator.
+class FlipFirstPiece : public Communicator {
+ public:
+  explicit FlipFirstPiece(std::unique_ptr<Communicator> real) : real_(std::move(real)) {}
+  std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
+    return real_->broadcast(data, bytes, root);
+  }
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag) override {
+    if (flipped_ || bytes <= 8) return real_->send(data, bytes, peer, tag);
+    flipped_ = true;
+    copy_.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+    copy_[bytes / 2] ^= 0x10;
+    return real_->send(copy_.data(), bytes, peer, tag);
+  }
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag) override {
+    return real_->recv(data, bytes, peer, tag);
+  }
+  void begin_moves() override { real_->begin_moves(); }
+  Status end_moves() override { return real_->end_moves(); }
+  void abort(const std::string& reason) override { real_->abort(reason); }
+  Status async_error() override { return real_->async_error(); }
+  int rank() const override { return real_->rank(); }
+  int world_size() const override { return real_->world_size(); }
+  Device device() const override { return real_->device(); }
+
+ private:
+  std::unique_ptr<Communicator> real_;
+  bool flipped_ = false;
+  std::vector<uint8_t> copy_;
+};
 
 struct Layer {
   TensorSpec spec;
@@ -91,13 +131,20 @@ int main(int argc, char** argv) {
   const int replicas = std::atoi(f.get("replicas", "1").c_str());
   const int tp = std::atoi(f.get("tp", "1").c_str());
   const std::string layout = f.get("layout", "fsdp");
+  const std::string memory = f.get("memory", "host");
   GroupOptions g;
-  g.backend = Backend::kGloo;
+  g.backend = memory == "cuda" ? Backend::kNccl : Backend::kGloo;
   g.rank = std::atoi(f.get("rank").c_str());
   g.world_size = senders + replicas * tp;
   g.epoch = 1;
   g.bootstrap = f.get("bootstrap");
-  g.device = Device::cpu();
+  if (f.has("bootstrap-hex")) {
+    const std::string h = f.get("bootstrap-hex");
+    g.bootstrap.clear();
+    for (size_t i = 0; i + 1 < h.size(); i += 2)
+      g.bootstrap.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  }
+  g.device = memory == "cuda" ? parse_device(f.get("device", "cuda:0")).value() : Device::cpu();
   g.init_timeout = std::chrono::seconds(60);
   g.gloo_hostname = f.get("host", "127.0.0.1");
   for (int r = 0; r < g.world_size; ++r)
@@ -199,13 +246,39 @@ int main(int argc, char** argv) {
   auto wanted_funnel = [&](const std::string& name) -> std::pair<Region, std::vector<uint8_t>>& {
     return wanted[name];
   };
+  // --memory: the buffers in the run's memory (host vectors for cpu; the
+  // GPU's, filled from and checked through the host vectors, for cuda).
+  std::unique_ptr<DeviceMemory> mem;
+  std::map<std::string, void*> on_device;  // by tensor, held and wanted (a rank holds or wants each once)
+  if (memory != "host") {
+    auto m = create_device_memory(g.device);
+    if (!m.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", g.rank, m.status().to_string().c_str());
+      return 3;
+    }
+    mem = std::move(*m);
+    if (memory == "cuda")
+      for (auto* m2 : {&held, &wanted})
+        for (auto& [name, bb] : *m2) {
+          void* d = mem->allocate(std::max<size_t>(bb.second.size(), 1)).value();
+          (void)mem->copy(d, bb.second.data(), bb.second.size());
+          on_device[name] = d;
+        }
+  }
+  auto copy_back = [&] {
+    for (auto& [name, bw] : wanted)
+      if (on_device.count(name)) (void)mem->copy(bw.second.data(), on_device[name], bw.second.size());
+  };
   RankBuffers buffers;
   buffers.find = [&](const TensorSpec& t, const Region& region) -> LocalBuffer {
     const std::string& name = t.name;
     for (auto* m : {&held, &wanted}) {
       auto it = m->find(name);
-      if (it != m->end() && intersect(it->second.first, region) == region)
-        return {it->second.second.data(), it->second.first};
+      if (it != m->end() && intersect(it->second.first, region) == region) {
+        uint8_t* data = it->second.second.data();
+        if (auto d = on_device.find(name); d != on_device.end()) data = static_cast<uint8_t*>(d->second);
+        return {data, it->second.first};
+      }
     }
     return {};
   };
@@ -216,19 +289,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: %s\n", g.rank, comm.status().to_string().c_str());
     return 3;
   }
+  if (f.get("corrupt-rank") == std::to_string(g.rank))
+    comm = std::unique_ptr<Communicator>(new FlipFirstPiece(std::move(comm.value())));
   // Every rank formed before any moves: a rank whose transfers end early
   // must not leave while another still connects its pair to it (the mesh is
   // full). Each tells rank 0, which then releases them all.
   {
-    uint8_t byte = 1;
+    std::vector<uint8_t> bytes(static_cast<size_t>(g.world_size) + 1, 1);
+    uint8_t* scratch = bytes.data();  // the communicator's memory
+    if (memory == "cuda") {
+      scratch = static_cast<uint8_t*>(mem->allocate(bytes.size()).value());
+      (void)mem->copy(scratch, bytes.data(), bytes.size());
+    }
+    uint8_t& byte = scratch[g.world_size];
     Communicator& c = *comm.value();
     Status formed;
     const Deadline by = Clock::now() + std::chrono::seconds(60);
     if (g.rank == 0) {
-      std::vector<uint8_t> from(static_cast<size_t>(g.world_size));
       std::vector<std::shared_ptr<Work>> works;
+      c.begin_moves();
       for (int r = 1; r < g.world_size; ++r)
-        works.push_back(c.recv(&from[static_cast<size_t>(r)], 1, r, 0x7fff0000u + static_cast<uint32_t>(r)));
+        works.push_back(c.recv(&scratch[r], 1, r, 0x7fff0000u + static_cast<uint32_t>(r)));
+      formed = c.end_moves();
       for (auto& w : works)
         if (formed.ok()) formed = w->wait(by);
     } else {
@@ -249,8 +331,11 @@ int main(int argc, char** argv) {
   RunOptions first;
   first.version = 1;
   first.staging_limit = std::strtoull(f.get("staging-limit", "0").c_str(), nullptr, 10);
+  first.checksums = f.get("checksums", "0") == "1";
+  first.memory = mem.get();
   if (delta_steps > 0) first.sent = &sent_baseline;
   Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline, first);
+  if (s.ok() && mem) copy_back();
   if (s.ok() && funnel) {
     if (g.rank == 0)  // full_tensor(): its own shard joins the gathered bytes
       for (auto& [name, hb] : held) {
