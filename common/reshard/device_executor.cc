@@ -45,6 +45,21 @@ struct Move {
   uint8_t* landing() const { return in_place ? at.data + *in_place : staging->data(); }
 };
 
+// Closes a group the round opened, also when it unwinds (an exception
+// between begin_moves and end_moves would leave the thread's NCCL group open).
+struct OpenMoves {
+  explicit OpenMoves(Communicator& c) : comm(c) { comm.begin_moves(); }
+  ~OpenMoves() {
+    if (open) (void)comm.end_moves();
+  }
+  Status end() {
+    open = false;
+    return comm.end_moves();
+  }
+  Communicator& comm;
+  bool open = true;
+};
+
 std::string hex(uint64_t v) {
   char text[20];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
@@ -162,7 +177,7 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
           if (!s.ok()) return fail(m, s.with_context("checksum"));
         }
       // 2. The round's moves, one group.
-      comm.begin_moves();
+      OpenMoves group(comm);
       for (size_t i = begin; i < end; ++i) {
         Move& m = all[i];
         const Transfer& x = plan.transfers[m.transfer];
@@ -177,7 +192,7 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
           ++stats.dense;
         }
       }
-      if (Status s = comm.end_moves(); !s.ok()) return fail(all[begin], s);
+      if (Status s = group.end(); !s.ok()) return fail(all[begin], s);
       // 3. Waited for, checked, unpacked, handed on.
       for (size_t i = begin; i < end; ++i)
         for (const auto* w : {&all[i].work, &all[i].sum_work})
@@ -230,8 +245,8 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
     return run();
   } catch (const std::bad_alloc&) {
     const Status s = unavailable("many-sender plan: rank " + std::to_string(rank) + " has no memory for its moves");
-    comm.abort(s.message());
-    return s;
+    if (all.empty()) return s;
+    return fail(all.front(), s);  // every posted Work settled (or its memory let go) first
   }
 }
 

@@ -101,8 +101,10 @@ struct RunOptions {
   // delta_base, no sent baseline; staging_limit unused: a rank stages at most
   // its round's send and the landings it still forwards), checksums
   // xxh64-blocks. Null: host memory, every move posted at once (the host
-  // planes). Every rank of a plan runs the same way; the caller orders the
-  // communicator after whatever wrote the buffers.
+  // planes). Every rank of a plan runs the same way; the caller orders both
+  // the memory's copies and the communicator after whatever wrote the
+  // buffers (DeviceMemory::order_after, Communicator::order_after): packing
+  // and checksums read them on the memory's copy stream.
   DeviceMemory* memory = nullptr;
   // What the run did (may be null).
   struct Stats {

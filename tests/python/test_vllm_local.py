@@ -263,8 +263,12 @@ class Side:
             self.engine.source = (FullOnly if full_only else SplitSource)(self.model, self.rank,
                                                                           layout or self.layout, wrong, rename)
 
-    def set_iterate(self, mode):
-        self.engine.iterate = mode
+    def set_iterate(self, mode, rank=None):
+        if rank is None or rank == self.rank:
+            self.engine.iterate = mode
+
+    def gathers(self):
+        return dict(GATHERS)
 
     def step(self):
         train_step(self.model)
@@ -515,6 +519,31 @@ def test_a_source_without_iter_local_is_iterated_whole_and_iterate_full_forces_i
         assert trainers.side.engine.publisher.status()["version"] == version
     finally:
         trainers.ok("set_iterate", "auto")
+
+
+def test_ranks_that_would_iterate_differently_are_refused_before_either_iterates(trainers):
+    """Rank 1 told iterate="full" (its source's iter_full gathers, a collective rank 0 would never join),
+    rank 0 its pieces: both are refused, naming both ways, before either rank iterates (no gather began),
+    and the next round, alike again, goes through."""
+    trainers.ok("use", "split")
+    want = hf_state(trainers.side.reference)
+    version = trainers.side.engine.publisher.status()["version"]
+    try:
+        trainers.ok("set_iterate", "full", 1)
+        GATHERS.clear()
+        mine, theirs = trainers.both("send")
+        for said in (mine, theirs):
+            assert said[0] == "error" and re.search(
+                r"refused before any byte moved: trainer ranks 0 and 1 would iterate their sources differently "
+                r"\(rank 0 iter_local, rank 1 iter_full\)", said[2]), said
+        for rank, gathered in enumerate(trainers.ok("gathers")):
+            assert gathered == {}, f"trainer rank {rank} began to gather: {gathered}"
+        assert trainers.side.engine.publisher.status()["version"] == version
+    finally:
+        trainers.ok("set_iterate", "auto")
+    for rank, said in enumerate(trainers.ok("send")):
+        assert said["gathers"] == {}, (rank, said["gathers"])
+    assert_workers_hold(trainers.client, want)
 
 
 def test_init_info_iterate_and_transforms_with_several_ranks_are_checked():

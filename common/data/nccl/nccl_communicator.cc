@@ -32,7 +32,10 @@
 // idle, healthy communicator at destruction.
 //
 // Thread-safety: broadcast/order_after from one thread at a time; abort and
-// async_error from any thread. comm_mu_ guards every call on comm_, and
+// async_error from any thread. NCCL's group state is the thread's, not the
+// communicator's: while the issuing thread has a group open it makes no
+// other NCCL call (another communicator's included), or that call would
+// join the group. comm_mu_ guards every call on comm_, and
 // gone_ (set under it) ends them before the reaper frees the communicator.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -107,6 +110,10 @@ struct Launch {
   // buffers until the abort that followed ends.
   bool queued = false;
   bool open = false;  // a group whose end_moves() has not come yet
+  // A group of moves is not held to stall_timeout: under a round-by-round
+  // plan a rank's group rightly waits while its peers finish earlier rounds
+  // with others. Its bound is the caller's deadline.
+  bool stall_checked = true;
 };
 
 class NcclCommunicator : public Communicator {
@@ -154,7 +161,9 @@ class NcclCommunicator : public Communicator {
   // The issuing thread is inside ncclGroupStart/End on comm_, and an abort
   // that came meanwhile waits for end_moves() (both guarded by comm_mu_).
   bool in_group_ = false;
-  bool abort_deferred_ = false;
+  std::atomic<bool> abort_deferred_{false};
+  // ncclCommAbort outlived kAbortGrace once: later Works do not wait again.
+  std::atomic<bool> abort_overdue_{false};
   std::shared_ptr<Launch> group_;  // the open group's launch (issuing thread)
   std::atomic<bool> aborted_{false};
   std::mutex err_mu_;
@@ -179,10 +188,16 @@ struct NcclCommunicator::Event : Work {
   // After an abort: the launch's kernels may still write its buffers until
   // the abort ends, so wait for it (bounded) before the caller reuses them.
   void await_abort() const {
-    if (!comm->reaper_.wait_for(kAbortGrace))
+    // An abort deferred by this thread's own open group cannot start before
+    // its end_moves(); one that overran its grace once is not waited again.
+    // Either way settled() stays false: the buffers are let go, not reused.
+    if (comm->abort_deferred_.load() || comm->abort_overdue_.load()) return;
+    if (!comm->reaper_.wait_for(kAbortGrace)) {
+      comm->abort_overdue_.store(true);
       PC_WARN("nccl (" << comm->where() << "): ncclCommAbort still running after "
                        << std::chrono::seconds(kAbortGrace).count() << "s; the " << launch->what
                        << "'s buffers are let go");
+    }
   }
 };
 
@@ -208,7 +223,7 @@ Status NcclCommunicator::Event::wait(Deadline deadline) {
     } else if (Status async = comm->async_error(); !async.ok()) {
       comm->abort(async.message());
       failure = async;
-    } else if (still > comm->options_.stall_timeout) {
+    } else if (launch->stall_checked && still > comm->options_.stall_timeout) {
       comm->abort("no progress for stall_timeout");
       failure = timeout_error(std::string(launch->what) + " made no progress for " + format_duration(still) +
                               " (stall_timeout " + format_duration(comm->options_.stall_timeout) +
@@ -338,6 +353,7 @@ void NcclCommunicator::begin_moves() {
   if (group_) return;  // groups do not nest: the open one goes on
   group_ = std::make_shared<Launch>("ncclSend/ncclRecv group");
   group_->open = true;
+  group_->stall_checked = false;
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (gone_ || aborted_.load()) {
     group_->status = unusable();
@@ -353,7 +369,6 @@ Status NcclCommunicator::end_moves() {
   group_.reset();
   launch->open = false;
   Status s = launch->status;
-  bool enqueue_failed = false;
   {
     std::lock_guard<std::mutex> lock(comm_mu_);
     if (in_group_) {
@@ -362,15 +377,13 @@ Status NcclCommunicator::end_moves() {
       DeviceGuard g(options_.device.index);
       Status ended = nccl_status(ncclGroupEnd(), "ncclGroupEnd", comm_);
       in_group_ = false;
-      if (s.ok()) {
-        s = ended;
-        enqueue_failed = !ended.ok();
-      }
+      if (s.ok()) s = ended;
       if (s.ok() && aborted_.load()) s = unusable();
-      if (s.ok() && launch->queued) {
+      // NCCL connects a pair's point-to-point channels lazily, here, and may
+      // wait for the peer to reach its own group: bounded by op_timeout and
+      // by an abort.
+      if (s.ok() && launch->queued)
         s = poll_comm(comm_, Clock::now() + options_.op_timeout, &aborted_, "ncclSend/ncclRecv group enqueue");
-        enqueue_failed = !s.ok();
-      }
       if (s.ok() && launch->queued) {
         auto done = std::make_shared<Completion>();
         auto* arg = new std::shared_ptr<Completion>(done);
@@ -380,19 +393,17 @@ Status NcclCommunicator::end_moves() {
           launch->done = std::move(done);
         } else {
           delete arg;
-          enqueue_failed = true;
         }
       }
-      if (abort_deferred_) hand_to_reaper();
+      if (abort_deferred_.load()) hand_to_reaper();
     }
   }
   if (!s.ok()) {
+    // As a broadcast's failed enqueue: the communicator is done for (its
+    // peers posted moves that will never be matched in order now).
     launch->status = s;
-    if (enqueue_failed) {
-      // As a broadcast's failed enqueue: the communicator is done for.
-      fail(s);
-      abort(s.message());
-    }
+    fail(s);
+    abort(s.message());
   }
   return s;
 }
@@ -415,7 +426,7 @@ void NcclCommunicator::abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (gone_) return;
   if (in_group_) {
-    abort_deferred_ = true;  // end_moves() closes the group, then hands comm_ over
+    abort_deferred_.store(true);  // end_moves() closes the group, then hands comm_ over
     return;
   }
   hand_to_reaper();
@@ -424,7 +435,7 @@ void NcclCommunicator::abort(const std::string& reason) {
 void NcclCommunicator::hand_to_reaper() {
   if (gone_) return;
   gone_ = true;
-  abort_deferred_ = false;
+  abort_deferred_.store(false);
   reaper_.start([comm = comm_, stream = stream_, event = ordered_, index = options_.device.index, w = where()] {
     DeviceGuard g(index);
     const ncclResult_t r = ncclCommAbort(comm);

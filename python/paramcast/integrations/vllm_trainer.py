@@ -364,8 +364,9 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
 
     def _send_owned(self):
         # Many senders: every trainer rank sends what it owns, one version together. Everything that can
-        # be refused is checked on every rank and agreed over the trainer group before any RPC's round
-        # begins its transfer, so that every rank refuses alike and no byte moves.
+        # be refused is checked on every rank and agreed over the trainer group (twice: before iterating
+        # and after) before any RPC's round begins its transfer, so that every rank refuses alike and no
+        # byte moves. A source that raises inside a collective of its own still leaves the others there.
         dist, _ = _trainer_group(self)
         metas = list(self.source.metadata)
         problems = _owner_problems(metas, self.ranks)
@@ -376,33 +377,54 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         local, why = _iteration(self.source, self.iterate)
         if why:
             problems.append(f"trainer rank {self.rank}: {why}")
-        tensors = []
-        if not problems:
-            try:
-                got = set()
-                for name, tensor in (self.source.iter_local() if local else self.source.iter_full()):
-                    got.add(name)
-                    m = declared.get(name)
-                    if m is None or self.rank not in (_owners(m, self.ranks) or ()):
-                        problems.append(f"trainer rank {self.rank} yields {name!r}, which the metadata does not "
-                                        f"give it (owners {None if m is None else m.owners})")
-                    elif local:
-                        said, piece = self._piece(m, tensor)
-                        if said:
-                            problems.append(said)
-                        else:
-                            tensors.append((name, piece))
-                    elif tensor.dtype != m.dtype or tuple(tensor.shape) != tuple(m.shape):
-                        problems.append(f"trainer rank {self.rank} holds {name!r} as {tensor.dtype} "
-                                        f"{tuple(tensor.shape)}, declared {m.dtype} {tuple(m.shape)}")
+        # First agreement, before any rank iterates: a source may run collectives while it iterates
+        # (iter_full gathers; vLLM's iter_local gathers pieces it cannot hand out as they are), which
+        # every rank must join, so a rank that refuses must not leave the others inside one. Layout,
+        # transforms and how each rank iterates are compared here.
+        said = [None] * self.ranks
+        dist.all_gather_object(said, (self.rank, problems, "iter_local" if local else "iter_full",
+                                      [(m.name, str(m.dtype), tuple(m.shape), m.owners, _layout(m)) for m in metas],
+                                      self._rules),
+                               group=self.group)
+        everyone = list(dict.fromkeys(p for _, ps, _, _, _ in said for p in ps))  # metadata problems: on every rank
+        for rank, _, how, theirs, rules in said[1:]:
+            if theirs != said[0][3]:
+                everyone.append(_metadata_difference(said[0][3], theirs, rank))
+            if rules != said[0][4]:
+                everyone.append(f"trainer ranks 0 and {rank} apply different transforms (rank 0 {said[0][4]}, "
+                                f"rank {rank} {rules}): give every rank the same init_info.transforms")
+            if how != said[0][2]:
+                everyone.append(f"trainer ranks 0 and {rank} would iterate their sources differently (rank 0 "
+                                f"{said[0][2]}, rank {rank} {how}): give every rank the same init_info.iterate "
+                                "and sources of one kind")
+        if everyone:
+            raise ValueError("paramcast send_weights refused before any byte moved: " + "; ".join(everyone))
+        problems, tensors = [], []
+        try:
+            got = set()
+            for name, tensor in (self.source.iter_local() if local else self.source.iter_full()):
+                got.add(name)
+                m = declared.get(name)
+                if m is None or self.rank not in (_owners(m, self.ranks) or ()):
+                    problems.append(f"trainer rank {self.rank} yields {name!r}, which the metadata does not "
+                                    f"give it (owners {None if m is None else m.owners})")
+                elif local:
+                    said_piece, piece = self._piece(m, tensor)
+                    if said_piece:
+                        problems.append(said_piece)
                     else:
-                        tensors.append((name, tensor))
-                lost = [n for n in mine if n not in got]
-                if lost:
-                    problems.append(f"trainer rank {self.rank} owns {_names_list(lost)} but its source did not "
-                                    "yield them")
-            except Exception as e:  # noqa: BLE001: every rank is told, then it is raised
-                problems.append(f"trainer rank {self.rank}: iterating its source raised {type(e).__name__}: {e}")
+                        tensors.append((name, piece))
+                elif tensor.dtype != m.dtype or tuple(tensor.shape) != tuple(m.shape):
+                    problems.append(f"trainer rank {self.rank} holds {name!r} as {tensor.dtype} "
+                                    f"{tuple(tensor.shape)}, declared {m.dtype} {tuple(m.shape)}")
+                else:
+                    tensors.append((name, tensor))
+            lost = [n for n in mine if n not in got]
+            if lost:
+                problems.append(f"trainer rank {self.rank} owns {_names_list(lost)} but its source did not "
+                                "yield them")
+        except Exception as e:  # noqa: BLE001: every rank is told, then it is raised
+            problems.append(f"trainer rank {self.rank}: iterating its source raised {type(e).__name__}: {e}")
         version = started = None
         if self.is_sender and not problems:
             try:
@@ -411,19 +433,11 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
                 started = True
             except Exception as e:  # noqa: BLE001
                 problems.append(f"trainer rank 0: start_weight_update failed: {type(e).__name__}: {e}")
+        # Second agreement: what iterating found, and the version rank 0 took.
         said = [None] * self.ranks
-        dist.all_gather_object(said, (self.rank, problems, version,
-                                      [(m.name, str(m.dtype), tuple(m.shape), m.owners, _layout(m)) for m in metas],
-                                      self._rules),
-                               group=self.group)
-        everyone = list(dict.fromkeys(p for _, ps, _, _, _ in said for p in ps))  # metadata problems: on every rank
+        dist.all_gather_object(said, (self.rank, problems, version), group=self.group)
+        everyone = list(dict.fromkeys(p for _, ps, _ in said for p in ps))
         version = said[0][2]
-        for rank, _, _, theirs, rules in said[1:]:
-            if theirs != said[0][3]:
-                everyone.append(_metadata_difference(said[0][3], theirs, rank))
-            if rules != said[0][4]:
-                everyone.append(f"trainer ranks 0 and {rank} apply different transforms (rank 0 {said[0][4]}, "
-                                f"rank {rank} {rules}): give every rank the same init_info.transforms")
         if everyone:
             if started:
                 with contextlib.suppress(Exception):

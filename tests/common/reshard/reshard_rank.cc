@@ -132,6 +132,14 @@ int main(int argc, char** argv) {
   const int tp = std::atoi(f.get("tp", "1").c_str());
   const std::string layout = f.get("layout", "fsdp");
   const std::string memory = f.get("memory", "host");
+  if (memory != "host" && (f.get("mode") == "funnel" || std::atoi(f.get("delta-steps", "0").c_str()) > 0)) {
+    std::fprintf(stderr, "--memory %s runs dense plans only (no --mode funnel, no --delta-steps)\n", memory.c_str());
+    return 2;
+  }
+  if (memory == "cuda" && f.get("corrupt-rank", "-1") != "-1") {
+    std::fprintf(stderr, "--corrupt-rank flips a byte in host memory only\n");
+    return 2;
+  }
   GroupOptions g;
   g.backend = memory == "cuda" ? Backend::kNccl : Backend::kGloo;
   g.rank = std::atoi(f.get("rank").c_str());
