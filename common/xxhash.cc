@@ -1,5 +1,6 @@
 #include "common/xxhash.h"
 
+#include <cstdio>
 #include <cstring>
 
 namespace paramcast {
@@ -101,6 +102,12 @@ uint64_t xxh64(const void* data, size_t len, uint64_t seed) {
   Xxh64 h(seed);
   h.update(data, len);
   return h.digest();
+}
+
+std::string digest_hex(uint64_t digest) {
+  char text[20];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
+  return text;
 }
 
 }  // namespace paramcast

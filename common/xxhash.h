@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace paramcast {
 
@@ -23,5 +24,7 @@ class Xxh64 {
 };
 
 uint64_t xxh64(const void* data, size_t len, uint64_t seed = 0);
+// A digest as messages show it: 16 hex digits.
+std::string digest_hex(uint64_t digest);
 
 }  // namespace paramcast

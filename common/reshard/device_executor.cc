@@ -21,6 +21,7 @@
 // still has to forward.
 #include "common/data/bucket_checksum.h"
 #include "common/reshard/executor.h"
+#include "common/xxhash.h"
 
 #include <cstdio>
 #include <map>
@@ -59,12 +60,6 @@ struct OpenMoves {
   Communicator& comm;
   bool open = true;
 };
-
-std::string hex(uint64_t v) {
-  char text[20];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
-  return text;
-}
 
 }  // namespace
 
@@ -210,7 +205,7 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
           if (!s.ok()) return fail(m, s.with_context("checksum"));
           if (*got != want)
             return fail(m, data_corrupt(std::to_string(x.bytes) + " bytes arrived with " + checksum_name(kPieceChecksum) +
-                                        " " + hex(*got) + ", the sender's " + hex(want)));
+                                        " " + digest_hex(*got) + ", the sender's " + digest_hex(want)));
         }
         stats.wire_received += x.bytes;
         if (options.received) *options.received += x.bytes;

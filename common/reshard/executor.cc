@@ -30,12 +30,6 @@ struct PieceHeader {
 };
 static_assert(sizeof(PieceHeader) == 32, "PieceHeader is a wire format");
 
-std::string hex(uint64_t v) {
-  char text[20];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
-  return text;
-}
-
 }  // namespace
 
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
@@ -209,8 +203,8 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
     const Transfer& x = plan.transfers[p.transfer];
     const uint64_t got = xxh64(bytes, x.bytes);
     if (got == want) return Status();
-    return data_corrupt(std::to_string(x.bytes) + " bytes " + what + " with xxh64 " + hex(got) + ", the sender's " +
-                        hex(want));
+    return data_corrupt(std::to_string(x.bytes) + " bytes " + what + " with xxh64 " + digest_hex(got) + ", the sender's " +
+                        digest_hex(want));
   };
   // Staging, encodings and scratch are allocated as the transfers go; a
   // machine out of memory fails the run (every posted Work settled first),
