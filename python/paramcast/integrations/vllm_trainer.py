@@ -347,20 +347,10 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             with contextlib.suppress(Exception):
                 self.client.finish_weight_update()
             raise
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            receiving = pool.submit(self.client.update_weights,
-                                    {"version": version, "names": self._names(manifest),
-                                     "timeout_s": self.update_timeout_s})
-            try:
-                result = self.publisher.weight_update(tensors, transforms=self.transforms)
-            except BaseException:
-                del tensors
-                receiving.result()  # the workers' error first: it says what went wrong where
-                raise
-            del tensors
-            receiving.result()
-        self.client.finish_weight_update(weight_version=str(result.version))
-        return result
+        held = [tensors]  # handed over: freed once the publisher is done with them
+        del tensors
+        return self._round(version, self._names(manifest),
+                           lambda: self.publisher.weight_update(held.pop(), transforms=self.transforms))
 
     def _send_owned(self):
         # Many senders: every trainer rank sends what it owns, one version together. Everything that can
@@ -449,16 +439,22 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             finally:
                 del tensors
         names = wire_names([m.name for m in metas], self._rules)  # each FP8 tensor with its scales
+        held = [tensors]
+        del tensors
+        return self._round(version, names, lambda: self.publisher.weight_update_sharded(held.pop(), version=version))
+
+    def _round(self, version, names, publish):
+        """One update while the workers receive it: ``publish()`` (the publisher's call) beside the workers'
+        ``update_weights`` RPC, then ``finish_weight_update``. On failure the workers' error comes first: it
+        says what went wrong where."""
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             receiving = pool.submit(self.client.update_weights,
                                     {"version": version, "names": names, "timeout_s": self.update_timeout_s})
             try:
-                result = self.publisher.weight_update_sharded(tensors, version=version)
+                result = publish()
             except BaseException:
-                del tensors
-                receiving.result()  # the workers' error first: it says what went wrong where
+                receiving.result()
                 raise
-            del tensors
             receiving.result()
         self.client.finish_weight_update(weight_version=str(result.version))
         return result
