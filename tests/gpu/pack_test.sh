@@ -24,4 +24,6 @@ env -i PATH=/usr/bin:/bin HOME="$tmp" LD_LIBRARY_PATH="$tmp/moved/lib" \
   "$tmp/moved/bin/data_pieces_test" --gtest_filter='OrderingTest.*:BucketChecksumTest.*'
 env -i PATH=/usr/bin:/bin HOME="$tmp" LD_LIBRARY_PATH="$tmp/moved/lib" \
   "$tmp/moved/bin/communicator_test" --gtest_filter='*EightRanksBroadcastBitExact/gloo'
+env -i PATH=/usr/bin:/bin HOME="$tmp" LD_LIBRARY_PATH="$tmp/moved/lib" \
+  "$tmp/moved/bin/reshard_exec_test" --gtest_filter='*RoundByRoundOverAMemoryMegatron*'
 echo "pack_test: the packed folder runs the Gloo tests"
