@@ -270,6 +270,24 @@ class Side:
     def gathers(self):
         return dict(GATHERS)
 
+    def break_metadata(self, rank):
+        """On ``rank`` only, a source whose metadata raises (restored by ``source()``)."""
+        if rank != self.rank:
+            return
+
+        class NoMetadata:
+            def __init__(self, inner):
+                self._inner = inner
+
+            @property
+            def metadata(self):
+                raise RuntimeError("metadata unavailable on this rank")
+
+            def __getattr__(self, name):
+                return getattr(self._inner, name)
+
+        self.engine.source = NoMetadata(self.engine.source)
+
     def step(self):
         train_step(self.model)
         if self.reference is not self.model:
@@ -530,7 +548,6 @@ def test_ranks_that_would_iterate_differently_are_refused_before_either_iterates
     version = trainers.side.engine.publisher.status()["version"]
     try:
         trainers.ok("set_iterate", "full", 1)
-        GATHERS.clear()
         mine, theirs = trainers.both("send")
         for said in (mine, theirs):
             assert said[0] == "error" and re.search(
@@ -544,6 +561,22 @@ def test_ranks_that_would_iterate_differently_are_refused_before_either_iterates
     for rank, said in enumerate(trainers.ok("send")):
         assert said["gathers"] == {}, (rank, said["gathers"])
     assert_workers_hold(trainers.client, want)
+
+
+def test_a_rank_whose_source_raises_before_iterating_is_refused_on_every_rank(trainers):
+    """Rank 1's source raises when asked for its metadata: both ranks are refused, naming rank 1 and the
+    error, instead of rank 0 waiting in the agreement for a rank that left."""
+    trainers.ok("use", "split")
+    version = trainers.side.engine.publisher.status()["version"]
+    try:
+        trainers.ok("break_metadata", 1)
+        mine, theirs = trainers.both("send")
+        for said in (mine, theirs):
+            assert said[0] == "error" and ("trainer rank 1: reading its source's metadata raised RuntimeError: "
+                                           "metadata unavailable on this rank") in said[2], said
+        assert trainers.side.engine.publisher.status()["version"] == version
+    finally:
+        trainers.ok("source")
 
 
 def test_init_info_iterate_and_transforms_with_several_ranks_are_checked():

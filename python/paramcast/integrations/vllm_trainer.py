@@ -176,10 +176,10 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             config = dict(config, publisher={**(config.get("publisher") or {}),
                                              "update_timeout": f"{int(init_info.update_timeout_s * 1000)}ms"})
         rules = init_info.transforms
-        if rules is None:
-            rules = _config_rules(config)
         publisher = paramcast.Publisher(config)
         try:
+            if rules is None:  # the config's publisher.transforms, whatever form it came in
+                rules = publisher.config.transforms or None
             endpoint = init_info.advertise_endpoint or publisher.endpoint
             if init_info.advertise_endpoint:
                 port = publisher.endpoint.rsplit(":", 1)[1]
@@ -217,12 +217,13 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             pub["ranks"] = ranks
             pub.setdefault("update_timeout", f"{int(init_info.update_timeout_s * 1000)}ms")
             config = dict(config, publisher=pub)
-        rules = _config_rules(config)
+        rules = None  # publisher.transforms of the config each rank loaded (below)
         box = [None]
         publisher = None
         if init_info.rank == 0:
             try:
                 publisher = paramcast.Publisher(config)
+                rules = publisher.config.transforms or None
                 endpoint = init_info.advertise_endpoint or publisher.endpoint
                 if init_info.advertise_endpoint:
                     endpoint = endpoint.replace(":PORT", ":" + publisher.endpoint.rsplit(":", 1)[1])
@@ -251,6 +252,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
             from paramcast._config import load_config
             publisher = paramcast.PublisherRank(load_config(config).with_endpoint(endpoint), init_info.rank)
             try:
+                rules = publisher.config.transforms or None
                 publisher.start()
             except BaseException:
                 publisher.close()
@@ -272,14 +274,12 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         ``finish_weight_update`` is given the ParamCast version as ``weight_version`` (a decimal string):
         vLLM sets its engine's weight version from it (``/weight_info``, ``LLM.get_weight_version()``).
         """
-        # Several ranks send from iter_full or iter_local, whichever the source has (checked per round).
-        missing = [a for a in ("metadata",) + (() if self.ranks > 1 else ("iter_full",))
-                   if not hasattr(self.source, a)]
+        if self.ranks > 1:  # from iter_full or iter_local, whichever the source has: checked in the agreement
+            return self._send_owned()
+        missing = [a for a in ("metadata", "iter_full") if not hasattr(self.source, a)]
         if missing:
             raise TypeError(f"paramcast send_weights: the source ({type(self.source).__name__}) has no "
                             f"{' or '.join(missing)}: pass a vLLM WeightSource (e.g. ModuleSource(model))")
-        if self.ranks > 1:
-            return self._send_owned()
         not_ours = [m.name for m in self.source.metadata if getattr(m, "owners", None) is not None
                     and 0 not in m.owners]
         if not_ours:  # identical metadata on every rank: every rank refuses alike, before any collective
@@ -358,26 +358,35 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         # and after) before any RPC's round begins its transfer, so that every rank refuses alike and no
         # byte moves. A source that raises inside a collective of its own still leaves the others there.
         dist, _ = _trainer_group(self)
-        metas = list(self.source.metadata)
-        problems = _owner_problems(metas, self.ranks)
-        declared = {}
-        for m in metas:
-            declared.setdefault(m.name, m)
-        mine = [m.name for m in metas if _owners(m, self.ranks) is not None and self.rank in _owners(m, self.ranks)]
-        local, why = _iteration(self.source, self.iterate)
-        if why:
-            problems.append(f"trainer rank {self.rank}: {why}")
+        try:  # whatever this raises on one rank, every rank still reaches the first agreement
+            if not hasattr(self.source, "metadata"):
+                raise TypeError(f"the source ({type(self.source).__name__}) has no metadata: pass a vLLM "
+                                "WeightSource (e.g. ModuleSource(model))")
+            metas = list(self.source.metadata)
+            problems = _owner_problems(metas, self.ranks)
+            declared = {}
+            for m in metas:
+                declared.setdefault(m.name, m)
+            mine = [m.name for m in metas
+                    if _owners(m, self.ranks) is not None and self.rank in _owners(m, self.ranks)]
+            local, why = _iteration(self.source, self.iterate)
+            if why:
+                problems.append(f"trainer rank {self.rank}: {why}")
+            rows = [(m.name, str(m.dtype), tuple(m.shape), m.owners, _layout(m)) for m in metas]
+        except Exception as e:  # noqa: BLE001: every rank is told, then it is raised
+            metas, declared, mine, local, rows = [], {}, [], False, None
+            problems = [f"trainer rank {self.rank}: reading its source's metadata raised {type(e).__name__}: {e}"]
         # First agreement, before any rank iterates: a source may run collectives while it iterates
         # (iter_full gathers; vLLM's iter_local gathers pieces it cannot hand out as they are), which
         # every rank must join, so a rank that refuses must not leave the others inside one. Layout,
         # transforms and how each rank iterates are compared here.
         said = [None] * self.ranks
-        dist.all_gather_object(said, (self.rank, problems, "iter_local" if local else "iter_full",
-                                      [(m.name, str(m.dtype), tuple(m.shape), m.owners, _layout(m)) for m in metas],
-                                      self._rules),
+        dist.all_gather_object(said, (self.rank, problems, "iter_local" if local else "iter_full", rows, self._rules),
                                group=self.group)
         everyone = list(dict.fromkeys(p for _, ps, _, _, _ in said for p in ps))  # metadata problems: on every rank
-        for rank, _, how, theirs, rules in said[1:]:
+        for rank, ps, how, theirs, rules in said[1:]:
+            if ps or said[0][1]:
+                continue  # refused already: their rows may not be there to compare
             if theirs != said[0][3]:
                 everyone.append(_metadata_difference(said[0][3], theirs, rank))
             if rules != said[0][4]:
@@ -429,6 +438,7 @@ class ParamCastTrainerWeightTransferEngine(_TrainerBase):
         everyone = list(dict.fromkeys(p for _, ps, _ in said for p in ps))
         version = said[0][2]
         if everyone:
+            tensors.clear()  # not kept alive by the exception's frame
             if started:
                 with contextlib.suppress(Exception):
                     self.client.finish_weight_update()
@@ -574,17 +584,6 @@ def _metadata_difference(ours, theirs, rank):
             return (f"trainer ranks 0 and {rank} declare {name!r} differently: rank 0 {say(a.get(name))}, "
                     f"rank {rank} {say(b.get(name))}")
     return f"trainer rank {rank} declares the parameters in another order than rank 0"
-
-
-def _config_rules(config):
-    """The publisher.transforms of a config in any form paramcast takes (a dict, a YAML path, a
-    paramcast.Config), as rules the workers are told; None if it has none."""
-    if config is None:
-        return None
-    if isinstance(config, dict):
-        return (config.get("publisher") or {}).get("transforms")
-    from paramcast._config import load_config
-    return load_config(config).transforms or None
 
 
 def _trainer_group(info):
