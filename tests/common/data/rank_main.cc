@@ -169,10 +169,12 @@ int main(int argc, char** argv) {
                     scribble_posted_count(g.rank, g.world_size, g.shm_slot_bytes) ? "its posted count" : "nothing");
         std::fflush(stdout);
       });
-    // The buffers are the communicator's memory (a GPU's on NCCL), filled
-    // and checked through host copies; every move of an exchange is one
-    // group (begin_moves/end_moves), as NCCL needs.
+    // The buffers are the communicator's memory (a GPU's on NCCL, filled
+    // and checked through host copies; host memory in place, so that a
+    // sanitizer build issues its first exchange as soon as before); every
+    // move of an exchange is one group (begin_moves/end_moves), as NCCL needs.
     const size_t peers = static_cast<size_t>(w);
+    const bool on_host = !g.device.is_cuda();
     for (uint64_t size : sizes) {
       std::vector<void*> out(peers, nullptr), in(peers, nullptr);
       for (int q = 0; q < w; ++q)
@@ -180,15 +182,20 @@ int main(int argc, char** argv) {
           out[static_cast<size_t>(q)] = mem->allocate(size).value();
           in[static_cast<size_t>(q)] = mem->allocate(size).value();
         }
-      std::vector<uint8_t> host(size);
+      std::vector<uint8_t> host(on_host ? 0 : size);
       for (int rep = 0; rep < repeat; ++rep) {
         std::vector<std::shared_ptr<Work>> works;
         for (int q = 0; q < w; ++q) {
           if (q == g.rank) continue;
-          for (uint64_t i = 0; i < size; ++i) host[i] = payload(g.rank, q, size, rep, i);
-          (void)mem->copy(out[static_cast<size_t>(q)], host.data(), size);
-          std::fill(host.begin(), host.end(), uint8_t{0xAB});
-          (void)mem->copy(in[static_cast<size_t>(q)], host.data(), size);
+          auto* o = on_host ? static_cast<uint8_t*>(out[static_cast<size_t>(q)]) : host.data();
+          for (uint64_t i = 0; i < size; ++i) o[i] = payload(g.rank, q, size, rep, i);
+          if (!on_host) (void)mem->copy(out[static_cast<size_t>(q)], host.data(), size);
+          if (on_host) {
+            std::memset(in[static_cast<size_t>(q)], 0xAB, size);
+          } else {
+            std::fill(host.begin(), host.end(), uint8_t{0xAB});
+            (void)mem->copy(in[static_cast<size_t>(q)], host.data(), size);
+          }
         }
         if (first_exchange) {
           std::printf("rank %d: first exchange issued at %lld ns\n", g.rank, monotonic_ns());
@@ -216,9 +223,13 @@ int main(int argc, char** argv) {
         }
         for (int q = 0; q < w; ++q) {
           if (q == g.rank) continue;
-          (void)mem->copy(host.data(), in[static_cast<size_t>(q)], size);
+          const uint8_t* got = static_cast<const uint8_t*>(in[static_cast<size_t>(q)]);
+          if (!on_host) {
+            (void)mem->copy(host.data(), got, size);
+            got = host.data();
+          }
           for (uint64_t i = 0; i < size; ++i)
-            if (host[i] != payload(q, g.rank, size, rep, i)) {
+            if (got[i] != payload(q, g.rank, size, rep, i)) {
               std::printf("rank %d: from rank %d, size %llu rep %d: byte %llu is wrong\n", g.rank, q,
                           static_cast<unsigned long long>(size), rep, static_cast<unsigned long long>(i));
               return 1;
