@@ -90,10 +90,9 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
       Move m;
       m.transfer = i;
       m.round = k;
-      m.at = buffers.find(plan.tensors[x.tensor], x.region);
-      if (!m.at.data || intersect(m.at.box, x.region) != x.region)
-        return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" + name(x) +
-                              "' " + x.region.to_string());
+      auto at = buffer_of(plan, buffers, x, rank);
+      if (!at.ok()) return at.status();
+      m.at = *at;
       if (x.from == rank && x.after >= 0 && plan.transfers[static_cast<size_t>(x.after)].region != x.region)
         return internal_error("many-sender plan: a forward of '" + name(x) + "' " + x.region.to_string() +
                               " relays a different region");

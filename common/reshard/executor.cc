@@ -32,6 +32,15 @@ static_assert(sizeof(PieceHeader) == 32, "PieceHeader is a wire format");
 
 }  // namespace
 
+StatusOr<LocalBuffer> detail::buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x,
+                                        int rank) {
+  LocalBuffer at = buffers.find(plan.tensors[x.tensor], x.region);
+  if (!at.data || intersect(at.box, x.region) != x.region)
+    return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" +
+                          plan.tensors[x.tensor].name + "' " + x.region.to_string());
+  return at;
+}
+
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
                    const RankBuffers& buffers, Deadline deadline, const RunOptions& options) {
   if (plan.transfers.size() >= kHeaderTag)
@@ -67,12 +76,12 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
       Posted p;
       p.transfer = i;
       p.round = k;
-      p.at = buffers.find(plan.tensors[x.tensor], x.region);
-      if (!p.at.data || intersect(p.at.box, x.region) != x.region) {
+      auto at = detail::buffer_of(plan, buffers, x, rank);
+      if (!at.ok()) {
         if (options.sent) options.sent->end_run(false);
-        return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" +
-                              plan.tensors[x.tensor].name + "' " + x.region.to_string());
+        return at.status();
       }
+      p.at = *at;
       (x.from == rank ? sends : recvs).push_back(std::move(p));
     }
   std::vector<Posted*> all;

@@ -121,6 +121,9 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
                    const RankBuffers& buffers, Deadline deadline, const RunOptions& options = {});
 
 namespace detail {
+// The rank's buffer that holds or receives the region of `x`, or an error
+// naming the tensor and the region (both executors).
+StatusOr<LocalBuffer> buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x, int rank);
 // run_reshard's path for RunOptions::memory (device_executor.cc).
 Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
                              const RankBuffers& buffers, Deadline deadline, const RunOptions& options);
