@@ -30,27 +30,40 @@ run_ctest() {
   fi
   return $rc
 }
-summary() { echo "tests: $passed passed, $failed failed, $skipped skipped"; }
+summary() { echo "tests: $passed passed, $failed failed, $skipped skipped"; echo "stage times (s):$stages"; }
+# Each stage's wall time, printed at the end: CI's time budget is spent here.
+stages=""; stage_start=$SECONDS; stage_name=""
+stage() {
+  [ -n "$stage_name" ] && stages+=" $stage_name=$((SECONDS - stage_start))"
+  stage_name="$1"; stage_start=$SECONDS
+  [ -n "$1" ] && echo "== $2"
+  return 0
+}
 
-echo "== build and test: $root/build"
+stage build "build: $root/build"
 bash deploy/build.sh "$root/build" -DCMAKE_BUILD_TYPE=Release -DPARAMCAST_WERROR=ON
+stage test "test: $root/build"
 run_ctest "$root/build"
+stage ""
 if [ $quick -eq 1 ]; then summary; exit 0; fi
 
-echo "== build and test under ASan + UBSan: $root/build-asan"
+stage asan-build "build under ASan + UBSan: $root/build-asan"
 bash deploy/build.sh "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF \
   -DPARAMCAST_WERROR=ON
+stage asan-test "test under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest "$root/build-asan"
 
-echo "== build and test under ThreadSanitizer: $root/build-tsan"
+stage tsan-build "build under ThreadSanitizer: $root/build-tsan"
 bash deploy/build.sh "$root/build-tsan" -DPARAMCAST_SANITIZE=thread -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON
+stage tsan-test "test under ThreadSanitizer"
 TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:halt_on_error=1:history_size=4" run_ctest "$root/build-tsan"
 
 if command -v clang++ >/dev/null; then
-  echo "== fuzz the control-message decoders for ${FUZZ_SECONDS:-60} s"
+  stage fuzz "fuzz the control-message decoders for ${FUZZ_SECONDS:-60} s"
   bash deploy/build.sh "$root/build-fuzz" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
     -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON -- control_fuzzer
   bash tests/fuzz/run.sh "$root/build-fuzz" "${FUZZ_SECONDS:-60}"
 fi
+stage ""
 summary
