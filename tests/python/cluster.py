@@ -1,10 +1,11 @@
 """Engine processes for the Python API's tests, and their test configuration.
 
-Each engine is a separate process (multiprocessing, spawn) holding a tiny
-transformer and a paramcast.Subscriber; the test drives it over a pipe.
+Each engine is a separate process (multiprocessing, forked from a server that imported
+PyTorch once: spawning.py) holding a tiny transformer and a paramcast.Subscriber; the test
+drives it over a pipe.
 """
 
-import multiprocessing
+import spawning
 import os
 import time
 
@@ -130,7 +131,7 @@ class Engine:
         self._spawn(worker_id, _engine_main, (endpoint, worker_id, mode, dtype, seed, device))
 
     def _spawn(self, worker_id, target, args):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = spawning.context()
         self.worker_id = worker_id
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=target, args=(child, *args), name=worker_id, daemon=True)

@@ -121,13 +121,13 @@ def _bytes(shape, region, dtype="BF16"):
                     "(deploy/install-deps.sh installs torch 2.13 and transformers for the default python3)")
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp2_holdings_are_read_without_a_gather_and_plan_to_whole_and_sliced_engines(world):
-    import multiprocessing
+    import spawning
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawning.context("transformers.models.llama.modeling_llama")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fsdp_rank, args=(r, world, port, queue), daemon=True) for r in range(world)]
     for p in procs:

@@ -186,13 +186,13 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(k
     tp2: two replicas of a TP=2 engine (4 processes), each rank registering only its slices, q/k/v
     and gate/up as row ranges of fused qkv_proj/gate_up_proj buffers; world 1: a one-rank trainer
     calling the ordinary weight_update."""
-    import multiprocessing
+    import spawning
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawning.context("transformers.models.llama.modeling_llama")
     endpoint_q, result_q, go = ctx.Queue(), ctx.Queue(), [ctx.Event() for _ in range(3)]
     subscribers = 4 if kind == "tp2" else 2
     procs = [ctx.Process(target=_trainer, args=(r, world, port, endpoint_q, result_q, go, subscribers), daemon=True)

@@ -299,7 +299,7 @@ def _sharded_expected(weights):
 
 @needs_fp8
 def test_each_trainer_rank_quantizes_its_own_rows_and_engines_hold_the_reference_of_the_whole():
-    import multiprocessing
+    import spawning
 
     cfg = config_dict(subscribers=1)
     cfg["publisher"]["ranks"] = 2
@@ -309,7 +309,7 @@ def test_each_trainer_rank_quantizes_its_own_rows_and_engines_hold_the_reference
               tuple(t.shape)) for n, t in want0.items()]
     pub = paramcast.Publisher(cfg)
     rank_cfg = dict(cfg, control=dict(cfg["control"], endpoint=pub.endpoint))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawning.context()
     parent, child = ctx.Pipe()
     rank1 = ctx.Process(target=_rank_main, args=(child, rank_cfg, 3), daemon=True)
     rank1.start()

@@ -354,14 +354,14 @@ class Trainers:
 def start_trainers(make_client, **options):
     """Trainer ranks 0 (here) and 1 (a spawned process) over gloo, each a Side(rank, ..., **options) whose
     engine publishes to the workers of ``make_client()`` (made while rank 1 starts; closed at the end)."""
-    import multiprocessing
+    import spawning
 
     import torch.distributed as dist
     torch.set_num_threads(1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawning.context("transformers.models.llama.modeling_llama")
     commands, answers = ctx.Queue(), ctx.Queue()
     peer = ctx.Process(target=peer_main, args=(port, commands, answers, options), daemon=True,
                        name="trainer-rank-1")

@@ -23,11 +23,12 @@ test_vllm_fp8.py; their models vllm_tp_model.py, vllm_moe_model.py, vllm_fp8_mod
 """
 
 import dataclasses
-import multiprocessing
 import threading
 import types
 
 import torch
+
+import spawning
 
 
 def expected_shard(name, full, rank, tp, cfg):
@@ -311,7 +312,7 @@ class Client:
 
     def __init__(self, tp, llama_config_dict, engine_cls_path="paramcast.integrations.vllm.ParamCastWeightTransferEngine",
                  target=worker_main):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = spawning.context("transformers.models.llama.modeling_llama")
         self.conns, self.procs = [], []
         for rank in range(tp):
             parent, child = ctx.Pipe()
