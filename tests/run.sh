@@ -5,6 +5,7 @@
 #   3. the same suite built with ThreadSanitizer (third-party suppressions only:
 #      tests/tsan.supp says why each is there),
 #   4. the control-message fuzzer for a bounded time (FUZZ_SECONDS, default 60).
+# Each later build runs beside the suite before it (build_beside, below).
 # `--quick` runs step 1 only. NCCL tests skip, saying why, where no GPU exists.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,31 +40,69 @@ stage() {
   [ -n "$1" ] && echo "== $2"
   return 0
 }
+# The sanitizer and fuzzer builds run beside the suite before them, at nice
+# 19: the tests are mostly waiting (timeouts, peers, links) and keep the CPU
+# they need (their time bounds hold beside a CPU hog at full priority, and
+# this one yields), while the build takes what is left. Each build's output
+# goes to DIR/ci-build.log, shown when it fails. One build at a time.
+beside_pid=""; beside_dir=""; beside_name=""
+build_beside() {  # NAME DIR deploy/build.sh-ARGS...
+  beside_name="$1"; beside_dir="$2"; shift 2
+  mkdir -p "$beside_dir"
+  setsid -w bash -c 't=$SECONDS; nice -n 19 bash deploy/build.sh "$@" || exit; echo "built in $((SECONDS - t)) s"' \
+    build_beside "$beside_dir" "$@" > "$beside_dir/ci-build.log" 2>&1 &
+  beside_pid=$!
+}
+wait_beside() {
+  local rc=0 t=$SECONDS
+  wait "$beside_pid" || rc=$?
+  beside_pid=""
+  if [ $rc -ne 0 ]; then
+    echo "$beside_name failed (exit $rc): $beside_dir/ci-build.log ends"
+    tail -80 "$beside_dir/ci-build.log"
+    exit $rc
+  fi
+  stages+=" $beside_name=$(sed -n 's/^built in \([0-9]*\) s$/\1/p' "$beside_dir/ci-build.log")(waited $((SECONDS - t)))"
+}
+# A failing stage ends the run: the build beside it goes too.
+trap '[ -n "$beside_pid" ] && kill -- -"$beside_pid" 2>/dev/null; true' EXIT
 
 stage build "build: $root/build"
 bash deploy/build.sh "$root/build" -DCMAKE_BUILD_TYPE=Release -DPARAMCAST_WERROR=ON
 stage test "test: $root/build"
+if [ $quick -eq 0 ]; then
+  build_beside asan-build "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF \
+    -DPARAMCAST_WERROR=ON
+fi
 run_ctest "$root/build"
 stage ""
 if [ $quick -eq 1 ]; then summary; exit 0; fi
 
-stage asan-build "build under ASan + UBSan: $root/build-asan"
-bash deploy/build.sh "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF \
-  -DPARAMCAST_WERROR=ON
-stage asan-test "test under ASan + UBSan"
+echo "== waiting for the ASan + UBSan build: $root/build-asan"
+wait_beside
+build_beside tsan-build "$root/build-tsan" -DPARAMCAST_SANITIZE=thread -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON
+stage asan-test "test under ASan + UBSan: $root/build-asan"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest "$root/build-asan"
-
-stage tsan-build "build under ThreadSanitizer: $root/build-tsan"
-bash deploy/build.sh "$root/build-tsan" -DPARAMCAST_SANITIZE=thread -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON
-stage tsan-test "test under ThreadSanitizer"
-TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:halt_on_error=1:history_size=4" run_ctest "$root/build-tsan"
-
-if command -v clang++ >/dev/null; then
-  stage fuzz "fuzz the control-message decoders for ${FUZZ_SECONDS:-60} s"
-  bash deploy/build.sh "$root/build-fuzz" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-    -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON -- control_fuzzer
-  bash tests/fuzz/run.sh "$root/build-fuzz" "${FUZZ_SECONDS:-60}"
-fi
 stage ""
+
+echo "== waiting for the ThreadSanitizer build: $root/build-tsan"
+wait_beside
+fuzz=0
+if command -v clang++ >/dev/null; then
+  fuzz=1
+  build_beside fuzz-build "$root/build-fuzz" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+    -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON -- control_fuzzer
+fi
+stage tsan-test "test under ThreadSanitizer: $root/build-tsan"
+TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:halt_on_error=1:history_size=4" run_ctest "$root/build-tsan"
+stage ""
+
+if [ $fuzz -eq 1 ]; then
+  echo "== waiting for the fuzzer build: $root/build-fuzz"
+  wait_beside
+  stage fuzz "fuzz the control-message decoders for ${FUZZ_SECONDS:-60} s"
+  bash tests/fuzz/run.sh "$root/build-fuzz" "${FUZZ_SECONDS:-60}"
+  stage ""
+fi
 summary
