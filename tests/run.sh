@@ -43,26 +43,32 @@ stage() {
 # The sanitizer and fuzzer builds run beside the suite before them, at nice
 # 19: the tests are mostly waiting (timeouts, peers, links) and keep the CPU
 # they need (their time bounds hold beside a CPU hog at full priority, and
-# this one yields), while the build takes what is left. Each build's output
-# goes to DIR/ci-build.log, shown when it fails. One build at a time.
+# this one yields), while the build takes what is left, two compiles at a
+# time. The build is a job of its own process group (set -m) but stays in
+# this session: with the kernel's autogroup scheduling a new session (setsid)
+# would be a group of its own, given half the CPU whatever its nice value.
+# Each build's output goes to DIR/ci-build.log, shown when it fails.
 beside_pid=""; beside_dir=""; beside_name=""
 build_beside() {  # NAME DIR deploy/build.sh-ARGS...
   beside_name="$1"; beside_dir="$2"; shift 2
   mkdir -p "$beside_dir"
-  setsid -w bash -c 't=$SECONDS; nice -n 19 bash deploy/build.sh "$@" || exit; echo "built in $((SECONDS - t)) s"' \
+  set -m
+  CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 bash -c 't=$SECONDS; bash deploy/build.sh "$@" || exit; echo "built in $((SECONDS - t)) s"' \
     build_beside "$beside_dir" "$@" > "$beside_dir/ci-build.log" 2>&1 &
   beside_pid=$!
+  set +m
 }
 wait_beside() {
-  local rc=0 t=$SECONDS
+  local rc=0 t=$SECONDS log="$beside_dir/ci-build.log"
   wait "$beside_pid" || rc=$?
   beside_pid=""
   if [ $rc -ne 0 ]; then
-    echo "$beside_name failed (exit $rc): $beside_dir/ci-build.log ends"
-    tail -80 "$beside_dir/ci-build.log"
+    echo "$beside_name failed (exit $rc); $log, from its first error:"
+    if grep -q "^FAILED:" "$log"; then sed -n "/^FAILED:/,\$p" "$log" | head -150 || true; else tail -80 "$log"; fi
+    summary
     exit $rc
   fi
-  stages+=" $beside_name=$(sed -n 's/^built in \([0-9]*\) s$/\1/p' "$beside_dir/ci-build.log")(waited $((SECONDS - t)))"
+  stages+=" $beside_name=$(sed -n 's/^built in \([0-9]*\) s$/\1/p' "$log")(waited $((SECONDS - t)))"
 }
 # A failing stage ends the run: the build beside it goes too.
 trap '[ -n "$beside_pid" ] && kill -- -"$beside_pid" 2>/dev/null; true' EXIT
