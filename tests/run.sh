@@ -5,7 +5,9 @@
 #   3. the same suite built with ThreadSanitizer (third-party suppressions only:
 #      tests/tsan.supp says why each is there),
 #   4. the control-message fuzzer for a bounded time (FUZZ_SECONDS, default 60).
-# Each later build runs beside the suite before it (build_beside, below).
+# The work that needs the CPU runs beside a suite that mostly waits (`beside`,
+# below): each sanitizer build beside the suite before it, the fuzzer build and
+# the pip-install test (a whole Release build of its own) beside the last one.
 # `--quick` runs step 1 only. NCCL tests skip, saying why, where no GPU exists.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,21 +16,26 @@ quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
 passed=0; failed=0; skipped=0
-run_ctest() {
-  # -j1: several tests start 8 processes each and assert time bounds.
-  local rc=0
-  ctest --test-dir "$1" --output-on-failure --timeout 600 -j1 | tee "$1/ctest.out" || rc=$?
+# count_ctest OUT LASTLOG: adds a ctest run's counts (its output OUT) and says
+# why tests were skipped (e.g. the NCCL suite on a machine without a GPU).
+count_ctest() {
   local total bad skip
-  total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$1/ctest.out" | tail -1)
-  bad=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed.*/\1/p' "$1/ctest.out" | tail -1)
-  skip=$(grep -c "(Skipped)" "$1/ctest.out" || true)
+  total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$1" | tail -1)
+  bad=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed.*/\1/p' "$1" | tail -1)
+  skip=$(grep -c "(Skipped)" "$1" || true)
   passed=$((passed + ${total:-0} - ${bad:-0} - skip)); failed=$((failed + ${bad:-0})); skipped=$((skipped + skip))
-  # Say why tests were skipped (e.g. the NCCL suite on a machine without a GPU).
-  local log="$1/Testing/Temporary/LastTest.log"
-  if grep -q ": Skipped$" "$log" 2>/dev/null; then
+  if grep -q ": Skipped$" "$2" 2>/dev/null; then
     echo "Skipped tests, and why:"
-    grep -h -A1 ": Skipped$" "$log" | grep -v -e "^--$" -e ": Skipped$" | sort | uniq -c
+    grep -h -A1 ": Skipped$" "$2" | grep -v -e "^--$" -e ": Skipped$" | sort | uniq -c || true
   fi
+}
+# run_ctest DIR [CTEST_ARGS...]: the suite of DIR (or the tests CTEST_ARGS pick).
+run_ctest() {
+  local dir="$1" rc=0
+  shift
+  # -j1: several tests start 8 processes each and assert time bounds.
+  ctest --test-dir "$dir" --output-on-failure --timeout 600 -j1 "$@" | tee "$dir/ctest.out" || rc=$?
+  count_ctest "$dir/ctest.out" "$dir/Testing/Temporary/LastTest.log"
   return $rc
 }
 summary() { echo "tests: $passed passed, $failed failed, $skipped skipped"; echo "stage times (s):$stages"; }
@@ -40,53 +47,79 @@ stage() {
   [ -n "$1" ] && echo "== $2"
   return 0
 }
-# The sanitizer and fuzzer builds run beside the suite before them, at nice
-# 19: the tests are mostly waiting (timeouts, peers, links) and keep the CPU
-# they need (their time bounds hold beside a CPU hog at full priority, and
-# this one yields), while the build takes what is left, two compiles at a
-# time. The build is a job of its own process group (set -m) but stays in
-# this session: with the kernel's autogroup scheduling a new session (setsid)
-# would be a group of its own, given half the CPU whatever its nice value.
-# Each build's output goes to DIR/ci-build.log, shown when it fails.
-beside_pid=""; beside_dir=""; beside_name=""
-build_beside() {  # NAME DIR deploy/build.sh-ARGS...
-  beside_name="$1"; beside_dir="$2"; shift 2
-  mkdir -p "$beside_dir"
+
+# beside NAME LOG COMMAND...: runs COMMAND (a function of this script or a
+# program) in the background at nice 19, its output in LOG. The suites it runs
+# beside are mostly waiting (timeouts, peers, links) and keep the CPU they need
+# (their time bounds hold beside a CPU hog at full priority, and this one
+# yields), while COMMAND takes what is left. The job is a process group of its
+# own (set -m) but stays in this session: with the kernel's autogroup
+# scheduling a new session (setsid) would be a group of its own, given half
+# the CPU whatever its nice value. One job at a time; wait_beside ends it.
+beside_pid=""; beside_log=""; beside_name=""
+beside() {
+  beside_name="$1"; beside_log="$2"; shift 2
+  mkdir -p "$(dirname "$beside_log")"
   set -m
-  CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 bash -c 't=$SECONDS; bash deploy/build.sh "$@" || exit; echo "built in $((SECONDS - t)) s"' \
-    build_beside "$beside_dir" "$@" > "$beside_dir/ci-build.log" 2>&1 &
+  (
+    renice -n 19 -p "$BASHPID" > /dev/null
+    t=$SECONDS
+    "$@"
+    echo "done in $((SECONDS - t)) s"
+  ) > "$beside_log" 2>&1 &
   beside_pid=$!
   set +m
 }
 wait_beside() {
-  local rc=0 t=$SECONDS log="$beside_dir/ci-build.log"
+  local rc=0 t=$SECONDS
   wait "$beside_pid" || rc=$?
   beside_pid=""
   if [ $rc -ne 0 ]; then
-    echo "$beside_name failed (exit $rc); $log, from its first error:"
-    if grep -q "^FAILED:" "$log"; then sed -n "/^FAILED:/,\$p" "$log" | head -150 || true; else tail -80 "$log"; fi
+    echo "$beside_name failed (exit $rc); $beside_log, from its first error:"
+    if grep -q "^FAILED:" "$beside_log"; then sed -n "/^FAILED:/,\$p" "$beside_log" | head -150 || true
+    else tail -80 "$beside_log"; fi
     summary
     exit $rc
   fi
-  stages+=" $beside_name=$(sed -n 's/^built in \([0-9]*\) s$/\1/p' "$log")(waited $((SECONDS - t)))"
+  stages+=" $beside_name=$(sed -n 's/^done in \([0-9]*\) s$/\1/p' "$beside_log")(waited $((SECONDS - t)))"
 }
-# A failing stage ends the run: the build beside it goes too.
+# A failing stage ends the run: the job beside it goes too.
 trap '[ -n "$beside_pid" ] && kill -- -"$beside_pid" 2>/dev/null; true' EXIT
+
+# Two compiles at a time beside the tests (ninja would start three on 2 cores).
+build_quietly() { CMAKE_BUILD_PARALLEL_LEVEL=2 bash deploy/build.sh "$@"; }
+# The pip-install test (tests/python/install_test.sh) is one test of the
+# regular build, run on its own; its output in build/ctest-pip.out.
+pip_install_test=(-R '^python_pip_install$')
+fuzz=0
+command -v clang++ > /dev/null && fuzz=1
+last_builds() {
+  if [ $fuzz -eq 1 ]; then
+    build_quietly "$root/build-fuzz" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DPARAMCAST_BUILD_FUZZ=ON \
+      -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON -- control_fuzzer
+  fi
+  ctest --test-dir "$root/build" --output-on-failure --timeout 1200 "${pip_install_test[@]}" \
+    > "$root/build/ctest-pip.out" 2>&1 || true
+}
 
 stage build "build: $root/build"
 bash deploy/build.sh "$root/build" -DCMAKE_BUILD_TYPE=Release -DPARAMCAST_WERROR=ON
 stage test "test: $root/build"
-if [ $quick -eq 0 ]; then
-  build_beside asan-build "$root/build-asan" -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF \
-    -DPARAMCAST_WERROR=ON
+if [ $quick -eq 1 ]; then
+  run_ctest "$root/build"
+  stage ""
+  summary
+  exit 0
 fi
-run_ctest "$root/build"
+beside asan-build "$root/build-asan/ci-build.log" build_quietly "$root/build-asan" \
+  -DPARAMCAST_SANITIZE=address,undefined -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON
+run_ctest "$root/build" -E "${pip_install_test[1]}"
 stage ""
-if [ $quick -eq 1 ]; then summary; exit 0; fi
 
 echo "== waiting for the ASan + UBSan build: $root/build-asan"
 wait_beside
-build_beside tsan-build "$root/build-tsan" -DPARAMCAST_SANITIZE=thread -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON
+beside tsan-build "$root/build-tsan/ci-build.log" build_quietly "$root/build-tsan" \
+  -DPARAMCAST_SANITIZE=thread -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON
 stage asan-test "test under ASan + UBSan: $root/build-asan"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest "$root/build-asan"
@@ -94,19 +127,24 @@ stage ""
 
 echo "== waiting for the ThreadSanitizer build: $root/build-tsan"
 wait_beside
-fuzz=0
-if command -v clang++ >/dev/null; then
-  fuzz=1
-  build_beside fuzz-build "$root/build-fuzz" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-    -DPARAMCAST_BUILD_FUZZ=ON -DPARAMCAST_BUILD_TESTS=OFF -DPARAMCAST_BUILD_BENCH=OFF -DPARAMCAST_WERROR=ON -- control_fuzzer
-fi
+beside fuzz-build+pip-install "$root/build/ci-last.log" last_builds
 stage tsan-test "test under ThreadSanitizer: $root/build-tsan"
 TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:halt_on_error=1:history_size=4" run_ctest "$root/build-tsan"
 stage ""
 
+echo "== waiting for the fuzzer build and the pip-install test"
+wait_beside
+echo "== the pip-install test (tests/python/install_test.sh), run beside the ThreadSanitizer suite:"
+cat "$root/build/ctest-pip.out"
+before=$failed
+count_ctest "$root/build/ctest-pip.out" "$root/build/Testing/Temporary/LastTest.log"
+# Failed, or ctest itself did not run (a build without the Python package has
+# no such test: "No tests were found").
+if [ $failed -ne $before ] || ! grep -q -e "tests failed out of" -e "No tests were found" "$root/build/ctest-pip.out"; then
+  summary
+  exit 1
+fi
 if [ $fuzz -eq 1 ]; then
-  echo "== waiting for the fuzzer build: $root/build-fuzz"
-  wait_beside
   stage fuzz "fuzz the control-message decoders for ${FUZZ_SECONDS:-60} s"
   bash tests/fuzz/run.sh "$root/build-fuzz" "${FUZZ_SECONDS:-60}"
   stage ""
