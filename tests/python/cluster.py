@@ -5,11 +5,12 @@ PyTorch once: spawning.py) holding a tiny transformer and a paramcast.Subscriber
 drives it over a pipe.
 """
 
-import spawning
 import os
 import time
 
 import torch
+
+import spawning
 
 
 def config_dict(endpoint="tcp://127.0.0.1:*", subscribers=3):

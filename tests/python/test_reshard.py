@@ -127,7 +127,7 @@ def test_fsdp2_holdings_are_read_without_a_gather_and_plan_to_whole_and_sliced_e
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = spawning.context("transformers.models.llama.modeling_llama")
+    ctx = spawning.context(spawning.LLAMA)
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fsdp_rank, args=(r, world, port, queue), daemon=True) for r in range(world)]
     for p in procs:

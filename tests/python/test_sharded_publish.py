@@ -192,7 +192,7 @@ def test_fsdp2_ranks_publish_their_shards_and_engines_hold_the_unsharded_model(k
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = spawning.context("transformers.models.llama.modeling_llama")
+    ctx = spawning.context(spawning.LLAMA)
     endpoint_q, result_q, go = ctx.Queue(), ctx.Queue(), [ctx.Event() for _ in range(3)]
     subscribers = 4 if kind == "tp2" else 2
     procs = [ctx.Process(target=_trainer, args=(r, world, port, endpoint_q, result_q, go, subscribers), daemon=True)

@@ -348,7 +348,7 @@ def test_fsdp2_sharded_trainer_streams_one_gathered_parameter_at_a_time():
     cfg["data_plane"].update({"bucket_size": "256KiB", "direct_min_size": "64KiB"})
     steps = 3
     manifest = [(n, "BF16", list(p.shape)) for n, p in _llama(seed=0).named_parameters()]
-    ctx = spawning.context("transformers.models.llama.modeling_llama")
+    ctx = spawning.context(spawning.LLAMA)
     conn, child = ctx.Pipe()
     ranks = [ctx.Process(target=_fsdp_rank, args=(r, 2, port, child if r == 0 else None, cfg, steps), daemon=True)
              for r in range(2)]

@@ -361,7 +361,7 @@ def start_trainers(make_client, **options):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = spawning.context("transformers.models.llama.modeling_llama")
+    ctx = spawning.context(spawning.LLAMA)
     commands, answers = ctx.Queue(), ctx.Queue()
     peer = ctx.Process(target=peer_main, args=(port, commands, answers, options), daemon=True,
                        name="trainer-rank-1")

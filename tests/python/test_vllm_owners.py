@@ -149,7 +149,7 @@ def test_two_pipeline_ranks_each_send_only_what_they_own():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = spawning.context("transformers.models.llama.modeling_llama")
+    ctx = spawning.context(spawning.LLAMA)
     commands, answers = ctx.Queue(), ctx.Queue()
     peer = ctx.Process(target=trainer_rank1, args=(port, commands, answers), daemon=True, name="trainer-rank-1")
     peer.start()

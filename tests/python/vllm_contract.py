@@ -312,7 +312,7 @@ class Client:
 
     def __init__(self, tp, llama_config_dict, engine_cls_path="paramcast.integrations.vllm.ParamCastWeightTransferEngine",
                  target=worker_main):
-        ctx = spawning.context("transformers.models.llama.modeling_llama")
+        ctx = spawning.context(spawning.LLAMA)
         self.conns, self.procs = [], []
         for rank in range(tp):
             parent, child = ctx.Pipe()
