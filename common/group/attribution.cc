@@ -21,7 +21,7 @@ struct Claim {
 }  // namespace
 
 Verdict attribute(int world, const std::map<int, RankReport>& reports, const std::set<int>& complete_in,
-                  uint64_t turn) {
+                  uint64_t turn, const std::map<int, std::set<int>>& earlier) {
   std::vector<Claim> claims;
   std::set<Edge> edges;
   auto add = [&](int reporter, int about, bool no_address) {
@@ -102,8 +102,9 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
   for (const auto& e : edges) verdict.unresolved.emplace_back(e.a, e.b);
 
   // 3. Nobody is named for what is left. Accusers first: members whose only
-  // failed pair is with one member that two or more of them accuse while
-  // more complete ranks reach it.
+  // failed pair is with one member that two or more of them (with those
+  // that accused it so in recent formations) accuse while more complete
+  // ranks reach it.
   std::set<int> left;
   auto degree = [&](int v) { return accusers_of(v).size(); };
   {
@@ -117,8 +118,16 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
       // The publisher's own connection to v outweighs a peer's claim: it
       // counts twice here (it is trusted, and its link to v worked).
       const bool publisher_reached = complete.count(0) && !at_fault.count(0) && !failed.count({0, v});
-      if (who.size() < 2 || accusers_of(v).size() >= reached + (publisher_reached ? 1 : 0) || left.count(v)) continue;
-      verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached});
+      if (accusers_of(v).size() >= reached + (publisher_reached ? 1 : 0)) continue;
+      for (int a : who)  // remembered only as said: a's own report named v
+        if (std::any_of(claims.begin(), claims.end(), [&](const Claim& c) { return c.reporter == a && c.about == v; }))
+          verdict.lone.emplace_back(v, a);
+      std::set<int> before;  // earlier accusers of v, beyond these
+      if (auto e = earlier.find(v); e != earlier.end())
+        for (int a : e->second)
+          if (a != v && a != 0 && !who.count(a)) before.insert(a);
+      if (who.size() + before.size() < 2 || left.count(v)) continue;
+      verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached, before.size()});
       left.insert(who.begin(), who.end());
     }
     for (int v : left)
@@ -223,12 +232,20 @@ std::vector<std::string> describe_left_out(const Verdict& v, const std::vector<s
   };
   std::vector<std::string> out;
   for (const auto& a : v.accusers) {
+    const bool one = a.accusers.size() == 1;
     std::string line = list(a.accusers);
-    line += " said they could not reach ";
+    line += one ? " said it could not reach " : " said they could not reach ";
     line += name(a.accused);
+    if (a.earlier > 0) {
+      line += " (as ";
+      line += std::to_string(a.earlier);
+      line += a.earlier == 1 ? " other member did" : " other members did";
+      line += " in a recent formation)";
+    }
     line += ", which ";
     line += std::to_string(a.reached_by);
-    line += " ranks reached: they are the suspects, left out of the next formation (not struck)";
+    line += one ? " ranks reached: it is the suspect, left out of the next formation (not struck)"
+                : " ranks reached: they are the suspects, left out of the next formation (not struck)";
     out.push_back(std::move(line));
   }
   for (const auto& s : v.sides) {

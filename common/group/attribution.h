@@ -23,7 +23,9 @@
 //        or more of them accuse while more complete ranks reach it (the
 //        publisher's own reach counting twice: its working connection
 //        outweighs a peer's claim), are the suspects (two members framing a
-//        third), and are left out;
+//        third), and are left out. Accusers of it in recent formations count
+//        too (`earlier`), so that framers who speak one formation at a time
+//        (one of them failed for real the first time) are not a tie each;
 //      - sides: the members of each group of failed pairs left, split into
 //        the two sides that cannot reach each other (a partition); the
 //        smaller side is left out, and on a tie the side `turn` picks, so
@@ -63,6 +65,7 @@ struct Verdict {
     int accused = -1;
     std::vector<int> accusers;  // left out
     size_t reached_by = 0;      // complete ranks (the publisher among them) that reached it
+    size_t earlier = 0;         // other members that accused it so in recent formations
   };
   std::vector<Accusers> accusers;
   struct Sides {
@@ -71,13 +74,21 @@ struct Verdict {
   std::vector<Sides> sides;
   std::vector<int> left_out;                    // every member step 3 leaves out, in rank order
   std::vector<std::pair<int, int>> unresolved;  // (a, b), a < b: the failed pairs step 3 weighed
+  // (accused, accuser): each member that failed only with one member that
+  // more complete ranks reached, and named it in its report (the accused's
+  // side of the pair said nothing of it); the caller keeps these a while,
+  // for `earlier` in the formations that follow.
+  std::vector<std::pair<int, int>> lone;
 };
 
 // `reports`: by rank (0..world-1); entries out of range, or a rank naming
 // itself, are ignored. `complete`: the ranks whose word covers every peer
 // (empty: every rank that reported); `turn` picks the side on a tie.
+// `earlier[v]`: who accused rank v alone in recent formations (Verdict::lone
+// there), each by its rank in this formation, or by a number >= world, one
+// per member not in it.
 Verdict attribute(int world, const std::map<int, RankReport>& reports, const std::set<int>& complete = {},
-                  uint64_t turn = 0);
+                  uint64_t turn = 0, const std::map<int, std::set<int>>& earlier = {});
 
 // "unreachable from publisher, worker-1 on its data port; its address never
 // reached worker-2", with `names[r]` for rank r.

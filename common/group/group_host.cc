@@ -240,7 +240,33 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
     for (const auto& [id, rank] : assigned_rank_)
       if (evidence_.count(id) || connected_.count(id) || (ready_.count(id) && !false_ready_.count(id)))
         complete.insert(rank);
-    const Verdict verdict = attribute(static_cast<int>(names.size()), reports, complete, turn_);
+    const int world = static_cast<int>(names.size());
+    std::map<int, std::set<int>> earlier;  // recent lone accusations, by rank here (>= world: not in this group)
+    {
+      const auto now = Clock::now();
+      std::map<std::string, int> rank_of, absent;
+      for (int r = 1; r < world; ++r) rank_of[names[static_cast<size_t>(r)]] = r;
+      for (auto it = accused_by_.begin(); it != accused_by_.end();) {
+        for (auto a = it->second.begin(); a != it->second.end();)  // bounded: expired ones go
+          a = a->second <= now ? it->second.erase(a) : std::next(a);
+        if (it->second.empty()) {
+          it = accused_by_.erase(it);
+          continue;
+        }
+        if (auto v = rank_of.find(it->first); v != rank_of.end())
+          for (const auto& [accuser, until] : it->second) {
+            auto r = rank_of.find(accuser);
+            earlier[v->second].insert(r != rank_of.end() ? r->second
+                                                         : absent.emplace(accuser, world + static_cast<int>(absent.size()))
+                                                               .first->second);
+          }
+        ++it;
+      }
+    }
+    const Verdict verdict = attribute(world, reports, complete, turn_, earlier);
+    for (const auto& [accused, accuser] : verdict.lone)
+      accused_by_[names[static_cast<size_t>(accused)]][names[static_cast<size_t>(accuser)]] =
+          Clock::now() + cfg_.publisher.quarantine_backoff;
     for (const auto& b : verdict.blamed) {
       if (b.rank == 0) continue;  // rank 0 is this process: never blamed by attribution
       const std::string& id = names[static_cast<size_t>(b.rank)];

@@ -206,6 +206,10 @@ class GroupHost {
   };
   std::map<std::string, LeftOut> left_out_;
   uint64_t turn_ = 0;  // which side of a tied partition is served next
+  // accused id -> accuser id -> until: the lone accusations of recent
+  // formations (Verdict::lone), weighed with the next ones' (`earlier`)
+  // for a quarantine_backoff.
+  std::map<std::string, std::map<std::string, Clock::time_point>> accused_by_;
   // Started with the first quarantine (Gloo plane); null before, or where
   // it could not start (then backoffs alone decide, as without it).
   std::unique_ptr<LinkCheckHost> checks_;

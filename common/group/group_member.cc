@@ -179,6 +179,11 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
   lock.unlock();
   const auto rank = static_cast<uint32_t>(options.rank);
   FormationEvidence evidence = evidence_seen;
+  if (comm.ok() && fail_first_) {  // test hook: the echo of another member's failure, without evidence
+    fail_first_ = false;
+    comm = StatusOr<std::unique_ptr<Communicator>>(
+        unavailable("PARAMCAST_FAULT_FAIL_FIRST_FORMATION: a peer closed its pair (no evidence)"));
+  }
   if (comm.ok() && !accuse_.empty()) {  // test hook: it reached them, and says it did not
     for (size_t r = 0; r < options.members.size(); ++r)
       if (std::find(accuse_.begin(), accuse_.end(), options.members[r]) != accuse_.end())
@@ -186,11 +191,6 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
     if (!evidence.unreachable.empty())
       comm = StatusOr<std::unique_ptr<Communicator>>(unavailable("PARAMCAST_FAULT_ACCUSE: claims it could not reach " +
                                                                  std::to_string(evidence.unreachable.size()) + " peers"));
-  }
-  if (comm.ok() && fail_first_) {  // test hook: the echo of another member's failure, without evidence
-    fail_first_ = false;
-    comm = StatusOr<std::unique_ptr<Communicator>>(
-        unavailable("PARAMCAST_FAULT_FAIL_FIRST_FORMATION: a peer closed its pair (no evidence)"));
   }
   if (report_after_.count() > 0) std::this_thread::sleep_for(report_after_);  // test hook: a slow control path
   if (!comm.ok()) {

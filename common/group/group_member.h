@@ -25,7 +25,8 @@
 // (a member that frames others; peers and publisher reached them).
 // PARAMCAST_FAULT_FAIL_FIRST_FORMATION=1 makes its first formation fail
 // without evidence once its mesh connected (the echo of another member's
-// failure); PARAMCAST_FAULT_REPORT_AFTER_MS=N sends each GroupReady or
+// failure; with ACCUSE, a framer whose first formation failed for real, and
+// that accuses from the second on); PARAMCAST_FAULT_REPORT_AFTER_MS=N sends each GroupReady or
 // GroupFailed N ms late (a slow control path).
 //
 // Threads: join() on the data thread; the on_* methods on the control thread.

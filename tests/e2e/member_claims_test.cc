@@ -117,5 +117,26 @@ TEST_F(MemberClaimsTest, AnHonestEchoReportedBeforeTheFramersWordDoesNotHideThei
   for (uint64_t v = 1; v <= 2; ++v) expect_reaches(v, {"worker-1", "worker-2", "worker-3"}, {"worker-1", "worker-3"});
 }
 
+// The framers speak one formation at a time: worker-4's first formation
+// fails without evidence (as one does whose mesh a peer's exit broke before
+// it could say its word), so only worker-5 accuses worker-1 in the first, a
+// tie (one against one) that leaves worker-5 out; worker-4 accuses in the
+// second. The first accusation is remembered: worker-4 is the suspect, and
+// worker-1 gets every update. (Before, the second tie was worker-1's turn
+// to be left out, and it missed v1: seen in CI when the echo above broke a
+// framer's first mesh.)
+TEST_F(MemberClaimsTest, FramersWhoSpeakOneFormationAtATimeAreSuspectsTheSecondTime) {
+  make_publisher(test::test_config_yaml(5, "  on_member_loss: continue\n"));
+  for (const char* id : {"worker-1", "worker-2", "worker-3"}) spawn_worker(id);
+  // worker-5 reports once every mesh had time to connect; worker-4 after it.
+  spawn_worker("worker-4", {"PARAMCAST_FAULT_ACCUSE=worker-1", "PARAMCAST_FAULT_FAIL_FIRST_FORMATION=1",
+                            "PARAMCAST_FAULT_REPORT_AFTER_MS=1000"});
+  spawn_worker("worker-5", {"PARAMCAST_FAULT_ACCUSE=worker-1", "PARAMCAST_FAULT_REPORT_AFTER_MS=500"});
+  Status s = pub_->start();
+  ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
+  for (uint64_t v = 1; v <= 2; ++v)
+    expect_reaches(v, {"worker-1", "worker-2", "worker-3"}, {"worker-1"}, {"worker-4", "worker-5"});
+}
+
 }  // namespace
 }  // namespace paramcast

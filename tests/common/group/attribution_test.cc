@@ -122,6 +122,55 @@ TEST(AttributionTest, ThePublishersReachOutweighsATieOfAccusers) {
   EXPECT_EQ(w.accusers.size(), 1u);
 }
 
+// Two framers of worker-1 speak in different formations (the first time,
+// worker-4's own mesh failed for real before it could say its word). Alone,
+// each accusation is a tie that worker-1 loses every other turn; with the
+// first one remembered (Verdict::lone -> `earlier`), the second accuser is
+// the suspect, at either turn.
+TEST(AttributionTest, AccusersWhoSpeakOneFormationAtATimeAreSuspectsTheSecondTime) {
+  // Formation 1: ranks 0..5 = publisher, worker-1..5; worker-5 accuses
+  // worker-1; worker-1, worker-2, worker-3 are complete.
+  std::map<int, RankReport> first;
+  first[5].unreachable = {1};
+  const auto v1 = attribute(6, first, {1, 2, 3, 5}, 0);
+  EXPECT_EQ(v1.left_out, std::vector<int>{5});  // a tie: this turn leaves the accuser out
+  ASSERT_EQ(v1.lone.size(), 1u);
+  EXPECT_EQ(v1.lone[0], std::make_pair(1, 5));
+  // Formation 2 without worker-5: ranks 0..4 = publisher, worker-1..4;
+  // worker-4 accuses worker-1. Without memory the tie now leaves worker-1 out.
+  std::map<int, RankReport> second;
+  second[4].unreachable = {1};
+  EXPECT_EQ(attribute(5, second, {0, 1, 2, 3, 4}, 1).left_out, std::vector<int>{1});
+  // worker-5 (not in this formation) accused worker-1 before: a key >= world.
+  const std::map<int, std::set<int>> earlier = {{1, {5}}};
+  for (uint64_t turn : {0u, 1u}) {
+    const auto v2 = attribute(5, second, {0, 1, 2, 3, 4}, turn, earlier);
+    EXPECT_EQ(v2.left_out, std::vector<int>{4}) << "turn " << turn;
+    EXPECT_TRUE(v2.sides.empty());
+    ASSERT_EQ(v2.accusers.size(), 1u);
+    EXPECT_EQ(v2.accusers[0].earlier, 1u);
+    const auto lines = describe_left_out(v2, kNames);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0],
+              "worker-4 said it could not reach worker-1 (as 1 other member did in a recent formation), which 3 "
+              "ranks reached: it is the suspect, left out of the next formation (not struck)");
+  }
+  // Only what a member said is remembered: worker-1 never named worker-5
+  // (it was ready), so a later lone accuser of worker-5 is still a tie.
+  for (const auto& [accused, accuser] : v1.lone) EXPECT_NE(accused, 5);
+  // The same member accusing again is one accuser, still a tie.
+  EXPECT_EQ(attribute(5, second, {0, 1, 2, 3, 4}, 1, {{1, {4}}}).left_out, std::vector<int>{1});
+  // An earlier accusation of a member most ranks could not reach either
+  // changes nothing: more complete ranks must reach it.
+  std::map<int, RankReport> broken;
+  broken[4].unreachable = {1};
+  broken[2].unreachable = {1};
+  broken[3].unreachable = {1};
+  const auto v3 = attribute(5, broken, {0, 1, 2, 3, 4}, 0, earlier);
+  EXPECT_TRUE(v3.accusers.empty());
+  EXPECT_TRUE(v3.lone.empty());
+}
+
 // {worker-1, worker-2} and {worker-3, worker-4} cannot reach each other; the
 // publisher reaches all four. One partition: nobody is named, one side is
 // served, and the other at the next turn.
