@@ -21,7 +21,7 @@ struct Claim {
 }  // namespace
 
 Verdict attribute(int world, const std::map<int, RankReport>& reports, const std::set<int>& complete_in,
-                  uint64_t turn, const std::map<int, std::set<int>>& earlier) {
+                  uint64_t turn, const std::map<int, size_t>& earlier) {
   std::vector<Claim> claims;
   std::set<Edge> edges;
   auto add = [&](int reporter, int about, bool no_address) {
@@ -113,22 +113,34 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
       if (degree(e.a) == 1 && e.a != 0) lone[e.b].insert(e.a);  // the publisher is never left out
       if (degree(e.b) == 1 && e.b != 0) lone[e.a].insert(e.b);
     }
+    auto said = [&](int a, int v) {  // a's own report named v
+      return std::any_of(claims.begin(), claims.end(), [&](const Claim& c) { return c.reporter == a && c.about == v; });
+    };
     for (const auto& [v, who] : lone) {
       const size_t reached = reached_by(v);
       // The publisher's own connection to v outweighs a peer's claim: it
       // counts twice here (it is trusted, and its link to v worked).
-      const bool publisher_reached = complete.count(0) && !at_fault.count(0) && !failed.count({0, v});
-      if (accusers_of(v).size() >= reached + (publisher_reached ? 1 : 0)) continue;
-      for (int a : who)  // remembered only as said: a's own report named v
-        if (std::any_of(claims.begin(), claims.end(), [&](const Claim& c) { return c.reporter == a && c.about == v; }))
-          verdict.lone.emplace_back(v, a);
-      std::set<int> before;  // earlier accusers of v, beyond these
-      if (auto e = earlier.find(v); e != earlier.end())
-        for (int a : e->second)
-          if (a != v && a != 0 && !who.count(a)) before.insert(a);
-      if (who.size() + before.size() < 2 || left.count(v)) continue;
-      verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached, before.size()});
-      left.insert(who.begin(), who.end());
+      const size_t reach = reached + (complete.count(0) && !at_fault.count(0) && !failed.count({0, v}) ? 1 : 0);
+      if (accusers_of(v).size() >= reach) continue;
+      // Accusations proper: a named v, and v (complete) did not name a.
+      std::set<int> accused_it;
+      for (int a : who)
+        if (said(a, v) && !said(v, a)) accused_it.insert(a);
+      if (v != 0)
+        for (int a : accused_it) verdict.lone.emplace_back(v, a);
+      if (left.count(v)) continue;
+      if (who.size() >= 2) {  // two or more in this formation
+        verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached, 0});
+        left.insert(who.begin(), who.end());
+        continue;
+      }
+      // One in this formation: with the members not in it that accused v
+      // so recently, while more ranks still reach v than accuse it.
+      auto e = earlier.find(v);
+      const size_t before = e == earlier.end() ? 0 : e->second;
+      if (accused_it.empty() || accused_it.size() + before < 2 || accusers_of(v).size() + before >= reach) continue;
+      verdict.accusers.push_back({v, std::vector<int>(accused_it.begin(), accused_it.end()), reached, before});
+      left.insert(accused_it.begin(), accused_it.end());
     }
     for (int v : left)
       for (auto it = edges.begin(); it != edges.end();) it = (it->a == v || it->b == v) ? edges.erase(it) : std::next(it);

@@ -23,9 +23,11 @@
 //        or more of them accuse while more complete ranks reach it (the
 //        publisher's own reach counting twice: its working connection
 //        outweighs a peer's claim), are the suspects (two members framing a
-//        third), and are left out. Accusers of it in recent formations count
-//        too (`earlier`), so that framers who speak one formation at a time
-//        (one of them failed for real the first time) are not a tie each;
+//        third), and are left out. A lone accuser that named it, while it
+//        named nobody, is a suspect too when members not in this formation
+//        accused it so recently (`earlier`, counted with the accusers against
+//        its reach): framers who speak one formation at a time (one failed
+//        for real the first time) are not a tie each;
 //      - sides: the members of each group of failed pairs left, split into
 //        the two sides that cannot reach each other (a partition); the
 //        smaller side is left out, and on a tie the side `turn` picks, so
@@ -75,20 +77,20 @@ struct Verdict {
   std::vector<int> left_out;                    // every member step 3 leaves out, in rank order
   std::vector<std::pair<int, int>> unresolved;  // (a, b), a < b: the failed pairs step 3 weighed
   // (accused, accuser): each member that failed only with one member that
-  // more complete ranks reached, and named it in its report (the accused's
-  // side of the pair said nothing of it); the caller keeps these a while,
-  // for `earlier` in the formations that follow.
+  // more complete ranks reached, and named it in its report, while the
+  // accused (not the publisher) did not name it back; the caller keeps these
+  // a while, for `earlier` in the formations that follow.
   std::vector<std::pair<int, int>> lone;
 };
 
 // `reports`: by rank (0..world-1); entries out of range, or a rank naming
 // itself, are ignored. `complete`: the ranks whose word covers every peer
 // (empty: every rank that reported); `turn` picks the side on a tie.
-// `earlier[v]`: who accused rank v alone in recent formations (Verdict::lone
-// there), each by its rank in this formation, or by a number >= world, one
-// per member not in it.
+// `earlier[v]`: how many members not in this formation accused rank v alone
+// in recent formations (Verdict::lone there); a member in it speaks for
+// itself now.
 Verdict attribute(int world, const std::map<int, RankReport>& reports, const std::set<int>& complete = {},
-                  uint64_t turn = 0, const std::map<int, std::set<int>>& earlier = {});
+                  uint64_t turn = 0, const std::map<int, size_t>& earlier = {});
 
 // "unreachable from publisher, worker-1 on its data port; its address never
 // reached worker-2", with `names[r]` for rank r.

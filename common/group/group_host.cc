@@ -241,10 +241,10 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
       if (evidence_.count(id) || connected_.count(id) || (ready_.count(id) && !false_ready_.count(id)))
         complete.insert(rank);
     const int world = static_cast<int>(names.size());
-    std::map<int, std::set<int>> earlier;  // recent lone accusations, by rank here (>= world: not in this group)
+    std::map<int, size_t> earlier;  // recent lone accusations by members not in this formation
     {
       const auto now = Clock::now();
-      std::map<std::string, int> rank_of, absent;
+      std::map<std::string, int> rank_of;
       for (int r = 1; r < world; ++r) rank_of[names[static_cast<size_t>(r)]] = r;
       for (auto it = accused_by_.begin(); it != accused_by_.end();) {
         for (auto a = it->second.begin(); a != it->second.end();)  // bounded: expired ones go
@@ -254,12 +254,8 @@ std::vector<std::string> GroupHost::judge(const std::vector<std::string>& member
           continue;
         }
         if (auto v = rank_of.find(it->first); v != rank_of.end())
-          for (const auto& [accuser, until] : it->second) {
-            auto r = rank_of.find(accuser);
-            earlier[v->second].insert(r != rank_of.end() ? r->second
-                                                         : absent.emplace(accuser, world + static_cast<int>(absent.size()))
-                                                               .first->second);
-          }
+          for (const auto& [accuser, until] : it->second)
+            if (!rank_of.count(accuser)) ++earlier[v->second];
         ++it;
       }
     }

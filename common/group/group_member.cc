@@ -179,10 +179,11 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
   lock.unlock();
   const auto rank = static_cast<uint32_t>(options.rank);
   FormationEvidence evidence = evidence_seen;
-  if (comm.ok() && fail_first_) {  // test hook: the echo of another member's failure, without evidence
-    fail_first_ = false;
-    comm = StatusOr<std::unique_ptr<Communicator>>(
-        unavailable("PARAMCAST_FAULT_FAIL_FIRST_FORMATION: a peer closed its pair (no evidence)"));
+  if (fail_first_) {  // test hook: the echo of another member's failure, without evidence
+    fail_first_ = false;  // its first formation, whatever became of it
+    if (comm.ok())
+      comm = StatusOr<std::unique_ptr<Communicator>>(
+          unavailable("PARAMCAST_FAULT_FAIL_FIRST_FORMATION: a peer closed its pair (no evidence)"));
   }
   if (comm.ok() && !accuse_.empty()) {  // test hook: it reached them, and says it did not
     for (size_t r = 0; r < options.members.size(); ++r)

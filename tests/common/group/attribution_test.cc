@@ -134,6 +134,8 @@ TEST(AttributionTest, AccusersWhoSpeakOneFormationAtATimeAreSuspectsTheSecondTim
   first[5].unreachable = {1};
   const auto v1 = attribute(6, first, {1, 2, 3, 5}, 0);
   EXPECT_EQ(v1.left_out, std::vector<int>{5});  // a tie: this turn leaves the accuser out
+  // Only what was said is remembered: worker-5 named worker-1, worker-1
+  // (ready) named nobody.
   ASSERT_EQ(v1.lone.size(), 1u);
   EXPECT_EQ(v1.lone[0], std::make_pair(1, 5));
   // Formation 2 without worker-5: ranks 0..4 = publisher, worker-1..4;
@@ -141,8 +143,8 @@ TEST(AttributionTest, AccusersWhoSpeakOneFormationAtATimeAreSuspectsTheSecondTim
   std::map<int, RankReport> second;
   second[4].unreachable = {1};
   EXPECT_EQ(attribute(5, second, {0, 1, 2, 3, 4}, 1).left_out, std::vector<int>{1});
-  // worker-5 (not in this formation) accused worker-1 before: a key >= world.
-  const std::map<int, std::set<int>> earlier = {{1, {5}}};
+  // worker-5, not in this formation, accused worker-1 before.
+  const std::map<int, size_t> earlier = {{1, 1}};
   for (uint64_t turn : {0u, 1u}) {
     const auto v2 = attribute(5, second, {0, 1, 2, 3, 4}, turn, earlier);
     EXPECT_EQ(v2.left_out, std::vector<int>{4}) << "turn " << turn;
@@ -155,20 +157,49 @@ TEST(AttributionTest, AccusersWhoSpeakOneFormationAtATimeAreSuspectsTheSecondTim
               "worker-4 said it could not reach worker-1 (as 1 other member did in a recent formation), which 3 "
               "ranks reached: it is the suspect, left out of the next formation (not struck)");
   }
-  // Only what a member said is remembered: worker-1 never named worker-5
-  // (it was ready), so a later lone accuser of worker-5 is still a tie.
-  for (const auto& [accused, accuser] : v1.lone) EXPECT_NE(accused, 5);
-  // The same member accusing again is one accuser, still a tie.
-  EXPECT_EQ(attribute(5, second, {0, 1, 2, 3, 4}, 1, {{1, {4}}}).left_out, std::vector<int>{1});
-  // An earlier accusation of a member most ranks could not reach either
-  // changes nothing: more complete ranks must reach it.
+}
+
+// What the memory must not do.
+TEST(AttributionTest, RememberedAccusationsNeverOutweighWhatThisFormationShows) {
+  // A pair that failed both ways (each named the other: a broken link, or a
+  // liar and its victim alike) is not an accusation: nothing is remembered.
+  std::map<int, RankReport> mutual;
+  mutual[1].unreachable = {2};
+  mutual[2].unreachable = {1};
+  EXPECT_TRUE(attribute(5, mutual, {0, 1, 2, 3, 4}).lone.empty());
+  // An accusation of the publisher is never remembered (it is never left out).
+  std::map<int, RankReport> of_publisher;
+  of_publisher[3].unreachable = {0};
+  EXPECT_TRUE(attribute(5, of_publisher, {0, 1, 2, 3, 4}).lone.empty());
+  // worker-4 names worker-1, which was ready and named nobody; a member not
+  // here accused worker-4 before. The one who is silent (worker-1) is never
+  // a suspect on the memory: the memory counts against worker-4's accuser
+  // only when that accuser named it, and worker-1 named nobody.
+  std::map<int, RankReport> r;
+  r[4].unreachable = {1};
+  const auto v = attribute(5, r, {0, 1, 2, 3, 4}, 0, {{4, 3}});
+  for (int out : v.left_out) EXPECT_NE(out, 1);
+  EXPECT_EQ(v.left_out, std::vector<int>{4});  // the tie, at this turn
+  EXPECT_TRUE(v.accusers.empty());
+  // The memory counts against the accused's reach: worker-1 reached by the
+  // publisher (twice) and worker-2 only (worker-3 gave no word), accused by
+  // worker-4 now and by two members not here: 1 + 2 >= 2 + 1, no suspect;
+  // it is a tie again.
+  const auto w = attribute(5, r, {0, 1, 2, 4}, 1, {{1, 2}});
+  EXPECT_TRUE(w.accusers.empty());
+  EXPECT_EQ(w.left_out, std::vector<int>{1});
+  // With one member not here, 1 + 1 < 3: worker-4 is the suspect.
+  EXPECT_EQ(attribute(5, r, {0, 1, 2, 4}, 1, {{1, 1}}).left_out, std::vector<int>{4});
+  // Memory of a member most ranks could not reach either changes nothing:
+  // it is named (step 2), and its accusers are witnesses.
   std::map<int, RankReport> broken;
   broken[4].unreachable = {1};
   broken[2].unreachable = {1};
   broken[3].unreachable = {1};
-  const auto v3 = attribute(5, broken, {0, 1, 2, 3, 4}, 0, earlier);
-  EXPECT_TRUE(v3.accusers.empty());
-  EXPECT_TRUE(v3.lone.empty());
+  const auto b = attribute(5, broken, {0, 1, 2, 3, 4}, 0, {{1, 1}});
+  EXPECT_EQ(blamed(b), std::vector<int>{1});
+  EXPECT_TRUE(b.accusers.empty());
+  EXPECT_TRUE(b.left_out.empty());
 }
 
 // {worker-1, worker-2} and {worker-3, worker-4} cannot reach each other; the
