@@ -89,6 +89,32 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   for (auto& p : recvs) all.push_back(&p);
   auto element = [&](const Transfer& x) { return dtype_size(plan.tensors[x.tensor].dtype); };
   auto name = [&](const Transfer& x) -> const std::string& { return plan.tensors[x.tensor].name; };
+  // Checked pieces (dense with checksums; every piece of a delta plan): the
+  // hash a receiver checks comes from the rank that holds the piece, also
+  // for a forward (chain_start): a rank that forwards a piece relays its
+  // bytes, never its hash, so it cannot change them unseen. This rank sends
+  // the hash of each piece it holds to every rank its chain reaches.
+  const bool checked = delta || options.checksums;
+  auto holder = [&](size_t i) { return plan.transfers[chain_start(plan, i)].from; };
+  std::map<size_t, std::vector<size_t>> chain;  // a transfer this rank sends -> the forwards of its piece
+  if (checked)
+    for (size_t i = 0; i < plan.transfers.size(); ++i)
+      if (plan.transfers[i].after >= 0)
+        if (const size_t first = chain_start(plan, i); plan.transfers[first].from == rank) chain[first].push_back(i);
+  struct HolderSum {
+    std::shared_ptr<uint64_t> sum;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<HolderSum> holder_sums;  // never waited for before the run's end (no rank waits on them)
+  auto send_holder_sums = [&](size_t transfer, uint64_t hash) {
+    auto it = chain.find(transfer);
+    if (it == chain.end()) return;
+    for (size_t f : it->second) {
+      HolderSum h{std::make_shared<uint64_t>(hash), nullptr};
+      h.work = comm.send(h.sum.get(), sizeof(uint64_t), plan.transfers[f].to, static_cast<uint32_t>(f) | kChecksumTag);
+      holder_sums.push_back(std::move(h));
+    }
+  };
   // The region's bytes in the rank's buffer, contiguous: in place, or packed into `staging`.
   auto piece_of = [&](Posted& p) -> uint8_t* {
     const Transfer& x = plan.transfers[p.transfer];
@@ -164,6 +190,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
       p.head_work = comm.send(p.head.get(), sizeof(PieceHeader), x.to, tag | kHeaderTag);
       if (p.wire) p.work = comm.send(p.bytes, p.wire, x.to, tag);
       stats.wire_sent += p.wire;
+      if (x.after < 0) send_holder_sums(p.transfer, p.head->hash);
       return;
     }
     const uint8_t* from = piece_of(p);
@@ -171,9 +198,10 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
     ++stats.dense;
     p.work = comm.send(from, x.bytes, x.to, tag);
     stats.wire_sent += x.bytes;
-    if (options.checksums) {
+    if (options.checksums && x.after < 0) {  // a forward's hash comes from the piece's holder
       *p.sum = xxh64(from, x.bytes);
       p.sum_work = comm.send(p.sum.get(), sizeof(uint64_t), x.to, tag | kChecksumTag);
+      send_holder_sums(p.transfer, *p.sum);
     }
   };
   // A failure: abort, and let every posted Work settle (an aborted
@@ -197,6 +225,9 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
           new std::shared_ptr<PieceHeader>(q->head);  // deliberately leaked
         }
     }
+    for (auto& h : holder_sums)
+      if (h.work && (h.work->wait(Clock::now() + kSettleTimeout).code() == Code::kTimeout || !h.work->settled()))
+        new std::shared_ptr<uint64_t>(h.sum);  // deliberately leaked
     if (options.sent) options.sent->end_run(false);
   };
   auto fail = [&](const Posted& p, Status s) {
@@ -212,8 +243,12 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
     const Transfer& x = plan.transfers[p.transfer];
     const uint64_t got = xxh64(bytes, x.bytes);
     if (got == want) return Status();
-    return data_corrupt(std::to_string(x.bytes) + " bytes " + what + " with xxh64 " + digest_hex(got) + ", the sender's " +
-                        digest_hex(want));
+    if (x.after < 0)
+      return data_corrupt(std::to_string(x.bytes) + " bytes " + what + " with xxh64 " + digest_hex(got) +
+                          ", the sender's " + digest_hex(want));
+    return data_corrupt(std::to_string(x.bytes) + " bytes " + what + " with xxh64 " + digest_hex(got) +
+                        " as rank " + std::to_string(x.from) + " forwarded them; rank " +
+                        std::to_string(holder(p.transfer)) + ", which holds them, sent xxh64 " + digest_hex(want));
   };
   // Staging, encodings and scratch are allocated as the transfers go; a
   // machine out of memory fails the run (every posted Work settled first),
@@ -298,7 +333,8 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
         p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
         p.bytes = into;
         if (options.checksums)
-          p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
+          p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), holder(p.transfer),
+                                 static_cast<uint32_t>(p.transfer) | kChecksumTag);
       }
       for (auto& p : recvs) {
         const Transfer& x = plan.transfers[p.transfer];
@@ -355,6 +391,9 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
                                         " wire bytes for a piece of " + std::to_string(x.bytes)));
           }
           p.wire = h.wire_bytes;
+          if (x.after >= 0)  // a forward: checked against its holder's hash, not the relayed header's
+            p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), holder(p.transfer),
+                                   static_cast<uint32_t>(p.transfer) | kChecksumTag);
           if (!p.wire) continue;
           uint8_t* into = nullptr;
           if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
@@ -375,12 +414,15 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
           const PieceHeader& h = *p.head;
           if (p.work)
             if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
+          if (p.sum_work)
+            if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p, s);
+          const uint64_t hash = x.after >= 0 ? *p.sum : h.hash;  // the holder's
           stats.wire_received += p.wire;
           if (options.received) *options.received += p.wire;
           const auto kind = static_cast<delta::Kind>(h.kind);
           const auto at = contiguous_at(p.at.box, x.region, element(x));
           if (kind == delta::Kind::kDense) {
-            if (Status s = verify(p, p.bytes, h.hash, "arrived"); !s.ok()) return fail(p, s);
+            if (Status s = verify(p, p.bytes, hash, "arrived"); !s.ok()) return fail(p, s);
             if (!p.direct) copy_region(p.bytes, x.region, p.at.data, p.at.box, x.region, element(x));
           } else {
             // The region as it is (the base), changed in place: straight in
@@ -398,7 +440,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
                   !s.ok())
                 return fail(p, s);
             }
-            if (Status s = verify(p, region, h.hash,
+            if (Status s = verify(p, region, hash,
                                   ("after its delta onto v" + std::to_string(options.delta_base) +
                                    " (this rank's bytes were not that version)").c_str());
                 !s.ok())
@@ -416,6 +458,12 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
         if (*w)
           if (Status s = (*w)->wait(deadline); !s.ok()) return fail(p, s);
     }
+    for (auto& h : holder_sums)
+      if (Status s = h.work->wait(deadline); !s.ok()) {
+        settle_all(s);
+        return s.with_context("many-sender plan: rank " + std::to_string(rank) +
+                              " sending the hash of a piece it holds to a rank it is forwarded to");
+      }
     if (options.sent) options.sent->end_run(true);
     if (options.stats) *options.stats = stats;
     return Status();

@@ -12,7 +12,11 @@
 // packed into staging by the sender and unpacked by the receiver, row by
 // row (staging: at most the rank's own bytes). Each transfer's tag is its
 // index in the plan, the same on every rank; with checksums, the xxh64 of
-// its bytes follows it and its receiver checks them before they count.
+// its bytes follows it and its receiver checks them before they count. That
+// hash comes from the rank that holds the piece (chain_start), also when
+// another rank forwards the piece: a forwarder relays bytes, never the hash
+// that checks them, so a member that changes what it forwards is caught by
+// the next one, which names both.
 // Host memory (the CPU data plane); bounded by `deadline` and by the
 // communicator's failure, which names the peer.
 //
@@ -26,13 +30,17 @@
 // the header, applies the delta with every hostile-input check of
 // common/delta/ before a byte is written, and checks the hash of the result
 // before it counts; a forward relays the header and the wire bytes as they
-// came (its receiver holds the same base). A sender's baseline is its own
+// came (its receiver holds the same base), and its receiver checks the
+// result against the hash the piece's holder sends it (tag | kChecksumTag),
+// not the relayed header's. A sender's baseline is its own
 // pieces only, recorded by every run, dense or delta.
 //
 // Device memory (RunOptions::memory; device_executor.cc): round by round,
 // each round's moves one group (Communicator::begin_moves: NCCL launches a
 // rank's moves one at a time otherwise), a round's packing one batch of the
 // memory's copies, checksums xxh64-blocks where the bytes are; dense only.
+// There a forward's checksum is still its forwarder's: this path is not yet
+// what publishers and engines run (they run the host path above).
 //
 // Thread-safety: one call at a time per communicator.
 #pragma once

@@ -54,7 +54,15 @@ std::string Region::to_string() const {
   std::string s = "[";
   for (size_t d = 0; d < lengths.size(); ++d) {
     if (d) s += ", ";
-    s += std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + lengths[d]);
+    s += std::to_string(offsets[d]);
+    int64_t end = 0;
+    if (__builtin_add_overflow(offsets[d], lengths[d], &end)) {  // a hostile region, said as it came
+      s += "+";
+      s += std::to_string(lengths[d]);
+    } else {
+      s += ":";
+      s += std::to_string(end);
+    }
   }
   return s + "]";
 }

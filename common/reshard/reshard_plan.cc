@@ -54,12 +54,17 @@ class Planner {
     return invalid_argument(msg);
   }
 
-  // Each tensor's spec, as every rank that names it states it.
+  // Each tensor's spec, as every rank that names it states it (once).
   void learn_tensors() {
     std::set<int> seen_ranks;
     for (const auto& r : ranks_) {
       if (!seen_ranks.insert(r.rank).second) problem("rank " + std::to_string(r.rank) + " states its manifest twice");
+      auto& stated = stated_[r.rank];
       for (const auto& t : r.tensors) {
+        if (!stated.insert(t.name).second) {
+          problem("tensor '" + t.name + "': " + name(r.rank) + " states its spec twice");
+          continue;
+        }
         auto n = t.nbytes();
         if (!n.ok()) {
           problem("tensor '" + t.name + "' at " + name(r.rank) + ": " + n.status().message());
@@ -86,8 +91,9 @@ class Planner {
   // Every holding and want names a tensor its rank stated, inside it.
   void check_regions() {
     for (const auto& r : ranks_) {
+      const auto& names_stated = stated_[r.rank];
       auto check = [&](const Holding& h, const char* verb) {
-        const bool stated = std::any_of(r.tensors.begin(), r.tensors.end(), [&](const TensorSpec& t) { return t.name == h.tensor; });
+        const bool stated = names_stated.count(h.tensor) > 0;
         const TensorFacts* f = facts(h.tensor);
         if (!stated || !f) {
           problem(name(r.rank) + " " + verb + " '" + h.tensor + "' without stating its spec");
@@ -128,13 +134,14 @@ class Planner {
   // element of each.
   void check_wants() {
     for (const auto& r : ranks_) {
-      for (size_t i = 0; i < r.wants.size(); ++i) {
-        const Want& w = r.wants[i];
-        for (size_t j = i + 1; j < r.wants.size(); ++j)
-          if (r.wants[j].tensor == w.tensor)
-            if (auto common = intersect(w.region, r.wants[j].region))
-              problem("tensor '" + w.tensor + "': " + name(r.rank) + " wants " + w.region.to_string() + " and " +
-                      r.wants[j].region.to_string() + ", which overlap at " + common->to_string());
+      std::map<std::string, std::vector<const Region*>> earlier;  // this rank's wants so far, by tensor
+      for (const Want& w : r.wants) {
+        auto& mine = earlier[w.tensor];
+        for (const Region* other : mine)
+          if (auto common = intersect(*other, w.region))
+            problem("tensor '" + w.tensor + "': " + name(r.rank) + " wants " + other->to_string() + " and " +
+                    w.region.to_string() + ", which overlap at " + common->to_string());
+        mine.push_back(&w.region);
         std::vector<Region> gaps = {w.region};
         for (const auto& [region, replicas] : facts_[w.tensor].held) {
           std::vector<Region> left;
@@ -238,6 +245,7 @@ class Planner {
   const ReshardOptions options_;
   std::map<int, std::string> names_;
   std::map<std::string, TensorFacts> facts_;
+  std::map<int, std::set<std::string>> stated_;  // the tensor names each rank stated
   std::map<std::string, uint32_t> index_;
   std::vector<std::string> problems_;
   ReshardPlan plan_;
@@ -252,6 +260,13 @@ uint64_t ReshardPlan::busiest_bytes() const {
   return most;
 }
 
+size_t chain_start(const ReshardPlan& plan, size_t transfer) {
+  size_t i = transfer;
+  while (i < plan.transfers.size() && plan.transfers[i].after >= 0 && static_cast<size_t>(plan.transfers[i].after) < i)
+    i = static_cast<size_t>(plan.transfers[i].after);
+  return i;
+}
+
 StatusOr<ReshardPlan> plan_reshard(const std::vector<RankManifest>& ranks, const ReshardOptions& options) {
   return Planner(ranks, options).run();
 }
@@ -259,6 +274,20 @@ StatusOr<ReshardPlan> plan_reshard(const std::vector<RankManifest>& ranks, const
 Status validate_plan(const ReshardPlan& plan, const std::vector<RankManifest>& ranks) {
   std::map<int, const RankManifest*> by_rank;
   for (const auto& r : ranks) by_rank[r.rank] = &r;
+  // Each rank's holdings and wants, by tensor: every lookup below is one
+  // tensor's few regions, never a scan of the manifest.
+  using Key = std::pair<int, std::string>;
+  std::map<Key, std::vector<const Region*>> holds, wants;
+  for (const auto& r : ranks) {
+    for (const auto& h : r.holds) holds[{r.rank, h.tensor}].push_back(&h.region);
+    for (const auto& w : r.wants) wants[{r.rank, w.tensor}].push_back(&w.region);
+  }
+  auto of = [](const std::map<Key, std::vector<const Region*>>& m, int rank,
+               const std::string& t) -> const std::vector<const Region*>& {
+    static const std::vector<const Region*> kNone;
+    auto it = m.find({rank, t});
+    return it == m.end() ? kNone : it->second;
+  };
   std::vector<std::string> bad;
   // What arrives at each rank, per tensor name.
   std::map<std::pair<int, std::string>, std::vector<Region>> arrived;
@@ -281,8 +310,8 @@ Status validate_plan(const ReshardPlan& plan, const std::vector<RankManifest>& r
       has = a < i && plan.transfers[a].to == x.from && plan.transfers[a].tensor == x.tensor &&
             plan.transfers[a].region == x.region;
     } else {
-      for (const auto& h : by_rank[x.from]->holds)
-        if (h.tensor == t.name && intersect(h.region, x.region) == x.region) has = true;
+      for (const Region* h : of(holds, x.from, t.name))
+        if (intersect(*h, x.region) == x.region) has = true;
     }
     if (!has) bad.push_back(what + ": rank " + std::to_string(x.from) + " does not have '" + t.name + "' " +
                             x.region.to_string() + " to send");
@@ -296,9 +325,8 @@ Status validate_plan(const ReshardPlan& plan, const std::vector<RankManifest>& r
       for (const auto& g : got)
         if (auto c = intersect(g, w.region)) inside += c->elements();
       uint64_t held = 0;
-      for (const auto& h : r.holds)
-        if (h.tensor == w.tensor)
-          if (auto c = intersect(h.region, w.region)) held += c->elements();
+      for (const Region* h : of(holds, r.rank, w.tensor))
+        if (auto c = intersect(*h, w.region)) held += c->elements();
       if (inside + held != w.region.elements())
         bad.push_back("rank " + std::to_string(r.rank) + " gets " + std::to_string(inside + held) + " of the " +
                       std::to_string(w.region.elements()) + " elements of '" + w.tensor + "' " +
@@ -310,13 +338,10 @@ Status validate_plan(const ReshardPlan& plan, const std::vector<RankManifest>& r
         if (auto c = intersect(got[i], got[j]))
           bad.push_back("rank " + std::to_string(key.first) + " gets '" + key.second + "' " + c->to_string() +
                         " twice");
-    const RankManifest* r = by_rank.count(key.first) ? by_rank[key.first] : nullptr;
     for (const auto& g : got) {
       uint64_t wanted = 0;
-      if (r)
-        for (const auto& w : r->wants)
-          if (w.tensor == key.second)
-            if (auto c = intersect(g, w.region)) wanted += c->elements();
+      for (const Region* w : of(wants, key.first, key.second))
+        if (auto c = intersect(g, *w)) wanted += c->elements();
       if (wanted != g.elements())
         bad.push_back("rank " + std::to_string(key.first) + " gets '" + key.second + "' " + g.to_string() +
                       ", which it does not want");

@@ -84,6 +84,12 @@ struct ReshardPlan {
   uint64_t busiest_bytes() const;
 };
 
+// The transfer a forward's chain starts with (`transfer` itself when it is
+// no forward): its sender holds the piece. The hash that checks a piece
+// comes from there, never from a rank that forwards it (a forwarder relays
+// bytes it cannot vouch for). `plan` is a validated plan (after < index).
+size_t chain_start(const ReshardPlan& plan, size_t transfer);
+
 // Returns the plan, or INVALID_ARGUMENT listing every mismatch (first 16).
 StatusOr<ReshardPlan> plan_reshard(const std::vector<RankManifest>& ranks, const ReshardOptions& options = {});
 // Every wanted element delivered exactly once, each transfer from a rank that

@@ -28,6 +28,7 @@ struct Job {
   std::string memory = "host";
   bool checksums = false;
   int corrupt_rank = -1;  // its first piece leaves with a byte flipped
+  int forge_rank = -1;    // the same, with a checksum that matches the flipped bytes
 };
 
 std::string hex_of(const std::string& bytes) {
@@ -62,7 +63,8 @@ std::vector<std::pair<std::string, int>> run_raw(const Job& job) {
                                      std::to_string(job.delta_steps), "--corrupt-base",
                                      std::to_string(job.corrupt_base), "--staging-limit",
                                      std::to_string(job.staging_limit), "--memory", job.memory, "--checksums",
-                                     job.checksums ? "1" : "0", "--corrupt-rank", std::to_string(job.corrupt_rank)};
+                                     job.checksums ? "1" : "0", "--corrupt-rank", std::to_string(job.corrupt_rank),
+                                     "--forge-rank", std::to_string(job.forge_rank)};
     std::vector<std::string> env;
     if (cuda) {
       args.insert(args.end(), {"--bootstrap-hex", nccl_id, "--device", "cuda:" + std::to_string(r % gpus)});
@@ -252,6 +254,30 @@ TEST(ReshardExecTest, RoundByRoundAFlippedByteIsCaughtByTheChecksumNamingItsSend
     EXPECT_NE(text.find("arrived with xxh64-blocks"), std::string::npos) << text;
   }
   EXPECT_TRUE(caught) << "no rank reported the flipped byte";
+}
+
+// An engine that forwards a piece to the next replica changes a byte of it
+// and sends a checksum that matches what it sent (a member with a valid
+// identity, hostile): the next engine checks the piece against the hash its
+// holder (the trainer rank) sent it directly, and fails DATA_CORRUPT naming
+// the forwarder and the holder; no rank keeps wrong bytes unreported. Over
+// the host path, dense with checksums (a delta plan's forwards take the
+// same holder's hash: DeltasPerPiece... runs them). (Before, a forward's
+// hash was its forwarder's, and the changed bytes were taken.)
+TEST(ReshardExecTest, AForwarderThatChangesAPieceIsCaughtByItsHoldersHash) {
+  Job job{"megatron", 2, 2, 2};
+  job.checksums = true;
+  job.forge_rank = 2;  // an engine rank: every piece it sends is a forward
+  bool caught = false;
+  for (auto& [text, code] : run_raw(job)) {
+    EXPECT_NE(code, 1) << "wrong bytes that no check caught:\n" << text;
+    if (text.find("DATA_CORRUPT") == std::string::npos) continue;
+    caught = true;
+    EXPECT_EQ(code, 3) << text;
+    EXPECT_NE(text.find("as rank 2 forwarded them; rank "), std::string::npos) << text;
+    EXPECT_NE(text.find(", which holds them, sent xxh64 "), std::string::npos) << text;
+  }
+  EXPECT_TRUE(caught) << "no rank reported the changed piece";
 }
 
 // The same over NCCL with the buffers on the GPU (tests/gpu/run.sh's

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <set>
 
@@ -80,6 +81,25 @@ TEST(RegionTest, AMalformedRegionIsRefusedNotRead) {
   auto plan = plan_reshard({a, e});
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.status().message().find("trainer-0 holds (1 offsets, 2 lengths), outside it"), std::string::npos)
+      << plan.status().message();
+}
+
+// A region whose end does not fit in 64 bits (a hostile Wants or Holdings)
+// is said as it came, without computing its end (signed overflow: the
+// sanitizer build aborts on it), and refused.
+TEST(RegionTest, ARegionPastTheLargestIndexIsSaidAndRefused) {
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  Region far{{most, 0}, {1, 4}};
+  EXPECT_EQ(far.to_string(), "[" + std::to_string(most) + "+1, 0:4]");
+  EXPECT_FALSE(far.inside({6, 4}));
+  RankManifest a = rank(0, "trainer-0", {spec("w", {6, 4})});
+  a.holds.push_back({"w", Region::whole({6, 4})});
+  RankManifest e = rank(1, "worker-1", {spec("w", {6, 4})});
+  e.wants.push_back({"w", far});
+  auto plan = plan_reshard({a, e});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("worker-1 wants [" + std::to_string(most) + "+1, 0:4], outside it"),
+            std::string::npos)
       << plan.status().message();
 }
 
@@ -208,6 +228,47 @@ TEST(ReshardPlanTest, OverlapsAndGapsAreRefusedNamingTensorRangeAndRanks) {
   EXPECT_NE(plan.status().message().find("tensor 'w': worker-1 wants [80:100, 0:8], which no rank holds"),
             std::string::npos)
       << plan.status().message();
+}
+
+// A rank that states one tensor twice (a spec each, a row each) is refused,
+// named; before, the two merged and the per-tensor region bound of the
+// caller, counted per stated entry, never saw more than one region.
+TEST(ReshardPlanTest, ATensorStatedTwiceByOneRankIsRefused) {
+  const TensorSpec w = spec("w", {4, 8});
+  auto a = rank(0, "trainer-0", {w, w});
+  a.holds.push_back({w.name, Region::slice(w.shape, 0, 0, 2)});
+  a.holds.push_back({w.name, Region::slice(w.shape, 0, 2, 2)});
+  auto e = rank(1, "worker-1", {w});
+  e.wants.push_back({w.name, Region::whole(w.shape)});
+  auto plan = plan_reshard({a, e});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("tensor 'w': trainer-0 states its spec twice"), std::string::npos)
+      << plan.status().message();
+}
+
+// The checks look each tensor up by name: a model of many small tensors (a
+// mixture of experts has tens of thousands) costs n log n, not n squared.
+// 100,000 tensors, one holder, two engines wanting each whole: the
+// quadratic checks this replaced (a scan of the manifest per holding, per
+// want, per transfer) would take many minutes here, past the test's bound.
+TEST(ReshardPlanTest, ManyTensorsArePlannedWithoutScanningTheManifestPerTensor) {
+  constexpr int kTensors = 100000;
+  auto a = rank(0, "trainer-0", {});
+  auto e1 = rank(1, "worker-1", {});
+  auto e2 = rank(2, "worker-2", {});
+  for (int i = 0; i < kTensors; ++i) {
+    const TensorSpec t = spec(label("t", i), {1});
+    for (auto* r : {&a, &e1, &e2}) r->tensors.push_back(t);
+    a.holds.push_back({t.name, Region::whole(t.shape)});
+    e1.wants.push_back({t.name, Region::whole(t.shape)});
+    e2.wants.push_back({t.name, Region::whole(t.shape)});
+  }
+  auto plan = plan_reshard({a, e1, e2});
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->tensors.size(), static_cast<size_t>(kTensors));
+  EXPECT_EQ(received_by(*plan, 1), 2u * kTensors);
+  EXPECT_EQ(received_by(*plan, 2), 2u * kTensors);
+  EXPECT_EQ(sent_by(*plan, 0) + sent_by(*plan, 1) + sent_by(*plan, 2), 4u * kTensors);
 }
 
 TEST(ReshardPlanTest, DisagreementsAndBadRegionsAreNamed) {

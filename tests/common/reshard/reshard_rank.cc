@@ -33,18 +33,25 @@ namespace {
 
 // --corrupt-rank R (host memory): rank R's first piece of more than 8 bytes
 // leaves with one byte flipped, as a bad link or a hostile sender would send
-// it; its checksum is the true one. Wraps the real communicator.
+// it; its checksum is the true one. --forge-rank R: the same, and any
+// checksum R sends for that piece is the flipped bytes' (a hostile member
+// that changes a piece it forwards and vouches for it). Wraps the real
+// communicator.
 class FlipFirstPiece : public Communicator {
  public:
-  explicit FlipFirstPiece(std::unique_ptr<Communicator> real) : real_(std::move(real)) {}
+  FlipFirstPiece(std::unique_ptr<Communicator> real, bool forge) : real_(std::move(real)), forge_(forge) {}
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
     return real_->broadcast(data, bytes, root);
   }
   std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag) override {
-    if (flipped_ || bytes <= 8) return real_->send(data, bytes, peer, tag);
+    if (forge_ && flipped_ && tag == (tag_ | kChecksumTag) && bytes == sizeof forged_)
+      return real_->send(&forged_, bytes, peer, tag);
+    if (flipped_ || bytes <= 8 || (tag & (kChecksumTag | kHeaderTag))) return real_->send(data, bytes, peer, tag);
     flipped_ = true;
+    tag_ = tag;
     copy_.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
     copy_[bytes / 2] ^= 0x10;
+    forged_ = xxh64(copy_.data(), copy_.size());
     return real_->send(copy_.data(), bytes, peer, tag);
   }
   std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag) override {
@@ -60,7 +67,10 @@ class FlipFirstPiece : public Communicator {
 
  private:
   std::unique_ptr<Communicator> real_;
+  const bool forge_;
   bool flipped_ = false;
+  uint32_t tag_ = 0;
+  uint64_t forged_ = 0;
   std::vector<uint8_t> copy_;
 };
 
@@ -136,7 +146,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--memory %s runs dense plans only (no --mode funnel, no --delta-steps)\n", memory.c_str());
     return 2;
   }
-  if (memory == "cuda" && f.get("corrupt-rank", "-1") != "-1") {
+  if (memory == "cuda" && (f.get("corrupt-rank", "-1") != "-1" || f.get("forge-rank", "-1") != "-1")) {
     std::fprintf(stderr, "--corrupt-rank flips a byte in host memory only\n");
     return 2;
   }
@@ -297,8 +307,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: %s\n", g.rank, comm.status().to_string().c_str());
     return 3;
   }
-  if (f.get("corrupt-rank") == std::to_string(g.rank))
-    comm = std::unique_ptr<Communicator>(new FlipFirstPiece(std::move(comm.value())));
+  if (f.get("corrupt-rank") == std::to_string(g.rank) || f.get("forge-rank") == std::to_string(g.rank))
+    comm = std::unique_ptr<Communicator>(
+        new FlipFirstPiece(std::move(comm.value()), f.get("forge-rank") == std::to_string(g.rank)));
   // Every rank formed before any moves: a rank whose transfers end early
   // must not leave while another still connects its pair to it (the mesh is
   // full). Each tells rank 0, which then releases them all.
