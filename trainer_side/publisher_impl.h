@@ -180,6 +180,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   void on_holdings(const std::string& id, proto::Holdings::Reader h);
   void on_wants(const std::string& id, proto::Holdings::Reader h);
   bool is_trainer_rank(const std::string& id) const;
+  bool is_job_source(const std::string& id) const;  // a trainer rank's id, and its member a source
   // Ends trainer rank `id`'s publish call `seq` with `why` (an Abandon of
   // version 0 naming it).
   void end_trainer_call(const std::string& id, uint64_t seq, const std::string& why);

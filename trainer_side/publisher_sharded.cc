@@ -109,7 +109,7 @@ void PublisherImpl::abandon_unplanned(uint64_t version, bool reserved, const std
   }
   std::vector<std::string> engines;
   for (const auto& id : server_.live_ids())
-    if (!is_trainer_rank(id)) engines.push_back(id);
+    if (!is_job_source(id)) engines.push_back(id);
   server_.send_to(engines, control::make_message(groups_.epoch(), server_.incarnation(), [&](auto b) {
                     auto a = b.initAbandon();
                     a.setVersion(version);
@@ -140,11 +140,18 @@ bool PublisherImpl::is_trainer_rank(const std::string& id) const {
   return false;
 }
 
+// The one rule for who sends in a many-sender job: a trainer rank's id
+// whose member said it is a source. Anyone else is an engine (receives,
+// states wants, counts for deltas), whatever its Hello claimed.
+bool PublisherImpl::is_job_source(const std::string& id) const {
+  auto m = server_.member(id);
+  return m && m->source && is_trainer_rank(id);
+}
+
 // A trainer rank's part of the next sharded update. Bounded: one pending
 // entry per member (a newer one replaces it), its lists by the decode limits.
 void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h) {
-  auto m = server_.member(id);
-  if (!m || !m->source || !is_trainer_rank(id)) {
+  if (!is_job_source(id)) {
     server_.log_peer("unexpected message", "Holdings from '" + control::printable(id) +
                                                "', which is not a trainer rank of this job (publisher.ranks: " +
                                                std::to_string(cfg_.publisher.ranks) + "), ignored");
@@ -174,8 +181,7 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
 // An engine's slices (tensor parallelism): kept until it sends others or
 // leaves; one entry per member.
 void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
-  auto m = server_.member(id);
-  if (!m || m->source) return;
+  if (!server_.member(id) || is_job_source(id)) return;
   SourceHoldings out = read_holdings(id, h);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = wants_.find(id);
@@ -350,7 +356,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     }
     std::vector<std::string> sources;
     for (const auto& id : group_)
-      if (auto m = server_.member(id); m && m->source && is_trainer_rank(id)) sources.push_back(id);
+      if (is_job_source(id)) sources.push_back(id);
     // A part of an earlier step came too late for its update: that call is
     // ended (its shards are free); one of a later step means this call is
     // the late one.
@@ -438,7 +444,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     // encodings, in a delta), as each reported them.
     r.wire_bytes = 0;
     for (const auto& o : r.subscribers)
-      if (auto m = server_.member(o.worker_id); m && !m->source) r.wire_bytes += o.bytes;
+      if (!is_job_source(o.worker_id)) r.wire_bytes += o.bytes;
   }
   return done(r);
 }
@@ -457,8 +463,8 @@ void PublisherImpl::decide_sharded_delta(UpdatePlan& plan, const std::vector<std
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& id : group) {
+      if (is_job_source(id)) continue;
       auto m = server_.member(id);
-      if (m && m->source) continue;
       if (!base && m) base = m->state == proto::WeightState::CONSISTENT ? m->weight_version : 0;
       if (!base) why = id + " holds no version yet";
       else if (base >= plan.version) why = id + " at v" + std::to_string(base) + ", not before v" + std::to_string(plan.version);
