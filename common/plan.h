@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,9 @@ struct UpdatePlan {
     int64_t tensor = -1;  // -1: none (a trainer rank that holds nothing of this update)
     std::vector<int64_t> offsets, lengths;
     uint64_t seq = 0;  // holders: the trainer rank's publish call the regions came from
+    // Holders, on the publisher only (never on the wire to engines): the
+    // xxh64 of the region's bytes, where the rank gave one (checksums on).
+    std::optional<uint64_t> digest = std::nullopt;
   };
   bool sharded = false;
   std::vector<Holding> holders;

@@ -94,7 +94,7 @@ Status regions_from_proto(capnp::List<proto::RankHoldings>::Reader list, const c
     const std::string who = std::string(what) + " rank " + std::to_string(r.getRank());
     if (r.getRank() > kMaxShardedRank || !seen.insert(r.getRank()).second)
       return protocol_error(where + ": " + who + " is out of range or listed twice");
-    if (r.getHolds().size() == 0) into.push_back({static_cast<int>(r.getRank()), -1, {}, {}, r.getSeq()});
+    if (r.getHolds().size() == 0) into.push_back({static_cast<int>(r.getRank()), -1, {}, {}, r.getSeq(), std::nullopt});
     for (auto h : r.getHolds()) {
       if (h.getTensor() >= plan.tensors.size())
         return protocol_error(where + ": " + who + " names tensor #" + std::to_string(h.getTensor()) + " of " +
@@ -102,7 +102,7 @@ Status regions_from_proto(capnp::List<proto::RankHoldings>::Reader list, const c
       const auto& spec = plan.tensors[h.getTensor()];
       if (h.getOffsets().size() != spec.shape.size() || h.getLengths().size() != spec.shape.size())
         return protocol_error(where + ": " + who + " gives '" + spec.name + "' a region of another rank than its shape's");
-      UpdatePlan::Holding out{static_cast<int>(r.getRank()), h.getTensor(), {}, {}, r.getSeq()};
+      UpdatePlan::Holding out{static_cast<int>(r.getRank()), h.getTensor(), {}, {}, r.getSeq(), std::nullopt};
       for (int64_t v : h.getOffsets()) out.offsets.push_back(v);
       for (int64_t v : h.getLengths()) out.lengths.push_back(v);
       into.push_back(std::move(out));

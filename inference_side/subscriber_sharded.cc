@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/reshard/executor.h"
 #include "common/reshard/sharded_update.h"
+#include "common/xxhash.h"
 #include "inference_side/plan_check.h"
 #include "inference_side/subscriber_impl.h"
 
@@ -21,8 +22,9 @@ namespace {
 reshard::Region box_of(const ShardView& s, const std::vector<int64_t>& full) {
   return {s.offsets.empty() ? std::vector<int64_t>(full.size(), 0) : s.offsets, s.local.spec.shape};
 }
-// Holdings and Wants alike: the full spec of each shard's tensor and the box held or wanted.
-void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Builder h) {
+// Holdings and Wants alike: the full spec of each shard's tensor and the box held or wanted;
+// with `digests` (Holdings, checksums on), each box's xxh64, for the publisher to compare replicas.
+void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Builder h, bool digests = false) {
   auto tensors = h.initTensors(static_cast<unsigned>(shards.size()));
   auto holds = h.initHolds(static_cast<unsigned>(shards.size()));
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -42,6 +44,10 @@ void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Buil
     for (size_t d = 0; d < box.offsets.size(); ++d) off.set(static_cast<unsigned>(d), box.offsets[d]);
     auto len = r.initLengths(static_cast<unsigned>(box.lengths.size()));
     for (size_t d = 0; d < box.lengths.size(); ++d) len.set(static_cast<unsigned>(d), box.lengths[d]);
+    if (digests && s.local.data && !box.empty()) {
+      r.setDigest(xxh64(s.local.data, static_cast<size_t>(box.elements() * dtype_size(s.local.spec.dtype))));
+      r.setDigested(true);
+    }
   }
 }
 }  // namespace
@@ -85,7 +91,7 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
     auto h = b.initHoldings();
     h.setSeq(seq);
     h.setStep(step);
-    shards_to_proto(shards, h);
+    shards_to_proto(shards, h, cfg_.data_plane.checksum != Checksum::kNone);
   }));
   return Status();
 }

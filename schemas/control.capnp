@@ -356,6 +356,11 @@ struct HeldRegion {
   offsets @1 :List(Int64);
   lengths @2 :List(Int64);
   # The box held, per dimension [offset, offset + length) of the full tensor.
+  digest @3 :UInt64;
+  digested @4 :Bool;
+  # Holdings only, with data_plane.checksum set on the trainer rank: the
+  # xxh64 of the box's bytes, which the publisher compares between the
+  # ranks that hold the same box (replicas) before any byte moves.
 }
 
 struct RankHoldings {

@@ -68,6 +68,7 @@ class PublisherImpl : public control::ControlServer::Listener {
     uint64_t step = 0;
     std::vector<TensorSpec> tensors;
     std::vector<std::pair<uint32_t, reshard::Region>> holds;
+    std::map<size_t, uint64_t> digests;  // index in holds -> the xxh64 of its bytes, where the rank gave one
     std::string error;  // regions the update cannot use, in words
     // Wants only: it cuts at least one tensor (or sent regions the update cannot use).
     bool slices() const { return !holds.empty() || !error.empty(); }

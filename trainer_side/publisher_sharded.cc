@@ -12,6 +12,7 @@
 #include "common/units.h"
 #include "common/reshard/executor.h"
 #include "common/reshard/sharded_update.h"
+#include "common/xxhash.h"
 #include "trainer_side/publisher_impl.h"
 
 namespace paramcast {
@@ -35,7 +36,8 @@ std::string spec_text(const TensorSpec& t) {
 // One rank's shards as the plan's tensors and holdings: the full specs
 // (agreeing with those already named), and the boxes held.
 Status add_holdings(const std::string& who, int rank, uint64_t seq, const std::vector<TensorSpec>& specs,
-                    const std::vector<std::pair<uint32_t, reshard::Region>>& holds, UpdatePlan& plan,
+                    const std::vector<std::pair<uint32_t, reshard::Region>>& holds,
+                    const std::map<size_t, uint64_t>& digests, UpdatePlan& plan,
                     std::map<std::string, std::pair<size_t, std::string>>& index) {
   std::vector<int64_t> local(specs.size(), -1);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -53,13 +55,15 @@ Status add_holdings(const std::string& who, int rank, uint64_t seq, const std::v
     local[i] = static_cast<int64_t>(it->second.first);
   }
   bool any = false;
-  for (const auto& [t, region] : holds) {
+  for (size_t i = 0; i < holds.size(); ++i) {
+    const auto& [t, region] = holds[i];
     if (t >= specs.size()) return invalid_argument(who + " holds tensor #" + std::to_string(t) + " of " +
                                                    std::to_string(specs.size()) + " it named");
-    plan.holders.push_back({rank, local[t], region.offsets, region.lengths, seq});
+    plan.holders.push_back({rank, local[t], region.offsets, region.lengths, seq, std::nullopt});
+    if (auto d = digests.find(i); d != digests.end()) plan.holders.back().digest = d->second;
     any = true;
   }
-  if (!any) plan.holders.push_back({rank, -1, {}, {}, seq});
+  if (!any) plan.holders.push_back({rank, -1, {}, {}, seq, std::nullopt});
   return Status();
 }
 
@@ -226,6 +230,7 @@ PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id
     else if (!region.inside(out.tensors[r.getTensor()].shape))
       bad = "'" + control::printable(out.tensors[r.getTensor()].name) + "' " + region.to_string() +
             " outside its shape " + spec_text(out.tensors[r.getTensor()]);
+    if (r.getDigested()) out.digests[out.holds.size()] = r.getDigest();
     out.holds.emplace_back(r.getTensor(), std::move(region));
   }
   std::vector<uint32_t> per_tensor(out.tensors.size(), 0);
@@ -282,6 +287,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   // This rank's own shards: host memory, each a box inside its tensor.
   std::vector<TensorSpec> own_specs;
   std::vector<std::pair<uint32_t, reshard::Region>> own_holds;
+  std::map<size_t, uint64_t> own_digests;  // with checksums: each box's xxh64, compared with its replicas'
   for (size_t i = 0; i < sent.size(); ++i) {
     const ShardView& s = sent[i];
     TensorSpec full = s.local.spec;
@@ -297,6 +303,8 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
       return done(r);
     }
     own_specs.push_back(full);
+    if (cfg_.data_plane.checksum != Checksum::kNone && !box.empty())
+      own_digests[own_holds.size()] = xxh64(s.local.data, static_cast<size_t>(box.elements() * dtype_size(full.dtype)));
     own_holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
   }
   // The step this call publishes; every trainer rank's call of the same
@@ -405,14 +413,14 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   std::map<std::string, std::pair<size_t, std::string>> index;
   std::vector<std::string> names = {"publisher"};
   names.insert(names.end(), group.begin(), group.end());
-  Status held = add_holdings("publisher", 0, 0, own_specs, own_holds, shape, index);
+  Status held = add_holdings("publisher", 0, 0, own_specs, own_holds, own_digests, shape, index);
   for (size_t i = 0; i < group.size() && held.ok(); ++i) {
     auto it = taken.find(group[i]);
     if (it == taken.end()) continue;
     if (!it->second.error.empty()) held = invalid_argument(it->second.error);
     else
       held = add_holdings(group[i], static_cast<int>(i + 1), it->second.seq, it->second.tensors, it->second.holds,
-                          shape, index);
+                          it->second.digests, shape, index);
   }
   if (!held.ok()) return refuse(held.with_context("sharded update refused before any byte moved"));
   // The engines' slices (tensor parallelism): each wants exactly its regions

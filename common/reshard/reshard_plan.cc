@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "common/xxhash.h"
+
 namespace paramcast::reshard {
 namespace {
 
@@ -14,6 +16,8 @@ struct TensorFacts {
   int first = -1;  // the rank whose spec the others are compared with
   // Distinct regions held, each with its replicas (ascending rank).
   std::map<Region, std::vector<int>> held;
+  // The digests replicas gave of a region: the first (rank, digest).
+  std::map<Region, std::pair<int, uint64_t>> digest;
 };
 
 class Planner {
@@ -106,8 +110,19 @@ class Planner {
         }
         return true;
       };
-      for (const auto& h : r.holds)
-        if (check(h, "holds") && !h.region.empty()) facts_[h.tensor].held[h.region].push_back(r.rank);
+      for (size_t i = 0; i < r.holds.size(); ++i) {
+        const Holding& h = r.holds[i];
+        if (!check(h, "holds") || h.region.empty()) continue;
+        TensorFacts& f = facts_[h.tensor];
+        f.held[h.region].push_back(r.rank);
+        auto d = r.digests.find(i);
+        if (d == r.digests.end()) continue;
+        auto [first, fresh] = f.digest.try_emplace(h.region, r.rank, d->second);
+        if (!fresh && first->second.second != d->second)
+          problem("tensor '" + h.tensor + "': " + name(first->second.first) + " and " + name(r.rank) + " hold " +
+                  h.region.to_string() + " with different bytes (xxh64 " + digest_hex(first->second.second) + " and " +
+                  digest_hex(d->second) + "): replicas must hold the same version");
+      }
       for (const auto& w : r.wants) check(w, "wants");
     }
     for (auto& [t, f] : facts_)

@@ -14,6 +14,8 @@
 //   - two holdings that overlap without being the same region (two ranks
 //     claim the same rows); the same region held by several ranks is a set
 //     of replicas, and one of them sends each byte;
+//   - replicas whose digests of the region differ (a stale data-parallel
+//     replica: its bytes would be mixed with the others');
 //   - a wanted range that nobody holds (a gap);
 //   - two wants of one rank that overlap.
 // Load: each wanted piece is sent by the replica that has sent least so
@@ -52,6 +54,10 @@ struct RankManifest {
   std::vector<TensorSpec> tensors;   // the full specs of every tensor it names
   std::vector<Holding> holds;
   std::vector<Want> wants;
+  // The xxh64 of a holding's bytes (by index in `holds`), where the rank
+  // gave one. Replicas (ranks holding the same region) that gave different
+  // digests hold different bytes: a mismatch, named, before anything moves.
+  std::map<size_t, uint64_t> digests = {};
 };
 
 struct Transfer {

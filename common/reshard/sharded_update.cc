@@ -29,6 +29,7 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
     if (static_cast<size_t>(h.tensor) >= plan.tensors.size())
       return invalid_argument(where + ": " + m.name + " holds tensor #" + std::to_string(h.tensor) + " of " +
                               std::to_string(plan.tensors.size()));
+    if (h.digest) m.digests[m.holds.size()] = *h.digest;
     m.holds.push_back({plan.tensors[static_cast<size_t>(h.tensor)].name, Region{h.offsets, h.lengths}});
   }
   if (!by_rank.count(0)) return invalid_argument(where + ": rank 0 (the publisher) is not among the holders");

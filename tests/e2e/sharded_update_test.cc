@@ -183,6 +183,52 @@ TEST_F(ShardedUpdateTest, OverlappingRowsAreRefusedBeforeAnyByteMovesNamingBothR
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
 }
 
+// Both trainer ranks hold every tensor whole (data-parallel replicas: the
+// plan spreads the pieces over them), with checksums on (every rank gives
+// the xxh64 of what it holds). Rank 1's copy of one tensor is stale (a
+// byte differs): the update is refused before any byte moves, naming the
+// tensor, both ranks and the two digests, instead of engines getting a mix
+// of the two. With the same bytes the next update lands.
+TEST_F(ShardedUpdateTest, ReplicasThatHoldDifferentBytesAreRefusedBeforeAnyByteMoves) {
+  auto whole = [&](int r, bool stale) {
+    auto& keep = r == 0 ? rows0_ : rows1_;
+    keep.assign(model_.bytes.begin(), model_.bytes.end());
+    if (stale) keep[0][keep[0].size() / 2] ^= 0x01;
+    std::vector<ShardView> out;
+    for (size_t i = 0; i < model_.specs.size(); ++i) {
+      ShardView s;
+      s.local.spec = model_.specs[i];
+      s.local.data = keep[i].data();
+      out.push_back(std::move(s));
+    }
+    return out;
+  };
+  auto publish = [&](uint64_t version, bool stale) {
+    model_.fill(version, config_.trainer.seed, config_.trainer.changes);
+    auto s0 = whole(0, false);
+    auto s1 = whole(1, stale);
+    auto other = std::async(std::launch::async, [&] { return rank1_->weight_update(s1, version); });
+    UpdateOptions o;
+    o.version = version;
+    UpdateResult r0 = pub_->weight_update_sharded(s0, o);
+    return std::make_pair(r0, other.get());
+  };
+  auto [r0, r1] = publish(1, true);
+  ASSERT_FALSE(r0.ok());
+  EXPECT_EQ(r0.status.code(), Code::kInvalidArgument) << r0.status.to_string();
+  EXPECT_NE(r0.status.message().find("tensor '" + model_.specs[0].name + "': publisher and trainer-1 hold "),
+            std::string::npos)
+      << r0.status.to_string();
+  EXPECT_NE(r0.status.message().find("with different bytes (xxh64 "), std::string::npos) << r0.status.to_string();
+  EXPECT_NE(r0.status.message().find("refused before any byte moved"), std::string::npos) << r0.status.to_string();
+  EXPECT_FALSE(r1.ok());
+  for (auto& [id, p] : workers_) EXPECT_EQ(p->output().find("verified"), std::string::npos) << p->output();
+  auto [ok0, ok1] = publish(2, false);
+  ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
+  ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
+}
+
 // Rank 0 refuses its call at once (its update's transforms differ from
 // publisher.transforms, which rank 1 applies), before rank 1 publishes: rank
 // 1's part, arriving a second later, ends its call at once with rank 0's

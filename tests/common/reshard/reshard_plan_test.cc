@@ -271,6 +271,32 @@ TEST(ReshardPlanTest, ManyTensorsArePlannedWithoutScanningTheManifestPerTensor) 
   EXPECT_EQ(sent_by(*plan, 0) + sent_by(*plan, 1) + sent_by(*plan, 2), 4u * kTensors);
 }
 
+// Replicas (two data-parallel ranks holding the same rows) that gave
+// digests of them: equal, the plan spreads the pieces over both; different
+// (a stale replica), refused before anything moves, naming both and the
+// range. A rank that gave no digest is not compared.
+TEST(ReshardPlanTest, ReplicasWithDifferentBytesAreRefusedNamingBoth) {
+  const TensorSpec w = spec("w", {8, 4});
+  auto a = rank(0, "trainer-0", {w});
+  a.holds.push_back({w.name, Region::whole(w.shape)});
+  a.digests[0] = 0x1111;
+  auto b = rank(1, "trainer-1", {w});
+  b.holds.push_back({w.name, Region::whole(w.shape)});
+  b.digests[0] = 0x1111;
+  auto e = rank(2, "worker-1", {w});
+  e.wants.push_back({w.name, Region::whole(w.shape)});
+  ASSERT_TRUE(plan_reshard({a, b, e}).ok());
+  b.digests[0] = 0x2222;
+  auto plan = plan_reshard({a, b, e});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("tensor 'w': trainer-0 and trainer-1 hold [0:8, 0:4] with different bytes "
+                                         "(xxh64 0000000000001111 and 0000000000002222)"),
+            std::string::npos)
+      << plan.status().message();
+  b.digests.clear();
+  EXPECT_TRUE(plan_reshard({a, b, e}).ok());
+}
+
 TEST(ReshardPlanTest, DisagreementsAndBadRegionsAreNamed) {
   auto a = rank(0, "trainer-0", {spec("w", {10, 8})});
   a.holds.push_back({"w", Region::whole({10, 8})});
