@@ -9,7 +9,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("paramcast::proto");
 
-const protocolVersion :UInt32 = 4;
+const protocolVersion :UInt32 = 5;
 # Bumped on any change that an older peer cannot understand.
 # 4: the Gloo data plane's wire: broadcasts as one stream of chunks cut by
 #    size and the group's stall/shed settings (common/data/gloo/schedule.h)

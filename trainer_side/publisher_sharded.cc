@@ -233,9 +233,13 @@ PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id
     if (r.getDigested()) out.digests[out.holds.size()] = r.getDigest();
     out.holds.emplace_back(r.getTensor(), std::move(region));
   }
-  std::vector<uint32_t> per_tensor(out.tensors.size(), 0);
+  // Bounded by name: a tensor stated under several entries is one tensor.
+  std::map<std::string, uint32_t> per_tensor;
+  for (const auto& t : out.tensors)
+    if (per_tensor.count(t.name) && bad.empty()) bad = "'" + control::printable(t.name) + "' stated twice";
+    else per_tensor[t.name] = 0;
   for (const auto& [t, region] : out.holds)
-    if (t < per_tensor.size() && ++per_tensor[t] > kMaxRegionsPerTensor && bad.empty())
+    if (t < out.tensors.size() && ++per_tensor[out.tensors[t].name] > kMaxRegionsPerTensor && bad.empty())
       bad = "more than " + std::to_string(kMaxRegionsPerTensor) + " regions of '" +
             control::printable(out.tensors[t].name) + "'";
   if (!bad.empty()) out.error = id + " sent regions the update cannot use: " + bad;

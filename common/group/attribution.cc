@@ -129,9 +129,14 @@ Verdict attribute(int world, const std::map<int, RankReport>& reports, const std
       if (v != 0)
         for (int a : accused_it) verdict.lone.emplace_back(v, a);
       if (left.count(v)) continue;
-      if (who.size() >= 2) {  // two or more in this formation
-        verdict.accusers.push_back({v, std::vector<int>(who.begin(), who.end()), reached, 0});
-        left.insert(who.begin(), who.end());
+      // The accusers who spoke: a member whose only failed pair came from
+      // v's own claim about it (it was ready; it said nothing) is no suspect.
+      std::set<int> spoke;
+      for (int a : who)
+        if (said(a, v)) spoke.insert(a);
+      if (spoke.size() >= 2) {  // two or more in this formation
+        verdict.accusers.push_back({v, std::vector<int>(spoke.begin(), spoke.end()), reached, 0});
+        left.insert(spoke.begin(), spoke.end());
         continue;
       }
       // One in this formation: with the members not in it that accused v

@@ -322,7 +322,7 @@ Status LinkCheckHost::start() {
   if (!to_sockaddr(*address, 0, sa, len)) return invalid_argument("link checks: address '" + *address + "'");
   listen_fd_ = ::socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) return unavailable("link checks: socket: " + errno_text(errno));
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(listen_fd_, 32) != 0) {
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
     const int e = errno;
     ::close(listen_fd_);
     listen_fd_ = -1;

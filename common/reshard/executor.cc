@@ -96,23 +96,30 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   // the hash of each piece it holds to every rank its chain reaches.
   const bool checked = delta || options.checksums;
   auto holder = [&](size_t i) { return plan.transfers[chain_start(plan, i)].from; };
-  std::map<size_t, std::vector<size_t>> chain;  // a transfer this rank sends -> the forwards of its piece
-  if (checked)
-    for (size_t i = 0; i < plan.transfers.size(); ++i)
-      if (plan.transfers[i].after >= 0)
-        if (const size_t first = chain_start(plan, i); plan.transfers[first].from == rank) chain[first].push_back(i);
+  // The hashes this rank sends as a holder, in schedule order, once all its
+  // own sends are posted; each rank takes them after all its moves landed,
+  // in the same order, and checks the forwards it received then. Last on
+  // both ends of every pair, they never hold up a move of the plan (the shm
+  // plane serves receives in the order they were posted; a holder waits for
+  // its oldest sends before it packs more).
   struct HolderSum {
-    std::shared_ptr<uint64_t> sum;
+    size_t transfer = 0;  // the forward it checks
+    std::shared_ptr<uint64_t> sum = std::make_shared<uint64_t>(0);
     std::shared_ptr<Work> work;
   };
-  std::vector<HolderSum> holder_sums;  // never waited for before the run's end (no rank waits on them)
-  auto send_holder_sums = [&](size_t transfer, uint64_t hash) {
-    auto it = chain.find(transfer);
-    if (it == chain.end()) return;
-    for (size_t f : it->second) {
-      HolderSum h{std::make_shared<uint64_t>(hash), nullptr};
-      h.work = comm.send(h.sum.get(), sizeof(uint64_t), plan.transfers[f].to, static_cast<uint32_t>(f) | kChecksumTag);
-      holder_sums.push_back(std::move(h));
+  std::vector<HolderSum> holder_sums;
+  if (checked)
+    for (size_t k = 0; k < rounds.size(); ++k)
+      for (size_t i : rounds[k].transfers)
+        if (plan.transfers[i].after >= 0 && plan.transfers[i].to != rank && holder(i) == rank)
+          holder_sums.push_back(HolderSum{i, std::make_shared<uint64_t>(0), nullptr});
+  std::map<size_t, uint64_t> hash_of;  // a transfer this rank sent as holder -> its piece's hash
+  auto post_holder_sums = [&] {
+    for (HolderSum& h : holder_sums) {
+      auto it = hash_of.find(chain_start(plan, h.transfer));
+      *h.sum = it == hash_of.end() ? 0 : it->second;  // always sent earlier (a forward follows its piece)
+      h.work = comm.send(h.sum.get(), sizeof(uint64_t), plan.transfers[h.transfer].to,
+                         static_cast<uint32_t>(h.transfer) | kChecksumTag);
     }
   };
   // The region's bytes in the rank's buffer, contiguous: in place, or packed into `staging`.
@@ -190,7 +197,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
       p.head_work = comm.send(p.head.get(), sizeof(PieceHeader), x.to, tag | kHeaderTag);
       if (p.wire) p.work = comm.send(p.bytes, p.wire, x.to, tag);
       stats.wire_sent += p.wire;
-      if (x.after < 0) send_holder_sums(p.transfer, p.head->hash);
+      if (x.after < 0) hash_of[p.transfer] = p.head->hash;
       return;
     }
     const uint8_t* from = piece_of(p);
@@ -201,7 +208,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
     if (options.checksums && x.after < 0) {  // a forward's hash comes from the piece's holder
       *p.sum = xxh64(from, x.bytes);
       p.sum_work = comm.send(p.sum.get(), sizeof(uint64_t), x.to, tag | kChecksumTag);
-      send_holder_sums(p.transfer, *p.sum);
+      hash_of[p.transfer] = *p.sum;
     }
   };
   // A failure: abort, and let every posted Work settle (an aborted
@@ -303,6 +310,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
         holding.push_back(&p);
       }
     }
+    post_holder_sums();
     // A received piece goes on to the ranks it is forwarded to: in a delta
     // plan its header and wire bytes as they came, else from where it landed.
     auto forward = [&](Posted& p) {
@@ -332,9 +340,8 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
         }
         p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
         p.bytes = into;
-        if (options.checksums)
-          p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), holder(p.transfer),
-                                 static_cast<uint32_t>(p.transfer) | kChecksumTag);
+        if (options.checksums && x.after < 0)  // a forward is checked once every move landed
+          p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
       }
       for (auto& p : recvs) {
         const Transfer& x = plan.transfers[p.transfer];
@@ -391,9 +398,6 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
                                         " wire bytes for a piece of " + std::to_string(x.bytes)));
           }
           p.wire = h.wire_bytes;
-          if (x.after >= 0)  // a forward: checked against its holder's hash, not the relayed header's
-            p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), holder(p.transfer),
-                                   static_cast<uint32_t>(p.transfer) | kChecksumTag);
           if (!p.wire) continue;
           uint8_t* into = nullptr;
           if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
@@ -414,9 +418,7 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
           const PieceHeader& h = *p.head;
           if (p.work)
             if (Status s = p.work->wait(deadline); !s.ok()) return fail(p, s);
-          if (p.sum_work)
-            if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p, s);
-          const uint64_t hash = x.after >= 0 ? *p.sum : h.hash;  // the holder's
+          const uint64_t hash = h.hash;  // a forward's, relayed: its holder's is checked at the end
           stats.wire_received += p.wire;
           if (options.received) *options.received += p.wire;
           const auto kind = static_cast<delta::Kind>(h.kind);
@@ -450,6 +452,29 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
           forward(p);
         }
         begin = end;
+      }
+    }
+    // The forwards this rank received, as they are now in its buffers,
+    // against the hashes their holders sent (last on every pair).
+    if (checked) {
+      for (auto& p : recvs)
+        if (plan.transfers[p.transfer].after >= 0)
+          p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), holder(p.transfer),
+                                 static_cast<uint32_t>(p.transfer) | kChecksumTag);
+      std::vector<uint8_t> packed;
+      for (auto& p : recvs) {
+        const Transfer& x = plan.transfers[p.transfer];
+        if (x.after < 0) continue;
+        if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p, s);
+        const uint8_t* bytes = nullptr;
+        if (const auto at = contiguous_at(p.at.box, x.region, element(x))) {
+          bytes = p.at.data + *at;
+        } else {
+          packed.resize(x.bytes);
+          copy_region(p.at.data, p.at.box, packed.data(), x.region, x.region, element(x));
+          bytes = packed.data();
+        }
+        if (Status s = verify(p, bytes, *p.sum, "landed"); !s.ok()) return fail(p, s);
       }
     }
     for (auto& p : sends) {

@@ -12,11 +12,12 @@
 // packed into staging by the sender and unpacked by the receiver, row by
 // row (staging: at most the rank's own bytes). Each transfer's tag is its
 // index in the plan, the same on every rank; with checksums, the xxh64 of
-// its bytes follows it and its receiver checks them before they count. That
-// hash comes from the rank that holds the piece (chain_start), also when
-// another rank forwards the piece: a forwarder relays bytes, never the hash
-// that checks them, so a member that changes what it forwards is caught by
-// the next one, which names both.
+// its bytes follows it and its receiver checks them before they count. A
+// forwarded piece is checked against the hash of the rank that holds it
+// (chain_start), sent straight to each rank the chain reaches after all
+// the holder's sends, and checked once all the receiver's moves landed: a
+// forwarder relays bytes, never the hash that checks them, so a member that
+// changes what it forwards is caught by the next one, which names both.
 // Host memory (the CPU data plane); bounded by `deadline` and by the
 // communicator's failure, which names the peer.
 //
@@ -31,8 +32,8 @@
 // common/delta/ before a byte is written, and checks the hash of the result
 // before it counts; a forward relays the header and the wire bytes as they
 // came (its receiver holds the same base), and its receiver checks the
-// result against the hash the piece's holder sends it (tag | kChecksumTag),
-// not the relayed header's. A sender's baseline is its own
+// result against the relayed header's hash, then, at the end, against the
+// hash the piece's holder sent it (tag | kChecksumTag). A sender's baseline is its own
 // pieces only, recorded by every run, dense or delta.
 //
 // Device memory (RunOptions::memory; device_executor.cc): round by round,

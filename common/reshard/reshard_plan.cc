@@ -48,13 +48,18 @@ class Planner {
     for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + name(ranks[i]);
     return s;
   }
-  void problem(std::string what) { problems_.push_back(std::move(what)); }
+  // The first kMaxListed are kept, the rest counted (a hostile manifest's
+  // mismatches cost no memory).
+  void problem(std::string what) {
+    if (problems_.size() < kMaxListed) problems_.push_back(std::move(what));
+    ++problem_count_;
+  }
 
   StatusOr<ReshardPlan> refuse() const {
-    std::string msg = "the many-sender plan has " + std::to_string(problems_.size()) + " mismatch" +
-                      (problems_.size() == 1 ? "" : "es") + ": ";
-    for (size_t i = 0; i < problems_.size() && i < kMaxListed; ++i) msg += (i ? "; " : "") + problems_[i];
-    if (problems_.size() > kMaxListed) msg += "; +" + std::to_string(problems_.size() - kMaxListed) + " more";
+    std::string msg = "the many-sender plan has " + std::to_string(problem_count_) + " mismatch" +
+                      (problem_count_ == 1 ? "" : "es") + ": ";
+    for (size_t i = 0; i < problems_.size(); ++i) msg += (i ? "; " : "") + problems_[i];
+    if (problem_count_ > problems_.size()) msg += "; +" + std::to_string(problem_count_ - problems_.size()) + " more";
     return invalid_argument(msg);
   }
 
@@ -263,6 +268,7 @@ class Planner {
   std::map<int, std::set<std::string>> stated_;  // the tensor names each rank stated
   std::map<std::string, uint32_t> index_;
   std::vector<std::string> problems_;
+  size_t problem_count_ = 0;
   ReshardPlan plan_;
 };
 

@@ -102,6 +102,23 @@ TEST(AttributionTest, TwoColludersFramingAMemberAreLeftOutNotTheMember) {
   EXPECT_EQ(attribute(6, r, {0, 1, 2, 3, 4, 5}).left_out, (std::vector<int>{4, 5}));
 }
 
+// The mirror image: worker-3 claims it cannot reach worker-1 and worker-2,
+// which were ready (their meshes, worker-3's pairs included, connected) and
+// said nothing. They are no suspects of an accusation they never made:
+// worker-3, the one side against two, is left out. (Before, the undirected
+// pairs made worker-1 and worker-2 the "accusers" of worker-3, and one
+// liar left two honest members out.)
+TEST(AttributionTest, MembersWhoSaidNothingAreNeverTheSuspects) {
+  std::map<int, RankReport> r;
+  r[3].unreachable = {1, 2};
+  for (uint64_t turn : {0u, 1u}) {
+    const auto v = attribute(6, r, {0, 1, 2, 3, 4, 5}, turn);
+    EXPECT_TRUE(v.blamed.empty());
+    EXPECT_TRUE(v.accusers.empty());
+    EXPECT_EQ(v.left_out, std::vector<int>{3}) << "turn " << turn;
+  }
+}
+
 // Two members accuse worker-1; besides the publisher only worker-2 is
 // complete (worker-3 failed without evidence: no word). Two against two,
 // but the publisher's own working connection to worker-1 outweighs a

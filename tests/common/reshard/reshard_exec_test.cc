@@ -192,6 +192,24 @@ TEST(ReshardExecTest, DeltasPerPieceMoveOnlyChangedElementsIntoSlicesBitExact) {
   }
 }
 
+// Forwards along three replicas from two holders, deltas, and senders held
+// to a small staging window: each forward's receiver takes its holder's
+// hash after all its moves, as the holder sends them after all its own, so
+// the hashes never hold up a move (a holder that sent them with its piece
+// could wait, for its window, on a send queued behind one its receiver
+// takes rounds later: this job hung until its deadline so).
+TEST(ReshardExecTest, HoldersHashesForChainsOfThreeNeverHoldUpAWindowedSender) {
+  Job job{"megatron", 2, 3, 2};
+  job.delta_steps = 2;
+  job.staging_limit = 4096;
+  auto out = run(job);
+  for (size_t r = 2; r < out.size(); ++r) {
+    auto [got, want] = received_wanted(out[r]);
+    EXPECT_EQ(got, want) << out[r];
+    EXPECT_NE(out[r].find("delta v3:"), std::string::npos) << out[r];
+  }
+}
+
 // An engine whose bytes are not the base version any more gets the delta
 // applied onto other bytes: the hash that comes with each piece catches it,
 // and the engine's run fails DATA_CORRUPT naming the piece and its sender
