@@ -103,6 +103,20 @@ uint64_t figure(const std::string& out, const std::string& line, const std::stri
   return std::stoull(out.substr(k + key.size()));
 }
 
+// Runs a job with a corrupted piece: no rank keeps wrong bytes unreported
+// (exit 1), and some rank fails DATA_CORRUPT (exit 3) saying each of `says`.
+void expect_caught(const Job& job, const std::vector<std::string>& says) {
+  bool caught = false;
+  for (auto& [text, code] : run_raw(job)) {
+    EXPECT_NE(code, 1) << "wrong bytes that no check caught:\n" << text;
+    if (text.find("DATA_CORRUPT") == std::string::npos) continue;
+    caught = true;
+    EXPECT_EQ(code, 3) << text;
+    for (const auto& s : says) EXPECT_NE(text.find(s), std::string::npos) << text;
+  }
+  EXPECT_TRUE(caught) << "no rank reported the corrupted piece";
+}
+
 // "received N, wanted M" of an engine's output.
 std::pair<uint64_t, uint64_t> received_wanted(const std::string& out) {
   const auto r = out.find("received "), w = out.find("wanted ");
@@ -262,16 +276,7 @@ TEST(ReshardExecTest, RoundByRoundAFlippedByteIsCaughtByTheChecksumNamingItsSend
   job.memory = "cpu";
   job.checksums = true;
   job.corrupt_rank = 1;
-  bool caught = false;
-  for (auto& [text, code] : run_raw(job)) {
-    EXPECT_NE(code, 1) << "wrong bytes that no check caught:\n" << text;
-    if (text.find("DATA_CORRUPT") == std::string::npos) continue;
-    caught = true;
-    EXPECT_EQ(code, 3) << text;
-    EXPECT_NE(text.find("from rank 1"), std::string::npos) << text;
-    EXPECT_NE(text.find("arrived with xxh64-blocks"), std::string::npos) << text;
-  }
-  EXPECT_TRUE(caught) << "no rank reported the flipped byte";
+  expect_caught(job, {"from rank 1", "arrived with xxh64-blocks"});
 }
 
 // An engine that forwards a piece to the next replica changes a byte of it
@@ -286,16 +291,7 @@ TEST(ReshardExecTest, AForwarderThatChangesAPieceIsCaughtByItsHoldersHash) {
   Job job{"megatron", 2, 2, 2};
   job.checksums = true;
   job.forge_rank = 2;  // an engine rank: every piece it sends is a forward
-  bool caught = false;
-  for (auto& [text, code] : run_raw(job)) {
-    EXPECT_NE(code, 1) << "wrong bytes that no check caught:\n" << text;
-    if (text.find("DATA_CORRUPT") == std::string::npos) continue;
-    caught = true;
-    EXPECT_EQ(code, 3) << text;
-    EXPECT_NE(text.find("as rank 2 forwarded them; rank "), std::string::npos) << text;
-    EXPECT_NE(text.find(", which holds them, sent xxh64 "), std::string::npos) << text;
-  }
-  EXPECT_TRUE(caught) << "no rank reported the changed piece";
+  expect_caught(job, {"as rank 2 forwarded them; rank ", ", which holds them, sent xxh64 "});
 }
 
 // The same over NCCL with the buffers on the GPU (tests/gpu/run.sh's
