@@ -36,7 +36,15 @@ run_ctest() {
   # -j1: several tests start 8 processes each and assert time bounds.
   ctest --test-dir "$dir" --output-on-failure --timeout 600 -j1 "$@" | tee "$dir/ctest.out" || rc=$?
   count_ctest "$dir/ctest.out" "$dir/Testing/Temporary/LastTest.log"
+  [ $rc -ne 0 ] && failure_digest "$dir/ctest.out"
   return $rc
+}
+# failure_digest OUT: the assertions that failed, last, where a log shown by
+# its head and tail still shows them (a failing process test's own output can
+# run to thousands of lines between them).
+failure_digest() {
+  echo "Failed assertions ($1), the first 40 lines:"
+  grep -a -A6 -e ": Failure$" -e "^\[  FAILED  \].*ms)$" -e "Exception: " -e "^E   " "$1" | cut -c1-300 | head -40 || true
 }
 summary() { echo "tests: $passed passed, $failed failed, $skipped skipped"; echo "stage times (s):$stages"; }
 # Each stage's wall time, printed at the end: CI's time budget is spent here.

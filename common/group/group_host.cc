@@ -69,13 +69,18 @@ class GroupHost::WatchedStore : public Store {
 StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::string>& members,
                                                          Clock::time_point cap) {
   if (members.empty()) return unavailable("no live subscriber to form a group with");
-  const uint64_t epoch = ++epoch_;
   const auto now = Clock::now();
   const auto deadline = std::min(now + cfg_.data_plane.init_timeout, cap);
   if (deadline <= now) return timeout_error("no time left before update_timeout to form a group");
   const auto init_timeout = std::chrono::duration_cast<Millis>(deadline - now);
+  uint64_t epoch;
   {
+    // The new epoch and its empty state in one step under mu_: a report of
+    // the last epoch (a member's echo of its end, which often crosses this
+    // formation's start) is either taken before it, and cleared, or weighed
+    // after it as an old epoch's, and dropped (on_message).
     std::lock_guard<std::mutex> lock(mu_);
+    epoch = ++epoch_;
     ready_.clear();
     published_.clear();
     failed_.clear();
@@ -494,14 +499,19 @@ void GroupHost::wait_for_members(const std::vector<std::string>& members, Clock:
 bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
   using B = proto::Envelope::Body;
   auto body = env.getBody();
-  const bool current = env.getEpoch() == epoch_;
+  // Whether a report is of the formation under way is decided under mu_,
+  // with the state it goes into: form() starts an epoch and clears that
+  // state in one step, so a report of the last epoch is never taken as one
+  // of the next (read before mu_, an honest member's echo of the epoch the
+  // publisher had just ended failed the next formation, naming it).
+  const uint64_t epoch = env.getEpoch();
   switch (body.which()) {
     case B::GROUP_READY: {
       // A Gloo-plane member cannot be ready without its address in the store.
       const bool needs_address = cfg_.data_plane.backend == Backend::kGloo && store_rank(id) >= 1;
       std::lock_guard<std::mutex> lock(mu_);
       auto rank = assigned_rank_.find(id);
-      if (!current || rank == assigned_rank_.end()) break;  // not a member of this formation
+      if (epoch != epoch_ || rank == assigned_rank_.end()) break;  // not a member of this formation
       if (needs_address && !published_.count(id)) {
         false_ready_.insert(id);
         failed_[id] = kFalseReady;
@@ -518,7 +528,7 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
     case B::GROUP_FAILED: {
       auto f = body.getGroupFailed();
       std::lock_guard<std::mutex> lock(mu_);
-      if (!current || !assigned_rank_.count(id)) break;
+      if (epoch != epoch_ || !assigned_rank_.count(id)) break;
       failed_[id] = f.getReason().cStr();
       // Evidence: ranks of this group only, at most one entry each (hostile input).
       const auto world = static_cast<uint32_t>(assigned_rank_.size() + 1);
@@ -543,9 +553,9 @@ bool GroupHost::on_message(const std::string& id, proto::Envelope::Reader env) {
                                     std::string(reinterpret_cast<const char*>(s.getValue().begin()), s.getValue().size()));
       if (!st.ok()) {
         server_.note_dropped(id, st.message());
-      } else if (current) {
+      } else {
         std::lock_guard<std::mutex> lock(mu_);
-        published_.insert(id);
+        if (epoch == epoch_) published_.insert(id);
       }
       return true;
     }

@@ -150,6 +150,8 @@ class GroupHost {
   std::vector<std::string> shm_secrets_;
   control::ControlServer& server_;
   HostedStore store_;
+  // Advanced under mu_ with the formation state it belongs to (form());
+  // read without it only where an older value is harmless (epoch()).
   std::atomic<uint64_t> epoch_{0};
 
   mutable std::mutex mu_;  // guards the formation state below
