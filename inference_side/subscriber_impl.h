@@ -59,6 +59,13 @@ class SubscriberImpl : public control::ControlClient::Listener {
     std::lock_guard<std::mutex> lock(reg_mu_);
     return publish_seq_;
   }
+  // The publish call whose part plan `version` took, as this rank accepted
+  // it (0: none known): a call answers only reports of its own plans.
+  uint64_t call_of(uint64_t version) const {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    auto it = planned_calls_.find(version);
+    return it == planned_calls_.end() ? 0 : it->second;
+  }
   Status register_slice(const ShardView& slice);
   void send_wants();  // the registered slices, to the publisher (any thread)
   Status start();
@@ -186,6 +193,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // A trainer rank: the publish call whose shards a plan may use now (0:
   // none; reg_mu_). Its shards are the caller's only during that call.
   uint64_t active_seq_ = 0;
+  // The call each accepted plan took its part from, by version (the last 16).
+  std::map<uint64_t, uint64_t> planned_calls_;
 
   mutable std::mutex mu_;  // shared state of both threads
   std::condition_variable cv_;

@@ -218,6 +218,10 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
       out.push_back({Mismatch::Kind::kOther, "<holdings>",
                      std::to_string(mine.size()) + " regions of publish call " + std::to_string(active_seq_),
                      std::to_string(planned.size()) + " other regions for rank " + std::to_string(rank)});
+    if (out.empty()) {
+      planned_calls_[plan.version] = active_seq_;
+      while (planned_calls_.size() > 16) planned_calls_.erase(planned_calls_.begin());
+    }
     return out;
   }
   if (device_.is_cuda())
@@ -275,11 +279,33 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   std::map<std::string, ShardView> slices;
   std::map<std::string, std::vector<uint8_t>> handed;  // tensors for the callback, whole
   bool kept_copy = false;  // those tensors are assembled in copy_
+  // A trainer rank sends only the shards of the call the plan was made
+  // from. That call may have ended between this rank's accept and the
+  // Commit (it timed out waiting), and the caller's next call may hold other
+  // bytes (the next step) in the same buffers: those never go out under
+  // this plan, whose hashes and replica digests rank 0 checked for the old.
+  uint64_t planned_seq = 0, active_seq = 0;
+  if (source_)
+    for (const auto& h : plan.holders)
+      if (h.rank == rank) {
+        planned_seq = h.seq;
+        break;
+      }
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    holdings = holdings_;
+    active_seq = active_seq_;
+    if (!source_ || planned_seq == active_seq_) holdings = holdings_;
     registry = registry_;
     slices = slices_;
+  }
+  if (source_ && planned_seq && planned_seq != active_seq) {
+    std::string why = id_ + " cannot send its part of sharded plan v" + std::to_string(plan.version) +
+                      ": the plan took publish call " + std::to_string(planned_seq) + ", which ended before its commit (";
+    why += active_seq ? "call " + std::to_string(active_seq) + " holds the caller's next shards now"
+                      : "no call of this rank is under way";
+    why += "); no byte of it was sent";
+    comm->abort(why);
+    return aborted(why);
   }
   if (source_) {
     buffers.find = [&](const TensorSpec& t, const reshard::Region& region) -> reshard::LocalBuffer {

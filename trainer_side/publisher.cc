@@ -423,6 +423,13 @@ bool PublisherImpl::check_plan(const UpdatePlan& plan, UpdateResult& r) {
                                   "update v" + std::to_string(r.version) + " abandoned before any byte moved");
     return false;
   }
+  if (faults_.commit_pause_version == plan.version) {  // test hook: a trainer rank's call may end meanwhile
+    PC_WARN("publisher: fault injection: pausing v" << plan.version << " for " << faults_.commit_pause_ms
+                                                    << " ms before its commit");
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(faults_.commit_pause_ms));
+    lock.lock();
+  }
   round_.sent_commit(server_.send_to(round_.group(),
                                      control::make_message(groups_.epoch(), server_.incarnation(),
                                                            [&](auto b) { b.initCommit().setVersion(plan.version); })));

@@ -84,6 +84,9 @@ UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, 
       break;
     }
     if (report->version && report->version <= last_version_) continue;
+    // A plan of an earlier call of this rank (one that ended before its
+    // Commit came) is not this call's update: this call waits for its own.
+    if (const uint64_t of = report->version ? impl_->call_of(report->version) : 0; of && of != seq) continue;
     r.version = report->version;
     r.status = report->status;
     r.bytes = report->bytes;

@@ -9,6 +9,9 @@
 //   PARAMCAST_FAULT_PAUSE_BEFORE_PLAN=V:MS   the publisher's update of version V pauses MS
 //                                            milliseconds after its group was checked and
 //                                            before its plan goes out (membership may change)
+//   PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT=V:MS ... after every member accepted its plan and
+//                                            before the Commit goes out (a trainer rank's
+//                                            publish call may end meanwhile)
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,8 @@ struct FaultInjection {
   uint64_t corrupt_version = 0;  // 0: the first update that has bucket K
   uint64_t pause_version = 0;
   uint64_t pause_ms = 0;
+  uint64_t commit_pause_version = 0;
+  uint64_t commit_pause_ms = 0;
 
   bool corrupts(uint64_t version, size_t bucket) const {
     return corrupt_bucket == static_cast<int64_t>(bucket) && (corrupt_version == 0 || corrupt_version == version);
@@ -45,14 +50,19 @@ struct FaultInjection {
       f.corrupt_version = colon ? std::strtoull(v, nullptr, 10) : 0;
       f.corrupt_bucket = std::atoll(colon ? colon + 1 : v);
     }
-    if (const char* v = std::getenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN")) {
-      const char* colon = std::strchr(v, ':');
-      if (colon) {
-        f.pause_version = std::strtoull(v, nullptr, 10);
-        f.pause_ms = std::strtoull(colon + 1, nullptr, 10);
-      }
-    }
+    version_and_ms("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN", f.pause_version, f.pause_ms);
+    version_and_ms("PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT", f.commit_pause_version, f.commit_pause_ms);
     return f;
+  }
+
+ private:
+  // NAME=V:MS, else both left 0.
+  static void version_and_ms(const char* name, uint64_t& version, uint64_t& ms) {
+    const char* v = std::getenv(name);
+    const char* colon = v ? std::strchr(v, ':') : nullptr;
+    if (!colon) return;
+    version = std::strtoull(v, nullptr, 10);
+    ms = std::strtoull(colon + 1, nullptr, 10);
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include <signal.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <future>
 
@@ -35,6 +36,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     make_publisher(yaml);
     Config cfg = config_;
     cfg.control.endpoint = pub_->endpoint();
+    if (rank1_update_timeout_.count() > 0) cfg.publisher.update_timeout = rank1_update_timeout_;
     auto rank = PublisherRank::create(cfg, 1);
     ASSERT_TRUE(rank.ok()) << rank.status().to_string();
     rank1_ = std::move(rank.value());
@@ -118,6 +120,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
   }
 
   std::unique_ptr<PublisherRank> rank1_;
+  Millis rank1_update_timeout_{0};  // rank 1's own publisher.update_timeout, when set
   std::vector<std::vector<uint8_t>> rows0_, rows1_;
 };
 
@@ -294,6 +297,62 @@ TEST_F(ShardedLateRankTest, AnEndedCallsShardsAreNeverSent) {
   ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
   ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
+}
+
+// Rank 0 holds its Commit of v1 back (a test hook) until trainer-1's call
+// for step 1 has timed out (its own update_timeout is 3 s: it waits 4.5 s)
+// and the caller has made its next call, with step 2's bytes. The late
+// Commit must not send those under plan v1 (rank 0 checked v1's holdings,
+// and the piece hashes would be of what was sent: the engines would commit
+// v1 with half of step 2 in it), nor end the step-2 call with v1's outcome.
+class ShardedStaleCommitTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    rank1_update_timeout_ = Millis(3000);
+    // Read when the publisher is made: the Commit of v1 comes 6.5 s after
+    // its plan was accepted, within trainer-1's second call (4.5 s to 9 s).
+    ::setenv("PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT", "1:6500", 1);
+    start_cluster("  ranks: 2\n");
+    ::unsetenv("PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT");
+  }
+};
+
+TEST_F(ShardedStaleCommitTest, ARankSendsOnlyTheShardsOfTheCallItsPlanTook) {
+  model_.fill(1, config_.trainer.seed, config_.trainer.changes);
+  auto s0 = shards(0);
+  auto s1 = shards(1);
+  auto v1 = std::async(std::launch::async, [&] {
+    UpdateOptions o;
+    o.version = 1;
+    return pub_->weight_update_sharded(s0, o);
+  });
+  const UpdateResult step1 = rank1_->weight_update(s1, 1);  // no Commit within its 4.5 s
+  ASSERT_FALSE(step1.ok());
+  EXPECT_EQ(step1.status.code(), Code::kTimeout) << step1.status.to_string();
+  // The next optimizer step: new bytes, in a new call, while plan v1 waits
+  // (rank 0 makes no update of step 2: this call ends at its own timeout).
+  model_.fill(2, config_.trainer.seed, config_.trainer.changes);
+  auto s1_next = shards(1);
+  auto step2 = std::async(std::launch::async, [&] { return rank1_->weight_update(s1_next, 2); });
+  const UpdateResult r1 = v1.get();
+  ASSERT_FALSE(r1.ok()) << "v1 went out with trainer-1's bytes of step 2" << outputs();
+  EXPECT_NE(r1.status.message().find("trainer-1"), std::string::npos) << r1.status.to_string();
+  EXPECT_NE(r1.status.message().find("ended before its commit"), std::string::npos) << r1.status.to_string();
+  const UpdateResult mine = step2.get();
+  EXPECT_EQ(mine.status.code(), Code::kTimeout) << "the step-2 call took v1's outcome: " << mine.status.to_string();
+  EXPECT_EQ(mine.version, 0u);
+  for (auto& [id, p] : workers_) {
+    EXPECT_EQ(p->output().find("CORRUPT"), std::string::npos) << id << p->output();
+    EXPECT_EQ(p->output().find("v1 verified"), std::string::npos) << id << p->output();
+  }
+  // In step again, both ranks' parts of one version land.
+  auto [ok0, ok1] = publish_both(3);
+  ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
+  ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
+  for (auto& [id, p] : workers_) {
+    EXPECT_TRUE(p->wait_for_output("v3 verified", 20s)) << id << p->output();
+    EXPECT_EQ(p->output().find("CORRUPT"), std::string::npos) << id << p->output();
+  }
 }
 
 // Two engines of one tensor-parallel group (TP=2): each registers only its
