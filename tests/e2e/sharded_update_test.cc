@@ -300,7 +300,7 @@ TEST_F(ShardedLateRankTest, AnEndedCallsShardsAreNeverSent) {
 }
 
 // Rank 0 holds its Commit of v1 back (a test hook) until trainer-1's call
-// for step 1 has timed out (its own update_timeout is 3 s: it waits 4.5 s)
+// for step 1 has timed out (its own update_timeout is 6 s: it waits 7.5 s)
 // and the caller has made its next call, with step 2's bytes. The late
 // Commit must not send those under plan v1 (rank 0 checked v1's holdings,
 // and the piece hashes would be of what was sent: the engines would commit
@@ -308,10 +308,11 @@ TEST_F(ShardedLateRankTest, AnEndedCallsShardsAreNeverSent) {
 class ShardedStaleCommitTest : public ShardedUpdateTest {
  protected:
   void SetUp() override {
-    rank1_update_timeout_ = Millis(3000);
-    // Read when the publisher is made: the Commit of v1 comes 6.5 s after
-    // its plan was accepted, within trainer-1's second call (4.5 s to 9 s).
-    ::setenv("PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT", "1:6500", 1);
+    // Wide margins on a loaded machine: the Commit of v1 comes 11 s after
+    // its plan was accepted, within trainer-1's second call (7.5 s to 15 s),
+    // and the last step's new formation and update have 7.5 s.
+    rank1_update_timeout_ = Millis(6000);
+    ::setenv("PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT", "1:11000", 1);  // read when the publisher is made
     start_cluster("  ranks: 2\n");
     ::unsetenv("PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT");
   }
@@ -326,7 +327,7 @@ TEST_F(ShardedStaleCommitTest, ARankSendsOnlyTheShardsOfTheCallItsPlanTook) {
     o.version = 1;
     return pub_->weight_update_sharded(s0, o);
   });
-  const UpdateResult step1 = rank1_->weight_update(s1, 1);  // no Commit within its 4.5 s
+  const UpdateResult step1 = rank1_->weight_update(s1, 1);  // no Commit within its 7.5 s
   ASSERT_FALSE(step1.ok());
   EXPECT_EQ(step1.status.code(), Code::kTimeout) << step1.status.to_string();
   // The next optimizer step: new bytes, in a new call, while plan v1 waits
