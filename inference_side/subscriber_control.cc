@@ -101,17 +101,17 @@ void SubscriberImpl::on_message(proto::Envelope::Reader env) {
         abandoned_version_ = std::max(abandoned_version_, a.getVersion());
         cv_.notify_all();  // a receive waiting for a layout or checksum gives up
       }
-      // A trainer rank's publish call waits for its part's outcome: an
-      // update abandoned before it ran (or, version 0, refused before its
-      // plan: holdings that did not fit) ends that call now.
+      // A trainer rank's publish call waits for its part's outcome: rank 0
+      // ends it (version 0, naming the call's seq) when its update ends
+      // before any byte moved: refused before its plan, or a plan abandoned
+      // for good. A plan abandoned for another try at the same version (a
+      // delta an engine refused goes again, dense) leaves the call going.
       uint64_t calling = 0;
       {
         std::lock_guard<std::mutex> lock(reg_mu_);
         calling = active_seq_;
       }
-      if (source_ && calling &&
-          (a.getVersion() == 0 ? a.getHoldingsSeq() == calling
-                               : pending_plan_ && pending_plan_->version == a.getVersion())) {
+      if (source_ && calling && a.getVersion() == 0 && a.getHoldingsSeq() == calling) {
         std::lock_guard<std::mutex> lock(mu_);
         reports_.push_back(UpdateReport{a.getVersion(), aborted(std::string("publisher abandoned the update: ") +
                                                                 control::printable(a.getReason().cStr(), 512)),

@@ -457,6 +457,10 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     r.wire_bytes = 0;
     for (const auto& o : r.subscribers)
       if (!is_job_source(o.worker_id)) r.wire_bytes += o.bytes;
+  } else {
+    // Abandoned before any byte moved, for good (a plan abandoned for a
+    // dense try of the same version is not): the partner calls end now.
+    for (const auto& [id, h] : taken) end_trainer_call(id, h.seq, r.status.message());
   }
   return done(r);
 }

@@ -41,7 +41,9 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     ASSERT_TRUE(rank.ok()) << rank.status().to_string();
     rank1_ = std::move(rank.value());
     ASSERT_TRUE(rank1_->start().ok());
-    for (size_t i = 0; i < engines.size(); ++i) spawn_worker("worker-" + std::to_string(i + 1), {}, engines[i]);
+    for (size_t i = 0; i < engines.size(); ++i)
+      spawn_worker("worker-" + std::to_string(i + 1), i < engine_env_.size() ? engine_env_[i] : std::vector<std::string>{},
+                   engines[i]);
     Status s = pub_->start();
     ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
     model_ = test::make_tensors(
@@ -121,6 +123,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
 
   std::unique_ptr<PublisherRank> rank1_;
   Millis rank1_update_timeout_{0};  // rank 1's own publisher.update_timeout, when set
+  std::vector<std::vector<std::string>> engine_env_;  // each engine's environment, when set
   std::vector<std::vector<uint8_t>> rows0_, rows1_;
 };
 
@@ -354,6 +357,32 @@ TEST_F(ShardedStaleCommitTest, ARankSendsOnlyTheShardsOfTheCallItsPlanTook) {
     EXPECT_TRUE(p->wait_for_output("v3 verified", 20s)) << id << p->output();
     EXPECT_EQ(p->output().find("CORRUPT"), std::string::npos) << id << p->output();
   }
+}
+
+// An engine refuses the delta plan it was sent (its heartbeat had claimed
+// the base: a test hook, PARAMCAST_FAULT_REFUSE_DELTA). Rank 0 abandons
+// that plan and sends the same version again, dense, within the same call:
+// trainer-1's call goes on and takes part in it, and it lands.
+class ShardedRefusedDeltaTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    engine_env_ = {{}, {"PARAMCAST_FAULT_REFUSE_DELTA=1"}};
+    start_cluster("  ranks: 2\n  delta: auto\n  reuse_validated_plan: false\n", {{}, {}});
+  }
+};
+
+TEST_F(ShardedRefusedDeltaTest, ADeltaRefusedByAnEngineGoesAgainDenseWithEveryTrainerRank) {
+  auto [a0, a1] = publish_both(1);
+  ASSERT_TRUE(a0.ok()) << a0.status.to_string() << outputs();
+  ASSERT_TRUE(a1.ok()) << a1.status.to_string();
+  for (auto& [id, p] : workers_) ASSERT_TRUE(p->wait_for_output("v1 verified", 20s)) << id << p->output();
+  auto [b0, b1] = publish_both(2);
+  ASSERT_TRUE(b0.ok()) << b0.status.to_string() << outputs();
+  EXPECT_TRUE(b1.ok()) << "trainer-1's call ended with the delta plan it was abandoned: " << b1.status.to_string();
+  EXPECT_EQ(b1.version, 2u);
+  EXPECT_FALSE(b0.delta);
+  EXPECT_NE(b0.dense_because.find("worker-2 refused the delta"), std::string::npos) << b0.dense_because;
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
 }
 
 // Two engines of one tensor-parallel group (TP=2): each registers only its
