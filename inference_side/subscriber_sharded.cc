@@ -146,14 +146,15 @@ void SubscriberImpl::end_publish(uint64_t seq, bool ran) {
     active_seq_ = 0;
     holdings_.clear();
   }
-  if (ran) return;
-  client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
-    auto h = b.initHoldings();
-    h.setSeq(seq);
-    h.setWithdrawn(true);
-  }));
+  if (!ran)
+    client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
+      auto h = b.initHoldings();
+      h.setSeq(seq);
+      h.setWithdrawn(true);
+    }));
   // A transfer of this call that is still under way reads the caller's
-  // shards: it ends now, before the call returns.
+  // shards: it ends now, before the call returns (the call timed out, or
+  // rank 0 ended it while this rank's part was stalled).
   uint64_t running = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -457,11 +457,14 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     r.wire_bytes = 0;
     for (const auto& o : r.subscribers)
       if (!is_job_source(o.worker_id)) r.wire_bytes += o.bytes;
-  } else {
-    // Abandoned before any byte moved, for good (a plan abandoned for a
-    // dense try of the same version is not): the partner calls end now.
-    for (const auto& [id, h] : taken) end_trainer_call(id, h.seq, r.status.message());
   }
+  // Failed for good (a plan abandoned for a dense try of the same version
+  // is not): every partner call ends now, also that of a trainer rank that
+  // never started its part (its Commit was lost) or is stalled in it (it
+  // aborts that transfer before its call returns). A call that ended on its
+  // own part's outcome already is not touched (another seq).
+  if (!r.status.ok())
+    for (const auto& [id, h] : taken) end_trainer_call(id, h.seq, r.status.message());
   return done(r);
 }
 

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <map>
 
 #include "common/synthetic_model.h"
 #include "tests/support/worker_cluster.h"
@@ -37,7 +38,9 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     Config cfg = config_;
     cfg.control.endpoint = pub_->endpoint();
     if (rank1_update_timeout_.count() > 0) cfg.publisher.update_timeout = rank1_update_timeout_;
+    for (const auto& [name, value] : rank1_env_) ::setenv(name.c_str(), value.c_str(), 1);  // read on create
     auto rank = PublisherRank::create(cfg, 1);
+    for (const auto& [name, value] : rank1_env_) ::unsetenv(name.c_str());  // not the engines'
     ASSERT_TRUE(rank.ok()) << rank.status().to_string();
     rank1_ = std::move(rank.value());
     ASSERT_TRUE(rank1_->start().ok());
@@ -124,6 +127,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
   std::unique_ptr<PublisherRank> rank1_;
   Millis rank1_update_timeout_{0};  // rank 1's own publisher.update_timeout, when set
   std::vector<std::vector<std::string>> engine_env_;  // each engine's environment, when set
+  std::map<std::string, std::string> rank1_env_;       // rank 1's test hooks (PARAMCAST_FAULT_*)
   std::vector<std::vector<uint8_t>> rows0_, rows1_;
 };
 
@@ -382,6 +386,32 @@ TEST_F(ShardedRefusedDeltaTest, ADeltaRefusedByAnEngineGoesAgainDenseWithEveryTr
   EXPECT_EQ(b1.version, 2u);
   EXPECT_FALSE(b0.delta);
   EXPECT_NE(b0.dense_because.find("worker-2 refused the delta"), std::string::npos) << b0.dense_because;
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
+}
+
+// Trainer-1 accepts plan v1 and loses its Commit (a test hook, as a broken
+// connection would). Rank 0 sees it in trainer-1's heartbeats and fails v1;
+// trainer-1's call ends with it, within seconds, not at its own bound
+// (update_timeout 20 s here; 600 s by default), and v2 lands.
+class ShardedLostCommitTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    rank1_update_timeout_ = Millis(20000);
+    rank1_env_ = {{"PARAMCAST_FAULT_LOSE", "commit:1"}};
+    start_cluster("  ranks: 2\n");
+  }
+};
+
+TEST_F(ShardedLostCommitTest, ATrainerRankWhoseCommitWasLostEndsItsCallWithTheUpdate) {
+  auto [r0, r1] = publish_both(1);
+  ASSERT_FALSE(r0.ok()) << outputs();
+  EXPECT_NE(r0.status.message().find("trainer-1"), std::string::npos) << r0.status.to_string();
+  ASSERT_FALSE(r1.ok());
+  EXPECT_NE(r1.status.code(), Code::kTimeout) << "its call waited out its own bound: " << r1.status.to_string();
+  EXPECT_LT(r1.seconds, 15.0) << r1.status.to_string();
+  auto [ok0, ok1] = publish_both(2);
+  ASSERT_TRUE(ok0.ok()) << ok0.status.to_string() << outputs();
+  ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
 }
 
