@@ -295,7 +295,7 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     active_seq = active_seq_;
-    if (!source_ || planned_seq == active_seq_) holdings = holdings_;
+    holdings = holdings_;
     registry = registry_;
     slices = slices_;
   }
