@@ -15,6 +15,13 @@
 //      is checked before it counts, then a piece not contiguous in the
 //      rank's buffer is unpacked by one batch of copies, and a piece this
 //      rank forwards hands its landing to the forward.
+// With checksums, a forward's own checksum (its forwarder's, of the bytes
+// as they came) checks its hop; after the last round, one more group
+// carries the hash of each forwarded piece from the rank that holds it
+// (chain_start) to every rank the chain reaches, and each checks what it
+// received against it: a forwarder relays bytes, never the hash that checks
+// them, so one that changes a piece it forwards is caught by the next rank,
+// which names both.
 // The rounds are then what the schedule says, with a wait at each: NCCL's
 // groups cannot be chained otherwise without a rank waiting on one that
 // waits on it. Staging: a round's packed send and the landings a rank
@@ -41,6 +48,7 @@ struct Move {
   // shared with the forwards that relay a landing.
   std::shared_ptr<StagingBuffer> staging = std::make_shared<StagingBuffer>();
   StagingBuffer sum;                  // the piece's checksum, 8 bytes in the memory
+  uint64_t digest = 0;                // a send's checksum as its holder took it; a forward's as it landed here
   const uint8_t* source = nullptr;    // a send's bytes (a forward's: where its piece landed)
   std::shared_ptr<Work> work, sum_work;
   uint8_t* landing() const { return in_place ? at.data + *in_place : staging->data(); }
@@ -124,6 +132,79 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
                           std::to_string(x.from) + " to rank " + std::to_string(x.to));
   };
 
+  // The last group (checksums): the holder of each forwarded piece sends
+  // its hash to every rank the chain reaches, which checks the bytes it
+  // received against it. Every rank walks the moves in the same order.
+  auto holder = [&](size_t i) { return plan.transfers[chain_start(plan, i)].from; };
+  auto holders_hashes = [&]() -> Status {
+    std::map<size_t, uint64_t> hash_of;  // a piece this rank sent as its holder -> its hash
+    for (const auto& m : all)
+      if (plan.transfers[m.transfer].from == rank && plan.transfers[m.transfer].after < 0)
+        hash_of[m.transfer] = m.digest;
+    struct Sum {
+      size_t transfer = 0;
+      Move* received = nullptr;  // null: this rank sends the hash
+      StagingBuffer at;
+      std::shared_ptr<Work> work;
+    };
+    std::vector<Sum> sums;
+    for (size_t k = 0; k < rounds.size(); ++k)
+      for (size_t i : rounds[k].transfers) {
+        const Transfer& x = plan.transfers[i];
+        if (x.after < 0) continue;
+        if (x.to != rank && holder(i) != rank) continue;
+        Sum sum{i, nullptr, StagingBuffer(), nullptr};
+        if (x.to == rank)
+          for (auto& m : all)
+            if (m.transfer == i) sum.received = &m;
+        sums.push_back(std::move(sum));
+      }
+    if (sums.empty()) return Status();
+    // A failure settles these moves too before their memory goes.
+    auto fail_sums = [&](Move& at, Status s) {
+      Status out = fail(at, std::move(s));
+      for (auto& sum : sums)
+        if (sum.work && ((sum.work->wait(Clock::now() + kSettleTimeout).code() == Code::kTimeout) || !sum.work->settled()))
+          sum.at.abandon();
+      return out;
+    };
+    for (auto& sum : sums) {
+      Move& at = sum.received ? *sum.received : all.front();
+      if (Status s = allocate(sum.at, sizeof(uint64_t)); !s.ok()) return fail(at, s);
+      if (sum.received) continue;
+      const uint64_t hash = hash_of.count(chain_start(plan, sum.transfer)) ? hash_of[chain_start(plan, sum.transfer)] : 0;
+      if (Status s = mem.copy(sum.at.data(), &hash, sizeof hash); !s.ok()) return fail(at, s.with_context("checksum"));
+    }
+    {
+      OpenMoves group(comm);
+      for (auto& sum : sums) {
+        const Transfer& x = plan.transfers[sum.transfer];
+        const uint32_t tag = static_cast<uint32_t>(sum.transfer) | kChecksumTag;
+        sum.work = sum.received ? comm.recv(sum.at.data(), sizeof(uint64_t), holder(sum.transfer), tag)
+                                : comm.send(sum.at.data(), sizeof(uint64_t), x.to, tag);
+      }
+      if (Status s = group.end(); !s.ok()) return fail_sums(all.front(), s);
+    }
+    for (auto& sum : sums)
+      if (Status s = sum.work->wait(deadline); !s.ok())
+        return fail_sums(sum.received ? *sum.received : all.front(),
+                    s.with_context("the hash of a forwarded piece from the rank that holds it"));
+    for (auto& sum : sums) {
+      if (!sum.received) continue;
+      uint64_t want = 0;
+      if (Status s = mem.copy(&want, sum.at.data(), sizeof want); !s.ok())
+        return fail(*sum.received, s.with_context("checksum"));
+      const Transfer& x = plan.transfers[sum.transfer];
+      if (sum.received->digest != want)
+        return fail(*sum.received,
+                    data_corrupt(std::to_string(x.bytes) + " bytes landed with " + checksum_name(kPieceChecksum) + " " +
+                                 digest_hex(sum.received->digest) + " as rank " + std::to_string(x.from) +
+                                 " forwarded them; rank " + std::to_string(holder(sum.transfer)) +
+                                 ", which holds them, sent " + digest_hex(want)));
+    }
+    return Status();
+  };
+
   auto run = [&]() -> Status {
     std::vector<DeviceMemory::CopyOp> ops;
     for (size_t begin = 0; begin < all.size();) {
@@ -169,6 +250,7 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
           auto sum = mem.checksum(m.source, x.bytes, kPieceChecksum);
           Status s = sum.ok() ? mem.copy(m.sum.data(), &*sum, sizeof(uint64_t)) : sum.status();
           if (!s.ok()) return fail(m, s.with_context("checksum"));
+          m.digest = *sum;
         }
       // 2. The round's moves, one group.
       OpenMoves group(comm);
@@ -205,6 +287,7 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
           if (*got != want)
             return fail(m, data_corrupt(std::to_string(x.bytes) + " bytes arrived with " + checksum_name(kPieceChecksum) +
                                         " " + digest_hex(*got) + ", the sender's " + digest_hex(want)));
+          m.digest = *got;
         }
         stats.wire_received += x.bytes;
         if (options.received) *options.received += x.bytes;
@@ -232,6 +315,8 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
       }
       begin = end;
     }
+    if (options.checksums)
+      if (Status s = holders_hashes(); !s.ok()) return s;
     if (options.stats) *options.stats = stats;
     return Status();
   };

@@ -40,8 +40,8 @@
 // each round's moves one group (Communicator::begin_moves: NCCL launches a
 // rank's moves one at a time otherwise), a round's packing one batch of the
 // memory's copies, checksums xxh64-blocks where the bytes are; dense only.
-// There a forward's checksum is still its forwarder's: this path is not yet
-// what publishers and engines run (they run the host path above).
+// A forward's bytes are checked, as on the host path, against the hash of
+// the rank that holds them (one last group after the rounds).
 //
 // Thread-safety: one call at a time per communicator.
 #pragma once

@@ -294,6 +294,18 @@ TEST(ReshardExecTest, AForwarderThatChangesAPieceIsCaughtByItsHoldersHash) {
   expect_caught(job, {"as rank 2 forwarded them; rank ", ", which holds them, sent xxh64 "});
 }
 
+// The same round by round (the device path's logic, over a host memory and
+// Gloo): the holder's hash comes in one last group after the rounds.
+// (Before, a forward's checksum there was its forwarder's, and the changed
+// bytes were taken.)
+TEST(ReshardExecTest, RoundByRoundAForwarderThatChangesAPieceIsCaughtByItsHoldersHash) {
+  Job job{"megatron", 2, 2, 2};
+  job.memory = "cpu";
+  job.checksums = true;
+  job.forge_rank = 2;
+  expect_caught(job, {"as rank 2 forwarded them; rank ", ", which holds them, sent "});
+}
+
 // The same over NCCL with the buffers on the GPU (tests/gpu/run.sh's
 // reshard_nccl stage): ncclSend/ncclRecv in groups, packing by the gather
 // kernel, checksums on the device.

@@ -20,6 +20,7 @@
 #include <memory>
 
 #include "common/cli.h"
+#include "common/data/bucket_checksum.h"
 #include "common/data/communicator.h"
 #include "common/data/device_memory.h"
 #include "common/data/file_store.h"
@@ -35,11 +36,13 @@ namespace {
 // leaves with one byte flipped, as a bad link or a hostile sender would send
 // it; its checksum is the true one. --forge-rank R: the same, and any
 // checksum R sends for that piece is the flipped bytes' (a hostile member
-// that changes a piece it forwards and vouches for it). Wraps the real
+// that changes a piece it forwards and vouches for it), in the checksum the
+// run uses (xxh64; xxh64-blocks round by round). Wraps the real
 // communicator.
 class FlipFirstPiece : public Communicator {
  public:
-  FlipFirstPiece(std::unique_ptr<Communicator> real, bool forge) : real_(std::move(real)), forge_(forge) {}
+  FlipFirstPiece(std::unique_ptr<Communicator> real, bool forge, Checksum kind)
+      : real_(std::move(real)), forge_(forge), kind_(kind) {}
   std::shared_ptr<Work> broadcast(void* data, size_t bytes, int root) override {
     return real_->broadcast(data, bytes, root);
   }
@@ -51,7 +54,7 @@ class FlipFirstPiece : public Communicator {
     tag_ = tag;
     copy_.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
     copy_[bytes / 2] ^= 0x10;
-    forged_ = xxh64(copy_.data(), copy_.size());
+    forged_ = host_checksum(kind_, copy_.data(), copy_.size());
     return real_->send(copy_.data(), bytes, peer, tag);
   }
   std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag) override {
@@ -68,6 +71,7 @@ class FlipFirstPiece : public Communicator {
  private:
   std::unique_ptr<Communicator> real_;
   const bool forge_;
+  const Checksum kind_;
   bool flipped_ = false;
   uint32_t tag_ = 0;
   uint64_t forged_ = 0;
@@ -309,7 +313,8 @@ int main(int argc, char** argv) {
   }
   if (f.get("corrupt-rank") == std::to_string(g.rank) || f.get("forge-rank") == std::to_string(g.rank))
     comm = std::unique_ptr<Communicator>(
-        new FlipFirstPiece(std::move(comm.value()), f.get("forge-rank") == std::to_string(g.rank)));
+        new FlipFirstPiece(std::move(comm.value()), f.get("forge-rank") == std::to_string(g.rank),
+                           memory == "host" ? Checksum::kXxh64 : Checksum::kXxh64Blocks));
   // Every rank formed before any moves: a rank whose transfers end early
   // must not leave while another still connects its pair to it (the mesh is
   // full). Each tells rank 0, which then releases them all.
