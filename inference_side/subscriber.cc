@@ -69,7 +69,8 @@ SubscriberImpl::SubscriberImpl(const Config& cfg, std::string id, bool source)
     : cfg_(cfg),
       id_(std::move(id)),
       source_(source),
-      device_(source ? Device{} : resolve_device_or_keep(cfg.device_for_worker(id_))),  // a GPU named by UUID
+      // A trainer rank's device is its shards' (publisher.device); a GPU may be named by UUID.
+      device_(resolve_device_or_keep(source ? cfg.publisher.device : cfg.device_for_worker(id_))),
       client_(std::make_unique<control::ControlClient>(client_options(cfg_, id_, device_, false, source), this)),
       group_(std::make_unique<group::GroupMember>(id_, *client_)),
       faults_(transfer::FaultInjection::from_env()),
@@ -115,6 +116,11 @@ Status SubscriberImpl::start() {
   auto mem = create_device_memory(device_);
   if (!mem.ok()) return mem.status();
   mem_ = std::move(mem.value());
+  if (source_ && device_.is_cuda()) {
+    auto own = create_device_memory(device_);
+    if (!own.ok()) return own.status();
+    publish_mem_ = std::move(own.value());
+  }
   receiver_ = std::make_unique<transfer::BucketReceiver>(mem_.get(), device_, faults_);
   auto auth = control::client_auth(cfg_.auth, id_);
   if (!auth.ok()) return auth.status();

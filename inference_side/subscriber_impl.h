@@ -45,7 +45,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   ~SubscriberImpl() override;
 
   Status register_tensor(const TensorView& destination);
-  // A trainer rank's part of the next sharded update: sends Holdings.
+  // A trainer rank's part of the next sharded update: sends Holdings. On a
+  // GPU it first waits for the device's legacy default stream (the
+  // caller's writes there, or on any blocking stream).
   Status publish(const std::vector<ShardView>& shards, uint64_t step);
   // This rank cannot publish its part of `step`: tells rank 0 why (it
   // refuses the update at once, naming this rank), and returns `why`.
@@ -147,6 +149,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::unique_ptr<control::ControlClient> client_;
   std::unique_ptr<group::GroupMember> group_;
   std::unique_ptr<DeviceMemory> mem_;                   // data thread only
+  std::unique_ptr<DeviceMemory> publish_mem_;           // a trainer rank on a GPU: publish()'s (its caller's thread)
   std::unique_ptr<transfer::BucketReceiver> receiver_;  // data thread only
   // The last version of the tensors handed to the callback, kept to apply
   // deltas onto (subscriber.delta_baseline: host); data thread only, its

@@ -4,7 +4,9 @@
 // buffer (or, for tensors handed to its callback, into a host buffer of the
 // tensor, handed over once every piece landed). Every rank derives the same
 // transfers from the plan (common/reshard/sharded_update.h); each piece's
-// xxh64 travels after it and is checked before it counts.
+// checksum travels after it and is checked before it counts. On a GPU (the
+// NCCL plane) the moves go round by round over the device's memory, dense,
+// into registered buffers only.
 #include <cstring>
 #include <set>
 
@@ -23,8 +25,10 @@ reshard::Region box_of(const ShardView& s, const std::vector<int64_t>& full) {
   return {s.offsets.empty() ? std::vector<int64_t>(full.size(), 0) : s.offsets, s.local.spec.shape};
 }
 // Holdings and Wants alike: the full spec of each shard's tensor and the box held or wanted;
-// with `digests` (Holdings, checksums on), each box's xxh64, for the publisher to compare replicas.
-void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Builder h, bool digests = false) {
+// with `digests` (Holdings, checksums on; one per shard, empty boxes aside), each box's
+// holding_digest, for the publisher to compare replicas.
+void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Builder h,
+                     const std::map<size_t, uint64_t>& digests = {}) {
   auto tensors = h.initTensors(static_cast<unsigned>(shards.size()));
   auto holds = h.initHolds(static_cast<unsigned>(shards.size()));
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -44,8 +48,8 @@ void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Buil
     for (size_t d = 0; d < box.offsets.size(); ++d) off.set(static_cast<unsigned>(d), box.offsets[d]);
     auto len = r.initLengths(static_cast<unsigned>(box.lengths.size()));
     for (size_t d = 0; d < box.lengths.size(); ++d) len.set(static_cast<unsigned>(d), box.lengths[d]);
-    if (digests && s.local.data && !box.empty()) {
-      r.setDigest(xxh64(s.local.data, static_cast<size_t>(box.elements() * dtype_size(s.local.spec.dtype))));
+    if (auto d = digests.find(i); d != digests.end()) {
+      r.setDigest(d->second);
       r.setDigested(true);
     }
   }
@@ -73,13 +77,33 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
   for (const auto& s : shards) {
     const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
     const reshard::Region box = box_of(s, full);
-    if (s.local.device.is_cuda())
-      return publish_refused(invalid_argument("shard of '" + s.local.spec.name + "': sharded updates move host memory (Gloo)"), step);
+    if (s.local.device != device_)
+      return publish_refused(invalid_argument("shard of '" + s.local.spec.name + "' is on " + s.local.device.to_string() +
+                                              ", not on publisher.device " + device_.to_string()),
+                             step);
     if (!box.inside(full))
       return publish_refused(invalid_argument("shard of '" + s.local.spec.name + "' " + box.to_string() + " is not inside its shape"), step);
     if (!box.empty() && !s.local.data)
       return publish_refused(invalid_argument("shard of '" + s.local.spec.name + "' has no data"), step);
   }
+  // On a GPU, the caller's writes come first (digests and moves read the shards).
+  if (publish_mem_) {
+    Status s = publish_mem_->order_after(nullptr);
+    if (s.ok()) s = publish_mem_->synchronize();
+    if (!s.ok()) return publish_refused(s.with_context("waiting for the caller's writes on " + device_.to_string()), step);
+  }
+  std::map<size_t, uint64_t> digests;
+  if (cfg_.data_plane.checksum != Checksum::kNone)
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const ShardView& s = shards[i];
+      const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
+      const reshard::Region box = box_of(s, full);
+      if (box.empty()) continue;
+      auto d = reshard::holding_digest(s.local.data, static_cast<uint64_t>(box.elements()) * dtype_size(s.local.spec.dtype),
+                                       s.local.device, publish_mem_.get());
+      if (!d.ok()) return publish_refused(d.status().with_context("shard of '" + s.local.spec.name + "'"), step);
+      digests[i] = *d;
+    }
   uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
@@ -91,7 +115,7 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
     auto h = b.initHoldings();
     h.setSeq(seq);
     h.setStep(step);
-    shards_to_proto(shards, h, cfg_.data_plane.checksum != Checksum::kNone);
+    shards_to_proto(shards, h, digests);
   }));
   return Status();
 }
@@ -106,8 +130,9 @@ Status SubscriberImpl::register_slice(const ShardView& slice) {
     return invalid_argument("slice of '" + local.name + "' " + box.to_string() + " is not inside its shape " +
                             full.shape_string());
   if (!box.empty() && !slice.local.data) return invalid_argument("slice of '" + local.name + "' has no data pointer");
-  if (slice.local.device.is_cuda() || device_.is_cuda())
-    return invalid_argument("slice of '" + local.name + "': slices land in host memory (sharded updates move over Gloo)");
+  if (slice.local.device != device_)
+    return invalid_argument("slice of '" + local.name + "' is on " + slice.local.device.to_string() + " but worker '" +
+                            id_ + "' receives on " + device_.to_string());
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     registry_.erase(local.name);  // a name is whole or a slice, the last registration wins
@@ -167,8 +192,8 @@ void SubscriberImpl::end_publish(uint64_t seq, bool ran) {
 }
 
 // A trainer rank takes sharded plans only, and only with its own holdings in
-// them; an engine checks the tensors as for any plan, needs host memory, and
-// must be planned exactly the slices it registered (else a piece would not
+// them; an engine checks the tensors as for any plan (on a GPU: registered
+// buffers only, no callback), and must be planned exactly the slices it registered (else a piece would not
 // fit its buffer): its rank's wants in the plan, region by region.
 std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
   std::vector<Mismatch> out;
@@ -225,10 +250,15 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
     }
     return out;
   }
-  if (device_.is_cuda())
-    out.push_back({Mismatch::Kind::kDevice, "<plan>", "host memory (sharded updates move over Gloo)",
-                   device_.to_string()});
   std::lock_guard<std::mutex> lock(reg_mu_);
+  // On a GPU every piece lands in place: the callback's tensors are
+  // assembled in host memory, which a sharded update on NCCL never writes.
+  if (device_.is_cuda())
+    for (const auto& t : plan.tensors)
+      if (!registry_.count(t.name) && !slices_.count(t.name))
+        out.push_back({Mismatch::Kind::kDevice, t.name,
+                       "a buffer registered on " + device_.to_string() + " (a sharded update on a GPU lands in place)",
+                       "the tensor callback"});
   // The names and full shapes as for any plan (a slice stands for its tensor).
   auto registry = registry_;
   for (const auto& [name, s] : slices_)
@@ -384,8 +414,10 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   run.delta_base = plan.delta_base;
   run.version = plan.version;
   run.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
-  // A trainer rank keeps the pieces it sends (publisher.delta, as rank 0).
-  run.sent = source_ && cfg_.publisher.delta != DeltaMode::kOff ? &sent_ : nullptr;
+  // On a GPU: round by round over the device's memory, dense.
+  run.memory = reshard::run_memory(*comm, mem_.get());
+  // A trainer rank keeps the pieces it sends (publisher.delta, as rank 0), in host memory.
+  run.sent = source_ && cfg_.publisher.delta != DeltaMode::kOff && !run.memory ? &sent_ : nullptr;
   run.staging_limit = 2 * cfg_.data_plane.bucket_bytes;  // a trainer rank's packed pieces and encodings
   bool unsettled = false;
   run.unsettled = &unsettled;

@@ -75,8 +75,15 @@ class Verifier {
         v.offsets[static_cast<size_t>(cut.dim)] = cut.start;
       }
       const uint64_t n = v.local.spec.nbytes().value();
-      slices_.emplace_back(n);
-      v.local.data = slices_.back().data();
+      if (device_.is_cuda() && n) {  // in the device's memory
+        auto p = mem_->allocate(n);
+        if (!p.ok()) return p.status();
+        buffers_.emplace_back(mem_.get(), *p, n);
+        v.local.data = *p;
+      } else {
+        slices_.emplace_back(n);
+        v.local.data = slices_.back().data();
+      }
       v.local.device = device_;
       PC_RETURN_IF_ERROR(s.register_slice(v));
       views_.push_back(v);
@@ -172,8 +179,17 @@ class Verifier {
     const int64_t rows = full.shape.size() == 2 ? v.local.spec.shape[0] : 1;
     const int64_t c0 = full.shape.size() == 2 ? v.offsets[1] : 0, r0 = full.shape.empty() ? 0 : v.offsets[0];
     const uint64_t run = static_cast<uint64_t>(full.shape.size() == 2 ? v.local.spec.shape[1] : v.local.spec.shape.empty() ? 1 : v.local.spec.shape[0]) * elem;
-    std::vector<uint8_t> want(run);
+    std::vector<uint8_t> want(run), on_host;
     const uint8_t* got = static_cast<const uint8_t*>(v.local.data);
+    if (device_.is_cuda() && got) {
+      on_host.resize(static_cast<size_t>(v.local.spec.nbytes().value()));
+      std::lock_guard<std::mutex> lock(mu_);  // mem_ is shared with check()
+      if (Status s = mem_->copy(on_host.data(), got, on_host.size()); !s.ok()) {
+        bad_.push_back(full.name + " slice could not be read back: " + s.message());
+        return;
+      }
+      got = on_host.data();
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const uint64_t at = (static_cast<uint64_t>(r0 + r) * static_cast<uint64_t>(cols) + static_cast<uint64_t>(c0)) * elem;
       fill_synthetic_range(full, job_.seed, version, want.data(), at, run, job_.changes);

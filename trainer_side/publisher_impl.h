@@ -197,7 +197,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   // meanwhile).
   void end_unplanned(uint64_t version, bool reserved, const Status& why);
   Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
-                      const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r);
+                      const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, void* after_stream,
+                      UpdateResult& r);
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }
   std::string silence() const;

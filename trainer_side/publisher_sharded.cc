@@ -265,8 +265,8 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (std::string why =
           point_to_point_unavailable_reason(cfg_.data_plane.backend, cfg_.data_plane.local, cfg_.publisher.device);
       !why.empty()) {
-    std::string says = "weight_update_sharded moves point to point (data_plane.backend: gloo, or shm in host "
-                       "memory): ";
+    std::string says = "weight_update_sharded moves point to point (data_plane.backend: gloo or shm in host "
+                       "memory, nccl in a GPU's): ";
     says += why;
     r.status = unavailable(says);
     return done(r);
@@ -288,7 +288,13 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   }
   const std::vector<ShardView>& sent = rules.empty() ? shards : wire.views;
   r.tensors = sent.size();
-  // This rank's own shards: host memory, each a box inside its tensor.
+  // This rank's own shards: on the publisher's device, each a box inside
+  // its tensor. On a GPU, digests and moves come after the caller's stream.
+  if (cfg_.publisher.device.is_cuda())
+    if (Status s = mem_->order_after(options.after_stream); !s.ok()) {
+      r.status = s.with_context("weight_update_sharded: ordering after the caller's stream");
+      return done(r);
+    }
   std::vector<TensorSpec> own_specs;
   std::vector<std::pair<uint32_t, reshard::Region>> own_holds;
   std::map<size_t, uint64_t> own_digests;  // with checksums: each box's xxh64, compared with its replicas'
@@ -299,7 +305,8 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     reshard::Region box{s.offsets.empty() ? std::vector<int64_t>(full.shape.size(), 0) : s.offsets,
                         s.local.spec.shape};
     std::string bad;
-    if (s.local.device != cfg_.publisher.device || s.local.device.is_cuda()) bad = "is not in host memory";
+    if (s.local.device != cfg_.publisher.device)
+      bad = "is on " + s.local.device.to_string() + ", not on publisher.device " + cfg_.publisher.device.to_string();
     else if (!box.inside(full.shape)) bad = box.to_string() + " is not inside its shape " + spec_text(full);
     else if (!box.empty() && !s.local.data) bad = "has no data pointer";
     if (!bad.empty()) {
@@ -307,8 +314,15 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
       return done(r);
     }
     own_specs.push_back(full);
-    if (cfg_.data_plane.checksum != Checksum::kNone && !box.empty())
-      own_digests[own_holds.size()] = xxh64(s.local.data, static_cast<size_t>(box.elements() * dtype_size(full.dtype)));
+    if (cfg_.data_plane.checksum != Checksum::kNone && !box.empty()) {
+      auto digest = reshard::holding_digest(s.local.data, static_cast<uint64_t>(box.elements()) * dtype_size(full.dtype),
+                                            s.local.device, mem_.get());
+      if (!digest.ok()) {
+        r.status = digest.status().with_context("shard of '" + s.local.spec.name + "'");
+        return done(r);
+      }
+      own_digests[own_holds.size()] = *digest;
+    }
     own_holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
   }
   // The step this call publishes; every trainer rank's call of the same
@@ -450,7 +464,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (!moves.ok()) return refuse(moves.status().with_context("refused before any byte moved"));
   decide_sharded_delta(*plan, group, r);
   if (plan_round(*plan, r)) {
-    Status data = move_sharded(*plan, *moves, sent, own_holds, r);
+    Status data = move_sharded(*plan, *moves, sent, own_holds, options.after_stream, r);
     collect_applied(*plan, data, r);
     // What crossed the data plane: every engine's received bytes (its
     // encodings, in a delta), as each reported them.
@@ -477,6 +491,12 @@ void PublisherImpl::decide_sharded_delta(UpdatePlan& plan, const std::vector<std
   plan.delta_base = 0;
   baseline_fresh_ = false;
   if (cfg_.publisher.delta == DeltaMode::kOff) return;
+  if (cfg_.publisher.device.is_cuda()) {
+    // The pieces of a sharded update on a GPU move round by round over NCCL,
+    // dense (common/reshard/executor.h); no rank keeps a baseline there.
+    r.dense_because = "a sharded update on " + cfg_.publisher.device.to_string() + " moves dense";
+    return;
+  }
   uint64_t base = 0;
   std::string why;
   {
@@ -502,7 +522,8 @@ void PublisherImpl::decide_sharded_delta(UpdatePlan& plan, const std::vector<std
 // Rank 0's transfers of a sharded update (its shards to the engines).
 Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves,
                                    const std::vector<ShardView>& shards,
-                                   const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, UpdateResult& r) {
+                                   const std::vector<std::pair<uint32_t, reshard::Region>>& boxes,
+                                   void* after_stream, UpdateResult& r) {
   MoveState m = start_move();
   reshard::RankBuffers buffers;
   buffers.find = [&](const TensorSpec& t, const reshard::Region& region) -> reshard::LocalBuffer {
@@ -516,11 +537,16 @@ Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::Sharde
   run.delta_base = plan.delta_base;
   run.version = plan.version;
   run.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
-  run.sent = cfg_.publisher.delta != DeltaMode::kOff ? &sent_ : nullptr;
   run.staging_limit = 2 * cfg_.data_plane.bucket_bytes;  // packed pieces and encodings: two buckets at a time
+  // On a GPU: round by round over the device's memory, dense, the moves
+  // after the caller's stream (the memory's copies are ordered already).
+  run.memory = reshard::run_memory(*comm_, mem_.get());
+  run.sent = cfg_.publisher.delta != DeltaMode::kOff && !run.memory ? &sent_ : nullptr;
+  Status data;
+  if (run.memory) data = comm_->order_after(after_stream);
   reshard::RunOptions::Stats stats;
   run.stats = &stats;
-  Status data = reshard::run_reshard(moves.plan, moves.rounds, 0, *comm_, buffers, cap_, run);
+  if (data.ok()) data = reshard::run_reshard(moves.plan, moves.rounds, 0, *comm_, buffers, cap_, run);
   m.sent = stats.wire_sent;
   r.delta = plan.delta_base != 0;
   return end_move(plan, m, data);

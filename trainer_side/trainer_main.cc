@@ -166,11 +166,21 @@ class SyntheticModel {
 
 // One trainer rank's rows of the synthetic model (a many-sender job): host
 // buffers of its rows only, refilled from the generator's byte ranges, so no
-// rank ever holds a row it does not send.
+// rank ever holds a row it does not send. On a GPU (publisher.device) the
+// rows it sends are in the device's memory, copied from the host rows at
+// each step.
 class ShardedModel {
  public:
   ShardedModel(const Config& config, int rank)
       : job_(config.trainer), specs_(synthetic_llm_layout(job_.model_bytes, job_.layers, job_.dtype)) {
+    if (config.publisher.device.is_cuda()) {
+      auto mem = create_device_memory(config.publisher.device);
+      if (!mem.ok()) {
+        status_ = mem.status();
+        return;
+      }
+      mem_ = std::move(mem.value());
+    }
     for (const auto& s : specs_) {
       const int64_t rows = s.shape.empty() ? 1 : s.shape[0];
       auto [first, count] = synthetic_shard_rows(rows, rank, config.publisher.ranks);
@@ -185,13 +195,30 @@ class ShardedModel {
       offset_.push_back(row_bytes * static_cast<uint64_t>(first));
       bytes_.emplace_back(row_bytes * static_cast<uint64_t>(count));
       v.local.data = bytes_.back().data();
+      if (mem_ && !bytes_.back().empty()) {
+        auto p = mem_->allocate(bytes_.back().size());
+        if (!p.ok()) {
+          status_ = p.status();
+          return;
+        }
+        device_rows_.emplace_back(mem_.get(), *p, bytes_.back().size());
+        v.local.data = *p;
+        v.local.device = config.publisher.device;
+      } else if (mem_) {
+        v.local.data = nullptr;
+        v.local.device = config.publisher.device;
+      }
       total_ += bytes_.back().size();
       shards_.push_back(std::move(v));
     }
   }
-  void step(uint64_t version) {
-    for (size_t i = 0; i < specs_.size(); ++i)
+  Status status() const { return status_; }
+  Status step(uint64_t version) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
       fill_synthetic_range(specs_[i], job_.seed, version, bytes_[i].data(), offset_[i], bytes_[i].size(), job_.changes);
+      if (mem_ && !bytes_[i].empty()) PC_RETURN_IF_ERROR(mem_->copy(shards_[i].local.data, bytes_[i].data(), bytes_[i].size()));
+    }
+    return mem_ ? mem_->synchronize() : Status();
   }
   const std::vector<ShardView>& shards() const { return shards_; }
   uint64_t total() const { return total_; }
@@ -199,6 +226,9 @@ class ShardedModel {
  private:
   const TrainerJobOptions job_;
   const std::vector<TensorSpec> specs_;
+  Status status_;
+  std::unique_ptr<DeviceMemory> mem_;
+  std::vector<StagingBuffer> device_rows_;  // after mem_: released before it
   std::vector<std::vector<uint8_t>> bytes_;
   std::vector<uint64_t> offset_;
   std::vector<ShardView> shards_;
@@ -308,7 +338,11 @@ int fail(const Status& s) {
 Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Config& config) {
   Totals t;
   for (int u = 1; u <= config.trainer.updates; ++u) {
-    model.step(static_cast<uint64_t>(u));
+    if (Status s = model.step(static_cast<uint64_t>(u)); !s.ok()) {
+      ++t.failures;
+      print_line("update v%d FAILED: %s\n", u, s.to_string().c_str());
+      continue;
+    }
     UpdateOptions options;
     options.version = static_cast<uint64_t>(u);
     UpdateResult r = publisher.weight_update_sharded(model.shards(), options);
@@ -339,14 +373,15 @@ int run_rank(const Config& config, int rank) {
   if (!r.ok()) return fail(r.status());
   PublisherRank& me = *r.value();
   ShardedModel model(config, rank);
-  model.step(1);  // its rows are resident from here on
+  if (Status s = model.status(); !s.ok()) return fail(s);
+  if (Status s = model.step(1); !s.ok()) return fail(s);  // its rows are resident from here on
   const uint64_t resident = resident_memory().first;
   print_line("paramcast-trainer: trainer rank %d of %d (%s), %s of the model\n", rank, config.publisher.ranks,
              me.id().c_str(), format_bytes(model.total()).c_str());
   if (Status s = me.start(); !s.ok()) return fail(s);
   int failures = 0;
   for (int u = 1; u <= config.trainer.updates; ++u) {
-    model.step(static_cast<uint64_t>(u));
+    if (Status s = model.step(static_cast<uint64_t>(u)); !s.ok()) return fail(s);
     UpdateResult res = me.weight_update(model.shards(), static_cast<uint64_t>(u));  // rank 0 publishes version u
     if (res.ok()) {
       print_line("%s: v%llu sent\n", me.id().c_str(), static_cast<unsigned long long>(res.version));
@@ -403,6 +438,7 @@ int main(int argc, char** argv) {
 
   if (config.publisher.ranks > 1) {
     ShardedModel shard(config, 0);
+    if (Status s = shard.status(); !s.ok()) return fail(s);
     print_line("paramcast-trainer: trainer rank 0 of %d, %s of the model\n", config.publisher.ranks,
                format_bytes(shard.total()).c_str());
     if (Status started = publisher.start(); !started.ok()) return fail(started);

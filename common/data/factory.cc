@@ -90,12 +90,11 @@ std::string point_to_point_unavailable_reason(Backend backend, bool local, const
     }
     return "";
   }
-  // NCCL moves point to point (ncclSend/ncclRecv groups) and the many-sender
-  // executor runs over device memory (RunOptions::memory), but neither has
-  // run on a GPU yet (tests/gpu/run.sh: nccl_suite, reshard_nccl), and the
-  // publisher and engines do not hand the executor their device memory.
-  return "a many-sender update does not run on the NCCL plane yet: its point-to-point moves are built but wait "
-         "for their first run on a GPU";
+  // NCCL: ncclSend/ncclRecv groups over a GPU's memory, round by round
+  // (common/reshard/device_executor.cc).
+  if (!device.is_cuda())
+    return "the nccl plane moves a GPU's memory; this rank's device is " + device.to_string();
+  return "";
 }
 
 }  // namespace paramcast

@@ -503,4 +503,10 @@ Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, in
   }
 }
 
+StatusOr<uint64_t> holding_digest(const void* data, uint64_t bytes, const Device& device, DeviceMemory* memory) {
+  if (!device.is_cuda()) return xxh64(data, static_cast<size_t>(bytes));
+  if (!memory) return internal_error("the digest of a region on " + device.to_string() + " needs that device's memory");
+  return memory->checksum(data, static_cast<size_t>(bytes), Checksum::kXxh64Blocks);
+}
+
 }  // namespace paramcast::reshard

@@ -129,6 +129,20 @@ inline constexpr uint32_t kHeaderTag = 0x40000000u;
 Status run_reshard(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
                    const RankBuffers& buffers, Deadline deadline, const RunOptions& options = {});
 
+// The memory a rank runs its part of a sharded update over: `device`'s
+// (round by round) when its group moves device memory (NCCL), else none
+// (host memory, every move posted at once). Every rank of a plan derives it
+// from the same group, so all run the same way.
+inline DeviceMemory* run_memory(const Communicator& comm, DeviceMemory* device) {
+  return comm.device().is_cuda() ? device : nullptr;
+}
+
+// The digest of a region a trainer rank holds, which rank 0 compares between
+// the ranks that hold the same region (replicas): xxh64 of host bytes, or
+// xxh64-blocks where the bytes are when `memory` is a GPU's (every trainer
+// rank of a group holds its shards in the same kind of memory).
+StatusOr<uint64_t> holding_digest(const void* data, uint64_t bytes, const Device& device, DeviceMemory* memory);
+
 namespace detail {
 // The rank's buffer that holds or receives the region of `x`, or an error
 // naming the tensor and the region (both executors).

@@ -53,7 +53,7 @@ class BucketSender {
     std::function<void(size_t bucket, const delta::Header&)> on_delta;
   };
   // What the last send() put on the wire (encodings included), and how many
-  // of its buckets went as deltas.
+  // of its buckets went as deltas (encoded against the baseline, or unchanged).
   uint64_t wire_bytes() const { return wire_bytes_; }
   size_t delta_buckets() const { return delta_buckets_; }
 

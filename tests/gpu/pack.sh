@@ -23,7 +23,8 @@ pack="${1:-$root/build-gpu/pack}"
 build="${2:-$root/build-gpu}"
 limit=$((64 * 1024 * 1024))
 targets=(data_pieces_test cuda_memory_test communicator_test dataplane_rank bucket_pipeline_test transfer_rank
-         reshard_exec_test reshard_rank paramcast-bench paramcast-gpu-bench)
+         reshard_exec_test reshard_rank sharded_nccl_test paramcast-trainer paramcast-worker paramcast-bench
+         paramcast-gpu-bench)
 
 if [ "${PACK_NO_BUILD:-0}" != 1 ]; then  # PACK_NO_BUILD=1: pack an existing build (tests/gpu/pack_test.sh)
   bash "$root/deploy/build.sh" "$build" -DPARAMCAST_WITH_NCCL=ON -DCMAKE_BUILD_TYPE=Release \

@@ -16,6 +16,8 @@
 #   nccl_suite    data-plane conformance on NCCL, 8 ranks (NCCL_DEBUG=INFO),
 #                 point to point on 6 (ncclSend/ncclRecv groups, a killed rank)
 #   reshard_nccl  the many-sender plan over NCCL, buffers on the GPU
+#   sharded_nccl  many-sender updates end to end: trainer ranks and engines
+#                 as processes, rows and slices on the GPU, over NCCL
 #   gpu_bench     memcpy vs pack/unpack, xxh64-blocks rate, per-bucket overhead
 #   bench_nccl_*  weight_update vs raw ncclBroadcast, separate and arena layouts
 #   python        the Python package built for this machine's python3 and
@@ -81,7 +83,7 @@ echo "== pack $pack; NCCL from ${nccl_dir:-nowhere (NCCL stages will fail)}; log
 
 summary=()
 failed=0
-known="gpu_info data_pieces cuda_memory fp8_bench gloo_suite nccl_suite reshard_nccl shm_cuda gpu_bench bench_nccl_separate bench_nccl_arena python"
+known="gpu_info data_pieces cuda_memory fp8_bench gloo_suite nccl_suite reshard_nccl sharded_nccl shm_cuda gpu_bench bench_nccl_separate bench_nccl_arena python"
 for name in ${STAGES:-}; do
   if [[ " $known " != *" $name "* ]]; then echo "run.sh: STAGES names '$name'; the stages are: $known" >&2; exit 2; fi
 done
@@ -127,6 +129,9 @@ stage nccl_suite 180 "$bin/communicator_test" --gtest_filter='*/nccl' --gtest_re
 # The many-sender plan over NCCL: trainer and engine ranks as processes, the
 # buffers on the GPU, round by round (ncclSend/ncclRecv groups).
 stage reshard_nccl 120 "$bin/reshard_exec_test" --gtest_filter='ReshardExecTest.OnNccl*'
+# Many-sender updates end to end: paramcast-trainer ranks with their rows on
+# the GPU, paramcast-worker engines (whole tensors, TP slices) over NCCL.
+stage sharded_nccl 300 "$bin/sharded_nccl_test"
 # The shm plane on CUDA memory: engines on the trainer's GPU through CUDA IPC.
 stage shm_cuda 90 "$bin/communicator_test" --gtest_filter='ShmOnCudaTest.*:*/shm'
 stage gpu_bench 60 "$bin/paramcast-gpu-bench" --size 256MiB --repeats 10 --json "$out/gpu_bench.json"

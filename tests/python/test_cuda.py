@@ -147,8 +147,8 @@ def test_engines_on_the_trainers_gpu_get_the_bytes_through_cuda_ipc():
     engine through CUDA IPC; an in-place and a fused engine on the same GPU are bit-exact."""
     share_one_gpu("trainer")
     model = tinymodel.TinyLM(0, torch.float32).to(DEVICE)
-    cfg = cuda_config(config_dict(subscribers=2), DEVICE, side="publisher")
-    cfg["data_plane"]["backend"] = "shm"
+    cfg = cuda_config(cuda_config(config_dict(subscribers=2), DEVICE, side="publisher"), DEVICE)
+    cfg["data_plane"]["backend"] = "shm"  # every device cuda (a mixed shm plane is refused)
     pub = paramcast.Publisher(cfg)
     engines = []
     try:

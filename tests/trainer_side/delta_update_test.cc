@@ -57,9 +57,10 @@ TEST_F(DeltaUpdateTest, DeltasAreBitExactInBothModesAndAFractionOfTheBytes) {
     EXPECT_LT(r.wire_bytes, r.bytes / 10) << "v" << v << ": " << r.wire_bytes << " wire bytes of " << r.bytes;
     expect_holds(t, v);
   }
-  // Nothing changed: a few bytes at most cross the wire.
+  // Nothing changed: a delta that moves nothing (every bucket unchanged).
   r = pub_->weight_update(t.views());
   ASSERT_TRUE(r.ok()) << r.status.to_string();
+  EXPECT_TRUE(r.delta) << r.dense_because;
   EXPECT_EQ(r.wire_bytes, 0u);
   expect_holds(t, 7);
   // Everything changed: every bucket goes dense by itself, still right.
