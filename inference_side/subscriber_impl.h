@@ -46,9 +46,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
 
   Status register_tensor(const TensorView& destination);
   // A trainer rank's part of the next sharded update: sends Holdings. On a
-  // GPU it first waits for the device's legacy default stream (the
-  // caller's writes there, or on any blocking stream).
-  Status publish(const std::vector<ShardView>& shards, uint64_t step);
+  // GPU it first waits for `after_stream` (null: the legacy default stream).
+  Status publish(const std::vector<ShardView>& shards, uint64_t step, void* after_stream = nullptr);
   // This rank cannot publish its part of `step`: tells rank 0 why (it
   // refuses the update at once, naming this rank), and returns `why`.
   Status publish_refused(const Status& why, uint64_t step);

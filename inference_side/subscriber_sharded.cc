@@ -73,7 +73,7 @@ Status SubscriberImpl::publish_refused(const Status& why, uint64_t step) {
   return why;
 }
 
-Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t step) {
+Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t step, void* after_stream) {
   for (const auto& s : shards) {
     const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
     const reshard::Region box = box_of(s, full);
@@ -88,7 +88,7 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
   }
   // On a GPU, the caller's writes come first (digests and moves read the shards).
   if (publish_mem_) {
-    Status s = publish_mem_->order_after(nullptr);
+    Status s = publish_mem_->order_after(after_stream);
     if (s.ok()) s = publish_mem_->synchronize();
     if (!s.ok()) return publish_refused(s.with_context("waiting for the caller's writes on " + device_.to_string()), step);
   }

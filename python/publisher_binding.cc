@@ -99,14 +99,18 @@ class PyUpdate {
   Device device_;
 };
 
-// (name, local tensor, dtype override or None, full shape, offsets) -> ShardView.
-void import_shards(const py::list& items, Device device, std::vector<ShardView>& shards, std::vector<py::object>& keep) {
+// (name, local tensor, dtype override or None, full shape, offsets) -> ShardView; CUDA
+// tensors are read after `stream` (the caller's current stream).
+void import_shards(const py::list& items, Device device, uintptr_t stream, std::vector<ShardView>& shards,
+                   std::vector<py::object>& keep) {
   shards.reserve(items.size());
   for (auto item : items) {
     auto t = item.cast<py::tuple>();
     auto name = t[0].cast<std::string>();
     auto dtype = t[2].cast<std::optional<std::string>>();
-    BorrowedTensor b = import_tensor(name, t[1], dtype, device, std::nullopt);
+    BorrowedTensor b = import_tensor(name, t[1], dtype, device,
+                                     device.is_cuda() && stream ? std::optional<intptr_t>(static_cast<intptr_t>(stream))
+                                                                : std::nullopt);
     ShardView v;
     v.local = b.view;
     v.full_shape = t[3].cast<std::vector<int64_t>>();
@@ -120,7 +124,7 @@ void import_shards(const py::list& items, Device device, std::vector<ShardView>&
 // paramcast._core.PublisherRank: trainer rank r > 0 of a many-sender job.
 class PyPublisherRank {
  public:
-  PyPublisherRank(const Config& config, int rank) {
+  PyPublisherRank(const Config& config, int rank) : device_(config.publisher.device) {
     set_log_level(config.log_level);
     set_log_format(config.log_format);
     auto r = PublisherRank::create(config, rank);
@@ -140,16 +144,18 @@ class PyPublisherRank {
     if (!s.ok()) throw_status(s);
   }
 
-  std::shared_ptr<UpdateHandle> submit(const py::list& items, std::optional<uint64_t> step) {
+  std::shared_ptr<UpdateHandle> submit(const py::list& items, std::optional<uint64_t> step, uintptr_t after_stream) {
     std::vector<ShardView> shards;
     std::vector<py::object> keep;
-    import_shards(items, Device{}, shards, keep);
+    import_shards(items, device_, after_stream, shards, keep);
     PublisherRank& r = live();
     std::shared_future<UpdateResult> f;
     {
       py::gil_scoped_release release;
-      f = std::async(std::launch::async, [&r, shards = std::move(shards), step] { return r.weight_update(shards, step); })
-              .share();
+      void* stream = reinterpret_cast<void*>(after_stream);
+      f = std::async(std::launch::async, [&r, shards = std::move(shards), step, stream] {
+            return r.weight_update(shards, step, stream);
+          }).share();
     }
     std::erase_if(running_, [](const auto& x) { return x.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
     running_.push_back(f);
@@ -170,6 +176,7 @@ class PyPublisherRank {
     if (!rank_) throw_status(unavailable("the trainer rank is closed"));
     return *rank_;
   }
+  const Device device_;  // publisher.device: where this rank's shards are
   std::unique_ptr<PublisherRank> rank_;
   std::vector<std::shared_future<UpdateResult>> running_;
 };
@@ -231,12 +238,14 @@ class PyPublisher {
 
   // A many-sender update (publisher.ranks > 1): items are (name, local
   // tensor, dtype override or None, full shape, offsets): this rank's shards.
-  std::shared_ptr<UpdateHandle> submit_sharded(const py::list& items, std::optional<uint64_t> version) {
+  std::shared_ptr<UpdateHandle> submit_sharded(const py::list& items, std::optional<uint64_t> version,
+                                               uintptr_t after_stream) {
     std::vector<ShardView> shards;
     std::vector<py::object> keep;
-    import_shards(items, device_, shards, keep);
+    import_shards(items, device_, after_stream, shards, keep);
     UpdateOptions options;
     options.version = version;
+    options.after_stream = reinterpret_cast<void*>(after_stream);
     Publisher& p = live();
     std::shared_future<UpdateResult> f;
     {
@@ -421,7 +430,8 @@ void bind_publisher(py::module_& m) {
       .def("start", &PyPublisher::start)
       .def("submit", &PyPublisher::submit, py::arg("items"), py::arg("version"), py::arg("after_stream"),
            py::arg("partial") = false, py::arg("transforms") = py::none())
-      .def("submit_sharded", &PyPublisher::submit_sharded, py::arg("items"), py::arg("version"))
+      .def("submit_sharded", &PyPublisher::submit_sharded, py::arg("items"), py::arg("version"),
+           py::arg("after_stream") = 0)
       .def("begin_update", &PyPublisher::begin_update, py::arg("manifest"), py::arg("version"), py::arg("partial"),
            py::arg("transforms") = py::none())
       .def("stats", &PyPublisher::stats)
@@ -432,7 +442,8 @@ void bind_publisher(py::module_& m) {
       .def(py::init<const Config&, int>(), py::arg("config"), py::arg("rank"))
       .def_property_readonly("id", &PyPublisherRank::id)
       .def("start", &PyPublisherRank::start)
-      .def("submit", &PyPublisherRank::submit, py::arg("items"), py::arg("step") = py::none())
+      .def("submit", &PyPublisherRank::submit, py::arg("items"), py::arg("step") = py::none(),
+           py::arg("after_stream") = 0)
       .def("close", &PyPublisherRank::close);
 }
 

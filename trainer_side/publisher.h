@@ -297,7 +297,11 @@ class PublisherRank {
   // control.heartbeat_timeout.
   // `step`: the version rank 0 publishes (UpdateOptions::version there);
   // every rank gives the same, or none does (then the calls pair by count).
-  UpdateResult weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step = {});
+  // Shards on a GPU (publisher.device): the call first waits for
+  // `after_stream` (a cudaStream_t; null: the legacy default stream), after
+  // which the caller's writes to them are done.
+  UpdateResult weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step = {},
+                             void* after_stream = nullptr);
   void stop();
   const std::string& id() const { return id_; }
   // Bytes of the pieces this rank keeps to send deltas of (publisher.delta

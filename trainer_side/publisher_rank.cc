@@ -41,7 +41,8 @@ void PublisherRank::stop() {
   if (impl_) impl_->stop();
 }
 
-UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step) {
+UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, std::optional<uint64_t> step,
+                                          void* after_stream) {
   UpdateResult r;
   r.tensors = shards.size();
   if (!step) ++calls_;  // counted on entry, whatever becomes of the call, as rank 0 counts
@@ -70,7 +71,7 @@ UpdateResult PublisherRank::weight_update(const std::vector<ShardView>& shards, 
     wire = std::move(t.value());
     r.transformed = wire.transformed;
   }
-  if (Status s = impl_->publish(rules_.empty() ? shards : wire.views, step ? *step : calls_); !s.ok()) {
+  if (Status s = impl_->publish(rules_.empty() ? shards : wire.views, step ? *step : calls_, after_stream); !s.ok()) {
     r.status = s;
     return r;
   }

@@ -127,15 +127,17 @@ def logits(model):
 @torch.no_grad()
 def unfused_state(model):
     """Every parameter under the trainer's (TinyLM's) names, copied to the host: a FusedTinyLM's
-    qkv_proj comes back as q_proj, k_proj and v_proj."""
+    qkv_proj comes back as q_proj, k_proj and v_proj. Always copies (``.cpu()`` of a host tensor
+    is the tensor itself): a tensor sent through a multiprocessing pipe moves its storage to
+    shared memory, which would free the buffer an engine registered with ParamCast."""
     out = {}
     for name, p in model.named_parameters():
         m = re.fullmatch(r"blocks\.(\d+)\.qkv_proj\.(weight|bias)", name)
         if not m:
-            out[name] = p.cpu()
+            out[name] = p.detach().to("cpu", copy=True)
             continue
         for i, which in enumerate("qkv"):
-            out[f"blocks.{m.group(1)}.{which}_proj.{m.group(2)}"] = p[i * DIM:(i + 1) * DIM].cpu()
+            out[f"blocks.{m.group(1)}.{which}_proj.{m.group(2)}"] = p[i * DIM:(i + 1) * DIM].detach().to("cpu", copy=True)
     return out
 
 

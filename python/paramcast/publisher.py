@@ -103,7 +103,8 @@ class Publisher:
         self._not_inside_a_stream("weight_update_sharded")
         with self._lock:
             self._finish_interrupted()
-            handle = self._core.submit_sharded(shard_items(named_tensors, "weight_update_sharded"), version)
+            items, stream = shard_items(named_tensors, "weight_update_sharded")
+            handle = self._core.submit_sharded(items, version, stream)
             try:
                 result = _wait(handle)
             except KeyboardInterrupt:
@@ -231,17 +232,21 @@ class Publisher:
 
 def shard_items(named_tensors, what):
     """(name, local tensor, dtype, full shape, offsets) for each of this rank's tensors, read
-    from their placements (paramcast.reshard.region_of): the local shard only, never gathered."""
+    from their placements (paramcast.reshard.region_of): the local shard only, never gathered;
+    and the caller's current CUDA stream when they are on a GPU (0: none), which the update
+    is ordered after."""
     from .reshard import region_of
-    items = []
+    items, stream = [], None
     for name, tensor in named_items(named_tensors, what):
         shape, (offsets, _) = region_of(tensor, f"'{name}'")
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         if not local.is_contiguous():
             local = local.contiguous()  # this rank's own shard, in its row-major layout
-        obj, dtype, _ = for_dlpack(local)
+        obj, dtype, s = for_dlpack(local)
+        if s is not None and stream is None:
+            stream = s
         items.append((name, obj, dtype, shape, offsets))
-    return items
+    return items, stream or 0
 
 
 class PublisherRank:
@@ -283,7 +288,8 @@ class PublisherRank:
         if self._inflight is not None:  # one call at a time: an interrupted one ends first
             self.interrupted_result = _wait(self._inflight)
             self._inflight = None
-        handle = self._core.submit(shard_items(named_tensors, "PublisherRank.weight_update"), version)
+        items, stream = shard_items(named_tensors, "PublisherRank.weight_update")
+        handle = self._core.submit(items, version, stream)
         try:
             result = _wait(handle)
         except KeyboardInterrupt:

@@ -169,3 +169,90 @@ def test_engines_on_the_trainers_gpu_get_the_bytes_through_cuda_ipc():
         for e in engines:
             e.close()
         pub.close()
+
+
+def _cuda_rank_main(endpoint, dtype, steps, out):
+    """Trainer rank 1 of 2 on the shared GPU: the same model as rank 0, the same steps, and it
+    publishes only its rows (the second half of dim 0 of every parameter)."""
+    share_one_gpu("trainer-1")
+    import paramcast
+    import tinylm
+    from paramcast.reshard import Shard
+
+    torch.set_num_threads(1)
+    model = tinylm.TinyLM(0, getattr(torch, dtype)).to(DEVICE)
+    cfg = cuda_config(config_dict(endpoint=endpoint, subscribers=2), DEVICE, side="publisher")
+    cfg["publisher"]["ranks"] = 2
+    try:
+        with paramcast.PublisherRank(cfg, 1) as rank:
+            rank.start()
+            for step in range(1, steps + 1):
+                _cuda_step(model, step)
+                r = rank.weight_update(_rows(model, 1, Shard), version=step)
+                out.put(("ok", r.version))
+    except Exception as e:  # the test reads it
+        out.put(("error", repr(e)))
+
+
+def _cuda_step(model, step):
+    """The optimizer step both ranks take: a write on a side stream the update must wait for."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side), torch.no_grad():
+        torch.cuda._sleep(20_000_000)  # the write lands well after the call is made
+        for p in model.parameters():
+            p.view(-1)[::7] += float(step)
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def _rows(model, rank, Shard):
+    """Rank `rank` of 2's rows (dim 0) of every parameter, as views of the model's own tensors."""
+    out = []
+    for name, p in model.named_parameters():
+        half = p.shape[0] // 2
+        first, count = (0, half) if rank == 0 else (half, p.shape[0] - half)
+        offsets = [first] + [0] * (p.dim() - 1)
+        out.append((name, Shard(p.detach().narrow(0, first, count), list(p.shape), offsets)))
+    return out
+
+
+def test_two_cuda_trainer_ranks_publish_their_rows_to_cuda_engines_bit_exact():
+    """Many senders on the GPU: rank 0 (this process) and rank 1 (a process) each publish their
+    rows of every parameter straight from the GPU (PublisherRank / weight_update_sharded, over
+    NCCL point to point); two in-place CUDA engines hold the whole model, bit-exact, after each
+    step. Each step's write runs on a side stream the update is ordered after."""
+    import spawning
+    from paramcast.reshard import Shard
+
+    share_one_gpu("trainer")
+    torch.set_num_threads(1)
+    model = tinymodel.TinyLM(0, torch.bfloat16).to(DEVICE)
+    cfg = cuda_config(cuda_config(config_dict(subscribers=2), DEVICE, side="publisher"), DEVICE)
+    cfg["publisher"]["ranks"] = 2
+    pub = paramcast.Publisher(cfg)
+    ctx = spawning.context()
+    out = ctx.Queue()
+    rank1 = ctx.Process(target=_cuda_rank_main, args=(pub.endpoint, "bfloat16", 2, out), daemon=True)
+    engines = []
+    try:
+        rank1.start()
+        for worker, seed in (("engine-1", 1), ("engine-2", 2)):
+            engines.append(Engine(pub.endpoint, worker, "inplace", "bfloat16", seed, DEVICE))
+        for e in engines:
+            e.wait_ready()
+        pub.start()
+        for step in (1, 2):
+            _cuda_step(model, step)
+            result = pub.weight_update_sharded(_rows(model, 0, Shard), version=step)
+            assert result.ok and result.version == step, result
+            assert "moves dense" in result.dense_because, result.dense_because
+            assert out.get(timeout=60) == ("ok", step)
+            for e in engines:
+                assert e.call("state") == ("consistent", step), e.worker_id
+                assert_same_weights(model, e)
+    finally:
+        for e in engines:
+            e.close()
+        pub.close()
+        rank1.join(30)
+        if rank1.is_alive():
+            rank1.kill()
