@@ -7,10 +7,14 @@
 // On one GPU the processes share it, each with its own NCCL_HOSTID.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/data/communicator.h"
@@ -34,7 +38,7 @@ struct Outcome {
   std::vector<int> engine_codes;
 };
 
-std::string config_yaml(size_t engines, int updates) {
+std::string config_yaml(size_t engines, int updates, const std::string& model_size = "64MiB") {
   std::string workers;
   for (size_t i = 0; i < engines; ++i) workers += (i ? ", worker-" : "worker-") + std::to_string(i + 1);
   return "control:\n"
@@ -55,7 +59,7 @@ std::string config_yaml(size_t engines, int updates) {
          "subscriber:\n"
          "  device: cuda:0\n"
          "trainer:\n"
-         "  model_size: 64MiB\n"
+         "  model_size: " + model_size + "\n"
          "  layers: 8\n"
          "  updates: " + std::to_string(updates) + "\n"
          "  interval: 0s\n"
@@ -63,46 +67,61 @@ std::string config_yaml(size_t engines, int updates) {
          "  level: info\n";
 }
 
-// Runs rank 0, rank 1 and the engines to the end of `updates` updates
-// (processes still running `engine_wait` after rank 0 ended are killed).
-Outcome run_job(const std::vector<Engine>& engines, int updates, int engine_wait = 60) {
-  Outcome o;
-  const std::string dir = test::make_temp_dir("paramcast-sharded-nccl");
-  const std::string config = test::write_file(dir, "deploy.yaml", config_yaml(engines.size(), updates));
-  const std::string endpoint_file = dir + "/endpoint";
+// The processes of one job: rank 0 (the publisher), rank 1, the engines.
+struct Job {
+  std::string dir;
+  std::unique_ptr<Process> trainer, rank1;
+  std::vector<std::unique_ptr<Process>> workers;
+  ~Job() {
+    if (!dir.empty()) test::remove_tree(dir);
+  }
+};
+
+std::unique_ptr<Job> start_job(const std::vector<Engine>& engines, int updates, const std::string& model_size = "64MiB") {
+  auto job = std::make_unique<Job>();
+  job->dir = test::make_temp_dir("paramcast-sharded-nccl");
+  const std::string config =
+      test::write_file(job->dir, "deploy.yaml", config_yaml(engines.size(), updates, model_size));
+  const std::string endpoint_file = job->dir + "/endpoint";
   auto host = [](const std::string& who) { return "NCCL_HOSTID=paramcast-sharded-" + who; };
-  auto trainer = Process::start(test::binary("paramcast-trainer"),
+  job->trainer = Process::start(test::binary("paramcast-trainer"),
                                 {"--config", config, "--endpoint-file", endpoint_file, "--updates",
                                  std::to_string(updates)},
                                 {host("trainer-0")});
-  EXPECT_TRUE(trainer && trainer->wait_for_output("control endpoint", seconds(60)))
-      << (trainer ? trainer->output() : "");
+  EXPECT_TRUE(job->trainer && job->trainer->wait_for_output("control endpoint", seconds(60)))
+      << (job->trainer ? job->trainer->output() : "");
   std::string endpoint;
   std::ifstream(endpoint_file) >> endpoint;
   EXPECT_FALSE(endpoint.empty());
-  auto rank1 = Process::start(test::binary("paramcast-trainer"),
+  job->rank1 = Process::start(test::binary("paramcast-trainer"),
                               {"--config", config, "--rank", "1", "--endpoint", endpoint, "--updates",
                                std::to_string(updates)},
                               {host("trainer-1")});
-  std::vector<std::unique_ptr<Process>> workers;
   for (const auto& e : engines) {
     std::vector<std::string> args = {"--config", config, "--id", e.id, "--endpoint", endpoint, "--updates",
                                      std::to_string(updates)};
     args.insert(args.end(), e.flags.begin(), e.flags.end());
-    workers.push_back(Process::start(test::binary("paramcast-worker"), args, {host(e.id)}));
+    job->workers.push_back(Process::start(test::binary("paramcast-worker"), args, {host(e.id)}));
   }
-  auto code = trainer->wait_for(seconds(240));
+  return job;
+}
+
+// Runs rank 0, rank 1 and the engines to the end of `updates` updates
+// (processes still running `engine_wait` after rank 0 ended are killed).
+Outcome run_job(const std::vector<Engine>& engines, int updates, int engine_wait = 60) {
+  Outcome o;
+  auto job = start_job(engines, updates);
+  auto code = job->trainer->wait_for(seconds(240));
   o.trainer_code = code.value_or(-1);
-  o.trainer = trainer->output();
-  code = rank1->wait_for(seconds(engine_wait));
+  o.trainer = job->trainer->output();
+  code = job->rank1->wait_for(seconds(engine_wait));
   o.rank1_code = code.value_or(-1);
-  o.rank1 = rank1->output();
-  for (auto& w : workers) {
+  o.rank1 = job->rank1->output();
+  for (auto& w : job->workers) {
     code = w->wait_for(seconds(engine_wait));
     o.engine_codes.push_back(code.value_or(-1));
     o.engines.push_back(w->output());
   }
-  test::remove_tree(dir);
   return o;
 }
 
@@ -161,6 +180,35 @@ TEST_F(ShardedNcclTest, ACallbackEngineOnAGpuIsRefusedBeforeAnyByteMoves) {
   EXPECT_NE(o.trainer.find("update v1 FAILED"), std::string::npos) << o.trainer;
   EXPECT_NE(o.trainer.find("worker-1"), std::string::npos) << o.trainer;
   EXPECT_NE(o.trainer.find("got the tensor callback"), std::string::npos) << o.trainer;
+}
+
+// A trainer rank killed while its pieces move (a 512 MiB model: each update
+// takes seconds on a shared GPU): rank 0's update fails naming trainer-1
+// within heartbeat_timeout (3 s) + 2 s of the kill, and every engine stays
+// at the version it verified or says its state is dirty; none hangs.
+TEST_F(ShardedNcclTest, AKilledTrainerRankFailsTheUpdateNamingItWithinSeconds) {
+  const std::vector<Engine> engines = {{"worker-1", {}}, {"worker-2", {}}};
+  auto job = start_job(engines, 3, "512MiB");
+  ASSERT_TRUE(job->rank1->wait_for_output("trainer-1: v1 sent", seconds(180)))
+      << job->rank1->output() << job->trainer->output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // inside v2's moves
+  const auto killed = std::chrono::steady_clock::now();
+  job->rank1->kill(SIGKILL);
+  ASSERT_TRUE(job->trainer->wait_for_output("update v2 FAILED", seconds(60))) << job->trainer->output();
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string out = job->trainer->output();
+  const std::string line = out.substr(out.find("update v2 FAILED"), out.find('\n', out.find("update v2 FAILED")) - out.find("update v2 FAILED"));
+  std::printf("sharded_nccl killed trainer-1 named after %.2f s: %s\n", after, line.c_str());
+  EXPECT_NE(line.find("trainer-1"), std::string::npos) << out;
+  EXPECT_LT(after, 3.0 + 2.0 + 1.0) << "(heartbeat_timeout + 2 s, and 1 s for the output to arrive)\n" << out;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    auto& w = job->workers[i];
+    EXPECT_TRUE(w->wait_for_output(engines[i].id + ": v1 verified", seconds(30))) << w->output();
+    EXPECT_EQ(w->output().find("differs"), std::string::npos) << w->output();
+    EXPECT_EQ(w->output().find("v2 verified"), std::string::npos) << "v2 cannot have landed whole:\n" << w->output();
+  }
+  job->trainer->kill(SIGKILL);
+  for (auto& w : job->workers) w->kill(SIGKILL);
 }
 
 }  // namespace
