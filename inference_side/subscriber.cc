@@ -445,6 +445,7 @@ Status Subscriber::register_tensor(const TensorView& d) { return impl_->register
 Status Subscriber::register_slice(const ShardView& s) { return impl_->register_slice(s); }
 void Subscriber::on_tensor(TensorCallback cb) { impl_->callback_ = std::move(cb); }
 void Subscriber::on_update_begin(UpdateBeginHook h) { impl_->begin_hook_ = std::move(h); }
+void Subscriber::check_registrations(RegistrationCheck c) { impl_->registration_check_ = std::move(c); }
 void Subscriber::on_update_end(UpdateEndHook h) { impl_->end_hook_ = std::move(h); }
 Status Subscriber::start() { return impl_->start(); }
 void Subscriber::stop() { impl_->stop(); }

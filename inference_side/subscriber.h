@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "common/config.h"
+#include "common/plan.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
@@ -59,6 +60,7 @@ struct UpdateReport {
 // stream for its callers).
 using TensorCallback = std::function<Status(const TensorView& view)>;
 using UpdateBeginHook = std::function<void(uint64_t version)>;
+using RegistrationCheck = std::function<std::vector<Mismatch>()>;
 // Runs after the update's bytes are in place (or the update failed), before
 // this subscriber reports Applied. A non-OK Status fails the update: the
 // publisher's result names this worker and carries the Status; the weight
@@ -83,11 +85,18 @@ class Subscriber {
   // anywhere in the engine's memory (a row range of a fused qkv_proj). Only
   // many-sender (sharded) updates deliver slices: each piece of the slice
   // goes straight into it, and nothing else of the tensor reaches this
-  // engine. Host memory.
+  // engine. Host memory, or the engine's GPU (NCCL).
   Status register_slice(const ShardView& slice);
   void on_tensor(TensorCallback callback);
   void on_update_begin(UpdateBeginHook hook);
   void on_update_end(UpdateEndHook hook);
+  // Checked with every plan before this engine accepts it, on the control
+  // thread: whether the registered tensors still are where they were
+  // registered. A binding whose tensors can move under it (a torch tensor
+  // whose storage was replaced: share_memory_(), resize_(), a new .data)
+  // returns a mismatch per moved tensor; the plan is refused, naming each,
+  // and no byte is written. Set before start().
+  void check_registrations(RegistrationCheck check);
   // A hook that cannot fail (returns void).
   template <typename F>
     requires std::is_void_v<std::invoke_result_t<F&, uint64_t, const Status&>>

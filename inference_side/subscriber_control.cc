@@ -183,13 +183,21 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
 }
 
 std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
-  if (plan.sharded || source_) return check_sharded(plan);
   std::vector<Mismatch> out;
-  {
-    std::lock_guard<std::mutex> lock(reg_mu_);
-    out = check_plan(plan, registry_, bool(callback_));
+  if (plan.sharded || source_) {
+    out = check_sharded(plan);
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(reg_mu_);
+      out = check_plan(plan, registry_, bool(callback_));
+    }
+    if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
   }
-  if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
+  // The binding's word on its tensors (no lock held: it may take its own).
+  if (registration_check_ && !source_) {
+    auto moved = registration_check_();
+    out.insert(out.end(), moved.begin(), moved.end());
+  }
   return out;
 }
 

@@ -6,6 +6,8 @@
 // carries for this worker; the weight state becomes dirty. on_update_begin
 // cannot fail in C++, so its exception is kept and returned by the
 // on_update_end hook, which always runs when an update was taken.
+#include <cstdio>
+#include <map>
 #include <mutex>
 
 #include "inference_side/subscriber.h"
@@ -21,7 +23,21 @@ namespace {
 struct Callbacks {
   py::object on_tensor, on_begin, on_end;  // None when unset
   std::string begin_error;                 // guarded by the GIL
+  // Each registered tensor and where its bytes were then (its data_ptr()),
+  // by name (the last registration wins); guarded by the GIL.
+  std::map<std::string, std::pair<py::object, uintptr_t>> registered;
 };
+
+// Where a registered object's bytes are now: torch's data_ptr(), or 0 (an
+// object that cannot say; never counted as moved).
+uintptr_t bytes_at(const py::object& tensor) {
+  if (!py::hasattr(tensor, "data_ptr")) return 0;
+  try {
+    return tensor.attr("data_ptr")().cast<uintptr_t>();
+  } catch (const py::error_already_set&) {
+    return 0;
+  }
+}
 
 Status failed_callback(const char* which, const py::error_already_set& e) {
   return rejected(std::string(which) + " callback raised " + describe(e));
@@ -44,6 +60,7 @@ class PySubscriber {
     BorrowedTensor b = import_tensor(name, tensor, dtype, device_, std::nullopt);
     Status s = live().register_tensor(b.view);
     if (!s.ok()) throw_status(s);
+    remember(name, tensor);
     keep_.push_back(std::move(b.keepalive));
     keep_.push_back(py::reinterpret_borrow<py::object>(tensor));
   }
@@ -59,8 +76,16 @@ class PySubscriber {
     v.offsets = offsets;
     Status s = live().register_slice(v);
     if (!s.ok()) throw_status(s);
+    remember(name, tensor);
     keep_.push_back(std::move(b.keepalive));
     keep_.push_back(py::reinterpret_borrow<py::object>(tensor));
+  }
+
+  // A registration, and where its bytes are (GIL held).
+  void remember(const std::string& name, py::handle tensor) {
+    auto obj = py::reinterpret_borrow<py::object>(tensor);
+    const uintptr_t at = bytes_at(obj);
+    cb_->registered[name] = {std::move(obj), at};
   }
 
   // fn(TensorRef) for every tensor not registered in place.
@@ -125,6 +150,25 @@ class PySubscriber {
   }
 
   void install_hooks() {
+    // A registered tensor whose storage moved (share_memory_(), resize_(),
+    // a new .data) would have the update write where its bytes no longer
+    // are: the plan is refused, naming it, before any byte moves.
+    sub_->check_registrations([cb = cb_]() {
+      std::vector<Mismatch> moved;
+      py::gil_scoped_acquire gil;
+      for (const auto& [name, held] : cb->registered) {
+        const uintptr_t now = bytes_at(held.first);
+        if (!held.second || !now || now == held.second) continue;
+        char where[64];
+        std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(held.second));
+        std::string expected = std::string("its bytes where they were registered (") + where + ")";
+        std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(now));
+        moved.push_back({Mismatch::Kind::kOther, name, expected,
+                         std::string("its storage moved to ") + where +
+                             " (share_memory_(), resize_() or a replaced .data): register it again"});
+      }
+      return moved;
+    });
     sub_->on_update_begin([cb = cb_](uint64_t version) {
       py::gil_scoped_acquire gil;
       cb->begin_error.clear();

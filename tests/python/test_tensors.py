@@ -102,3 +102,36 @@ def test_publisher_rejects_bad_tensors_before_anything_is_sent():
             pub.weight_update([("a",)])
         with pytest.raises(TypeError, match=r"weight_update: item 0: the name must be a str, got int"):
             pub.weight_update({0: torch.zeros(2)})
+
+
+def test_a_registered_tensor_whose_storage_moved_refuses_the_plan_naming_it():
+    """An engine's registered tensor whose storage was replaced after it was registered (here
+    share_memory_(), as sending it through a multiprocessing pipe does; resize_() or a new .data
+    alike) no longer holds the memory ParamCast writes: the next plan is refused before any byte
+    moves, naming the tensor, and the engine keeps its version. Registered again, it updates.
+    (Before, the update wrote into the freed buffer: a corrupted heap or a crash later.)"""
+    w, b = torch.zeros(4096), torch.zeros(16)
+    with paramcast.Publisher(config_dict(subscribers=1)) as pub:
+        cfg = config_dict(endpoint=pub.endpoint, subscribers=1)
+        sub = paramcast.Subscriber(cfg, "engine-1")
+        try:
+            sub.register({"w": w, "b": b}).start()
+            pub.start()
+            src = {"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(16)}
+            assert pub.weight_update(src).ok
+            assert torch.equal(w, src["w"]) and torch.equal(b, src["b"])
+            before = w.data_ptr()
+            w.share_memory_()  # the same values, in new memory
+            assert w.data_ptr() != before
+            src["w"] += 1
+            with pytest.raises(paramcast.UpdateError) as e:
+                pub.weight_update(src)
+            assert "'w': expected its bytes where they were registered" in str(e.value), str(e.value)
+            assert "its storage moved to" in str(e.value), str(e.value)
+            assert (sub.state, sub.version) == ("consistent", 1)
+            assert torch.equal(w, src["w"] - 1), "nothing of the refused update was written"
+            sub.register({"w": w})
+            r = pub.weight_update(src)
+            assert r.ok and torch.equal(w, src["w"]) and torch.equal(b, src["b"])
+        finally:
+            sub.stop()
