@@ -235,18 +235,37 @@ void SubscriberImpl::join(const Job& job) {
 void SubscriberImpl::receive(const Job& job) {
   const UpdatePlan& plan = *job.plan;
   const bool taking = job.discard.empty();
+  if (faults_.receive_pause_version == plan.version && faults_.receive_pause_ms) {  // test hook
+    PC_WARN(id_ << ": pausing " << faults_.receive_pause_ms << " ms before receiving v" << plan.version
+                << " (PARAMCAST_FAULT_PAUSE_BEFORE_RECEIVE)");
+    std::this_thread::sleep_for(Millis(faults_.receive_pause_ms));
+  }
   const auto t0 = Clock::now();
   std::shared_ptr<Communicator> comm;
+  bool abandoned = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     comm = comm_;
+    // The publisher abandoned this version after its Commit and before its
+    // transfer began here: nothing is written, and the weights stay what
+    // they were. (Checked under the lock the Abandon is recorded under: one
+    // that comes later finds the receive under way and ends it.)
+    abandoned = taking && abandoned_version_ >= plan.version;
     receiving_version_ = plan.version;
     receiving_sharded_ = plan.sharded;
     deadline_ = t0 + update_cap_;  // the publisher's update_timeout: it gives up then too
-    if (taking) {
+    if (taking && !abandoned) {
       state_.kind = WeightStateKind::kDirty;
       state_.dirty_version = plan.version;
     }
+  }
+  if (abandoned) {
+    const std::string why = "the publisher abandoned v" + std::to_string(plan.version) +
+                            " before its transfer began here; nothing was written";
+    if (comm) comm->abort(id_ + ": " + why);  // its peers may have started: the collective is half-done
+    report(job, aborted(why), 0, 0.0, 0, std::chrono::milliseconds(0), {});
+    PC_WARN(id_ << ": " << why << "; state " << state().to_string());
+    return;
   }
   if (begin_hook_ && taking) begin_hook_(plan.version);
   bool collective_done = false;  // the communicator is still in step with the group

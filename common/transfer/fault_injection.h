@@ -12,6 +12,9 @@
 //   PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT=V:MS ... after every member accepted its plan and
 //                                            before the Commit goes out (a trainer rank's
 //                                            publish call may end meanwhile)
+//   PARAMCAST_FAULT_PAUSE_BEFORE_RECEIVE=V:MS an engine's data thread pauses MS milliseconds
+//                                            after the Commit of version V and before its
+//                                            transfer starts (the update may end meanwhile)
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,8 @@ struct FaultInjection {
   uint64_t pause_ms = 0;
   uint64_t commit_pause_version = 0;
   uint64_t commit_pause_ms = 0;
+  uint64_t receive_pause_version = 0;
+  uint64_t receive_pause_ms = 0;
 
   bool corrupts(uint64_t version, size_t bucket) const {
     return corrupt_bucket == static_cast<int64_t>(bucket) && (corrupt_version == 0 || corrupt_version == version);
@@ -52,6 +57,7 @@ struct FaultInjection {
     }
     version_and_ms("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN", f.pause_version, f.pause_ms);
     version_and_ms("PARAMCAST_FAULT_PAUSE_BEFORE_COMMIT", f.commit_pause_version, f.commit_pause_ms);
+    version_and_ms("PARAMCAST_FAULT_PAUSE_BEFORE_RECEIVE", f.receive_pause_version, f.receive_pause_ms);
     return f;
   }
 

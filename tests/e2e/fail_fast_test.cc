@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <future>
 #include <thread>
 
 #include "tests/support/worker_cluster.h"
@@ -90,6 +91,30 @@ TEST_F(FailFastTest, LostCommitAbortsTheBroadcastAndNamesTheMember) {
       << r.status.message();
   EXPECT_LT(secs(r), kFast) << r.seconds << " s";
   UpdateResult next = publish(2);
+  EXPECT_TRUE(next.ok()) << next.status.to_string() << outputs();
+}
+
+// The publisher abandons an update after its Commit and before a member's
+// transfer began there (worker-1's data thread is held 8 s after the Commit
+// of v2 by a test hook; worker-2 dies meanwhile, which ends v2): worker-1
+// writes nothing of v2 and keeps v1, consistent, saying why. (Before, it
+// started the transfer of an update already given up, failed it, and was
+// left dirty at v2.) The next update lands on the survivors.
+TEST_F(FailFastTest, AnUpdateAbandonedBeforeAMembersTransferBeganLeavesItsWeightsAsTheyWere) {
+  start_three("worker-1", "PARAMCAST_FAULT_PAUSE_BEFORE_RECEIVE=2:8000", "continue");
+  ASSERT_TRUE(publish(1).ok()) << outputs();
+  auto second = std::async(std::launch::async, [&] { return publish(2); });
+  ASSERT_TRUE(workers_["worker-1"]->wait_for_output("pausing 8000 ms before receiving v2", std::chrono::seconds(30)))
+      << outputs();
+  workers_["worker-2"]->kill(SIGKILL);
+  UpdateResult r = second.get();
+  ASSERT_FALSE(r.ok()) << "v2 cannot land on worker-1 while it is held";
+  ASSERT_TRUE(workers_["worker-1"]->wait_for_output("before its transfer began here; nothing was written; state "
+                                                    "version 1, consistent",
+                                                    std::chrono::seconds(30)))
+      << outputs();
+  EXPECT_EQ(workers_["worker-1"]->output().find("v2 verified"), std::string::npos) << outputs();
+  UpdateResult next = publish(3);
   EXPECT_TRUE(next.ok()) << next.status.to_string() << outputs();
 }
 
