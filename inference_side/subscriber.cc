@@ -240,6 +240,9 @@ void SubscriberImpl::receive(const Job& job) {
                 << " (PARAMCAST_FAULT_PAUSE_BEFORE_RECEIVE)");
     std::this_thread::sleep_for(Millis(faults_.receive_pause_ms));
   }
+  // The binding's word on its tensors (no lock held: it may take its own).
+  std::vector<Mismatch> moved;
+  if (taking && registration_check_ && !source_) moved = registration_check_();
   const auto t0 = Clock::now();
   std::shared_ptr<Communicator> comm;
   bool abandoned = false;
@@ -254,7 +257,7 @@ void SubscriberImpl::receive(const Job& job) {
     receiving_version_ = plan.version;
     receiving_sharded_ = plan.sharded;
     deadline_ = t0 + update_cap_;  // the publisher's update_timeout: it gives up then too
-    if (taking && !abandoned) {
+    if (taking && !abandoned && moved.empty()) {
       state_.kind = WeightStateKind::kDirty;
       state_.dirty_version = plan.version;
     }
@@ -264,6 +267,15 @@ void SubscriberImpl::receive(const Job& job) {
                             " before its transfer began here; nothing was written";
     if (comm) comm->abort(id_ + ": " + why);  // its peers may have started: the collective is half-done
     report(job, aborted(why), 0, 0.0, 0, std::chrono::milliseconds(0), {});
+    PC_WARN(id_ << ": " << why << "; state " << state().to_string());
+    return;
+  }
+  if (!moved.empty()) {
+    std::string why = "registered tensors moved since they were registered, so v" + std::to_string(plan.version) +
+                      " cannot land where they are; nothing of it was written: ";
+    for (size_t i = 0; i < moved.size(); ++i) why += (i ? "; " : "") + moved[i].to_string();
+    if (comm) comm->abort(id_ + ": " + why);  // its peers stop waiting for this rank
+    report(job, invalid_argument(why), 0, 0.0, 0, std::chrono::milliseconds(0), {});
     PC_WARN(id_ << ": " << why << "; state " << state().to_string());
     return;
   }

@@ -90,12 +90,14 @@ class Subscriber {
   void on_tensor(TensorCallback callback);
   void on_update_begin(UpdateBeginHook hook);
   void on_update_end(UpdateEndHook hook);
-  // Checked with every plan before this engine accepts it, on the control
-  // thread: whether the registered tensors still are where they were
-  // registered. A binding whose tensors can move under it (a torch tensor
-  // whose storage was replaced: share_memory_(), resize_(), a new .data)
-  // returns a mismatch per moved tensor; the plan is refused, naming each,
-  // and no byte is written. Set before start().
+  // Checked on the data thread before each update's transfer begins
+  // (beside on_update_begin, never on the control thread, whose heartbeats
+  // it must not hold up): whether the registered tensors still are where
+  // they were registered. A binding whose tensors can move under it (a
+  // torch tensor whose storage was replaced: share_memory_(), resize_(), a
+  // new .data) returns a mismatch per moved tensor; this engine then fails
+  // the update, naming each, with no byte written and its weights as they
+  // were. Set before start().
   void check_registrations(RegistrationCheck check);
   // A hook that cannot fail (returns void).
   template <typename F>

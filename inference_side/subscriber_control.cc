@@ -193,11 +193,6 @@ std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
     }
     if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
   }
-  // The binding's word on its tensors (no lock held: it may take its own).
-  if (registration_check_ && !source_) {
-    auto moved = registration_check_();
-    out.insert(out.end(), moved.begin(), moved.end());
-  }
   return out;
 }
 

@@ -56,11 +56,14 @@ class PySubscriber {
   }
   ~PySubscriber() { stop(); }
 
-  void register_tensor(const std::string& name, py::handle tensor, std::optional<std::string> dtype) {
+  // `owner`: the caller's own tensor when `tensor` is an alias of it (a
+  // detached view): where the owner's bytes are is what is checked.
+  void register_tensor(const std::string& name, py::handle tensor, std::optional<std::string> dtype,
+                       py::object owner) {
     BorrowedTensor b = import_tensor(name, tensor, dtype, device_, std::nullopt);
     Status s = live().register_tensor(b.view);
     if (!s.ok()) throw_status(s);
-    remember(name, tensor);
+    remember(name, owner.is_none() ? tensor : owner);
     keep_.push_back(std::move(b.keepalive));
     keep_.push_back(py::reinterpret_borrow<py::object>(tensor));
   }
@@ -68,7 +71,7 @@ class PySubscriber {
   // A slice this engine serves (tensor parallelism): `tensor` holds the box
   // at `offsets` of the full tensor of `full_shape`.
   void register_slice(const std::string& name, py::handle tensor, std::optional<std::string> dtype,
-                      const std::vector<int64_t>& full_shape, const std::vector<int64_t>& offsets) {
+                      const std::vector<int64_t>& full_shape, const std::vector<int64_t>& offsets, py::object owner) {
     BorrowedTensor b = import_tensor(name, tensor, dtype, device_, std::nullopt);
     ShardView v;
     v.local = b.view;
@@ -76,7 +79,7 @@ class PySubscriber {
     v.offsets = offsets;
     Status s = live().register_slice(v);
     if (!s.ok()) throw_status(s);
-    remember(name, tensor);
+    remember(name, owner.is_none() ? tensor : owner);
     keep_.push_back(std::move(b.keepalive));
     keep_.push_back(py::reinterpret_borrow<py::object>(tensor));
   }
@@ -152,7 +155,8 @@ class PySubscriber {
   void install_hooks() {
     // A registered tensor whose storage moved (share_memory_(), resize_(),
     // a new .data) would have the update write where its bytes no longer
-    // are: the plan is refused, naming it, before any byte moves.
+    // are: this engine fails the update, naming it, before any byte moves
+    // (checked on the data thread, which takes the GIL for the hooks too).
     sub_->check_registrations([cb = cb_]() {
       std::vector<Mismatch> moved;
       py::gil_scoped_acquire gil;
@@ -205,9 +209,9 @@ void bind_subscriber(py::module_& m) {
   py::class_<PySubscriber>(m, "Subscriber")
       .def(py::init<const Config&, const std::string&>(), py::arg("config"), py::arg("worker_id"))
       .def("register_tensor", &PySubscriber::register_tensor, py::arg("name"), py::arg("tensor"),
-           py::arg("dtype") = py::none())
+           py::arg("dtype") = py::none(), py::arg("owner") = py::none())
       .def("register_slice", &PySubscriber::register_slice, py::arg("name"), py::arg("tensor"), py::arg("dtype"),
-           py::arg("full_shape"), py::arg("offsets"))
+           py::arg("full_shape"), py::arg("offsets"), py::arg("owner") = py::none())
       .def("on_tensor", &PySubscriber::on_tensor)
       .def("on_update_begin", &PySubscriber::on_update_begin)
       .def("on_update_end", &PySubscriber::on_update_end)

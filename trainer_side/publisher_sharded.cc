@@ -274,9 +274,19 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   // What travels (publisher.transforms, or the update's): this rank
   // transforms what it holds, held for the call; the other ranks theirs.
   const auto& rules = options.transforms ? *options.transforms : cfg_.publisher.transforms;
+  // On a GPU, everything that reads the shards (transforms, digests, moves)
+  // comes after the caller's stream.
+  if (cfg_.publisher.device.is_cuda())
+    if (Status s = mem_->order_after(options.after_stream); !s.ok()) {
+      r.status = s.with_context("weight_update_sharded: ordering after the caller's stream");
+      return done(r);
+    }
   transform::TransformedShards wire;
   Status transformed;
-  if (options.transforms && cfg_.publisher.ranks > 1 && *options.transforms != cfg_.publisher.transforms)
+  if (!rules.empty() && cfg_.publisher.device.is_cuda())
+    transformed = invalid_argument(std::string("UpdateOptions::transforms on publisher.device ") +
+                                   cfg_.publisher.device.to_string() + ": " + transform::kCudaPending);
+  else if (options.transforms && cfg_.publisher.ranks > 1 && *options.transforms != cfg_.publisher.transforms)
     transformed = invalid_argument("weight_update_sharded: UpdateOptions::transforms differ from "
                                    "publisher.transforms, which the other trainer ranks apply: give every rank the "
                                    "same rules in the config");
@@ -288,13 +298,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   }
   const std::vector<ShardView>& sent = rules.empty() ? shards : wire.views;
   r.tensors = sent.size();
-  // This rank's own shards: on the publisher's device, each a box inside
-  // its tensor. On a GPU, digests and moves come after the caller's stream.
-  if (cfg_.publisher.device.is_cuda())
-    if (Status s = mem_->order_after(options.after_stream); !s.ok()) {
-      r.status = s.with_context("weight_update_sharded: ordering after the caller's stream");
-      return done(r);
-    }
+  // This rank's own shards: on the publisher's device, each a box inside its tensor.
   std::vector<TensorSpec> own_specs;
   std::vector<std::pair<uint32_t, reshard::Region>> own_holds;
   std::map<size_t, uint64_t> own_digests;  // with checksums: each box's xxh64, compared with its replicas'

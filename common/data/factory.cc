@@ -78,7 +78,8 @@ std::string backend_unavailable_reason(Backend backend) {
 std::string point_to_point_unavailable_reason(Backend backend, bool local, const Device& device, int world) {
   if (local) return "a mixed group (data_plane.local) has no point-to-point moves: its local members read the "
                     "publisher's shared memory only";
-  if (backend == Backend::kGloo) return "";
+  if (backend == Backend::kGloo)
+    return device.is_cuda() ? "the gloo plane moves host memory, not " + device.to_string() + " (backend nccl does)" : "";
   if (backend == Backend::kShm) {
     if (device.is_cuda()) return "the shm plane moves point to point in host memory only, not " + device.to_string();
     if (world > shm_backend::kP2pMaxRanks) {

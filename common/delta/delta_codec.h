@@ -36,6 +36,10 @@ namespace paramcast::delta {
 
 enum class Kind : uint8_t { kDense = 0, kIndices = 1, kBitmask = 2, kUnchanged = 3 };
 const char* kind_name(Kind kind);
+// Whether a bucket so encoded went as a delta (against the baseline):
+// encoded, or unchanged (an update in which nothing changed is a delta that
+// moves nothing). What UpdateResult::delta counts, for every sender.
+inline bool sent_against_baseline(Kind kind) { return kind != Kind::kDense; }
 
 // One piece of a bucket: its new bytes and where the baseline of the same
 // bytes lives (for the encoder), or where the piece lands (for the decoder).

@@ -115,7 +115,7 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
   // A failure: abort, and let every posted Work settle before its memory
   // goes; memory whose Work does not settle is let go, never reused under
   // a write (a receive straight into the rank's buffers says so).
-  auto fail = [&](const Move& at, Status s) {
+  auto settle = [&](const Status& s) {
     comm.abort(s.message());
     for (auto& m : all) {
       bool unsettled = false;
@@ -127,6 +127,9 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
       m.staging->abandon();
       m.sum.abandon();
     }
+  };
+  auto fail = [&](const Move& at, Status s) {
+    settle(s);
     const Transfer& x = plan.transfers[at.transfer];
     return s.with_context("many-sender plan: '" + name(x) + "' " + x.region.to_string() + " from rank " +
                           std::to_string(x.from) + " to rank " + std::to_string(x.to));
@@ -136,18 +139,33 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
   // its hash to every rank the chain reaches, which checks the bytes it
   // received against it. Every rank walks the moves in the same order.
   auto holder = [&](size_t i) { return plan.transfers[chain_start(plan, i)].from; };
+  struct Sum {
+    size_t transfer = 0;
+    Move* received = nullptr;  // null: this rank sends the hash
+    StagingBuffer at;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<Sum> sums;  // beside `all`: settled by fail_sum, also when the run unwinds
+  // A failure of the hashes' group: every move and every hash settled
+  // before their memory goes, the error naming the piece and its holder.
+  auto fail_sum = [&](const Sum& sum, Status s) {
+    settle(s);
+    for (auto& h : sums)
+      if (h.work && ((h.work->wait(Clock::now() + kSettleTimeout).code() == Code::kTimeout) || !h.work->settled()))
+        h.at.abandon();
+    const Transfer& x = plan.transfers[sum.transfer];
+    const std::string piece = "'" + name(x) + "' " + x.region.to_string();
+    return s.with_context(sum.received ? "many-sender plan: the hash of " + piece + " from rank " +
+                                             std::to_string(holder(sum.transfer)) + ", which holds it, to rank " +
+                                             std::to_string(rank)
+                                       : "many-sender plan: rank " + std::to_string(rank) + " sending the hash of " +
+                                             piece + ", which it holds, to rank " + std::to_string(x.to));
+  };
   auto holders_hashes = [&]() -> Status {
     std::map<size_t, uint64_t> hash_of;  // a piece this rank sent as its holder -> its hash
     for (const auto& m : all)
       if (plan.transfers[m.transfer].from == rank && plan.transfers[m.transfer].after < 0)
         hash_of[m.transfer] = m.digest;
-    struct Sum {
-      size_t transfer = 0;
-      Move* received = nullptr;  // null: this rank sends the hash
-      StagingBuffer at;
-      std::shared_ptr<Work> work;
-    };
-    std::vector<Sum> sums;
     for (size_t k = 0; k < rounds.size(); ++k)
       for (size_t i : rounds[k].transfers) {
         const Transfer& x = plan.transfers[i];
@@ -160,20 +178,12 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
         sums.push_back(std::move(sum));
       }
     if (sums.empty()) return Status();
-    // A failure settles these moves too before their memory goes.
-    auto fail_sums = [&](Move& at, Status s) {
-      Status out = fail(at, std::move(s));
-      for (auto& sum : sums)
-        if (sum.work && ((sum.work->wait(Clock::now() + kSettleTimeout).code() == Code::kTimeout) || !sum.work->settled()))
-          sum.at.abandon();
-      return out;
-    };
     for (auto& sum : sums) {
-      Move& at = sum.received ? *sum.received : all.front();
-      if (Status s = allocate(sum.at, sizeof(uint64_t)); !s.ok()) return fail(at, s);
+      if (Status s = allocate(sum.at, sizeof(uint64_t)); !s.ok()) return fail_sum(sum, s);
       if (sum.received) continue;
-      const uint64_t hash = hash_of.count(chain_start(plan, sum.transfer)) ? hash_of[chain_start(plan, sum.transfer)] : 0;
-      if (Status s = mem.copy(sum.at.data(), &hash, sizeof hash); !s.ok()) return fail(at, s.with_context("checksum"));
+      const auto it = hash_of.find(chain_start(plan, sum.transfer));
+      const uint64_t hash = it == hash_of.end() ? 0 : it->second;  // always sent earlier (a forward follows its piece)
+      if (Status s = mem.copy(sum.at.data(), &hash, sizeof hash); !s.ok()) return fail_sum(sum, s);
     }
     {
       OpenMoves group(comm);
@@ -183,17 +193,14 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
         sum.work = sum.received ? comm.recv(sum.at.data(), sizeof(uint64_t), holder(sum.transfer), tag)
                                 : comm.send(sum.at.data(), sizeof(uint64_t), x.to, tag);
       }
-      if (Status s = group.end(); !s.ok()) return fail_sums(all.front(), s);
+      if (Status s = group.end(); !s.ok()) return fail_sum(sums.front(), s);
     }
     for (auto& sum : sums)
-      if (Status s = sum.work->wait(deadline); !s.ok())
-        return fail_sums(sum.received ? *sum.received : all.front(),
-                    s.with_context("the hash of a forwarded piece from the rank that holds it"));
+      if (Status s = sum.work->wait(deadline); !s.ok()) return fail_sum(sum, s);
     for (auto& sum : sums) {
       if (!sum.received) continue;
       uint64_t want = 0;
-      if (Status s = mem.copy(&want, sum.at.data(), sizeof want); !s.ok())
-        return fail(*sum.received, s.with_context("checksum"));
+      if (Status s = mem.copy(&want, sum.at.data(), sizeof want); !s.ok()) return fail_sum(sum, s);
       const Transfer& x = plan.transfers[sum.transfer];
       if (sum.received->digest != want)
         return fail(*sum.received,
@@ -324,8 +331,9 @@ Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& 
     return run();
   } catch (const std::bad_alloc&) {
     const Status s = unavailable("many-sender plan: rank " + std::to_string(rank) + " has no memory for its moves");
+    if (!sums.empty()) return fail_sum(sums.front(), s);  // every posted Work settled (or its memory let go) first
     if (all.empty()) return s;
-    return fail(all.front(), s);  // every posted Work settled (or its memory let go) first
+    return fail(all.front(), s);
   }
 }
 

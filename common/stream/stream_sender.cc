@@ -124,7 +124,7 @@ Status StreamSender::issue(uint8_t* from, PlanBucket bucket, bool staged) {
     const delta::Header& h = *encoded;
     if (mem_->stream() && h.wire_bytes) PC_RETURN_IF_ERROR(fail(comm_->order_after(mem_->stream())));
     if (hooks_.on_delta) hooks_.on_delta(k, h);
-    if (h.kind == delta::Kind::kIndices || h.kind == delta::Kind::kBitmask) ++delta_buckets_;
+    if (delta::sent_against_baseline(h.kind)) ++delta_buckets_;
     wire_ += h.wire_bytes;
     works_.push_back(h.wire_bytes ? comm_->broadcast(from, h.wire_bytes, 0) : nullptr);
     bytes_.push_back(b.bytes);

@@ -113,9 +113,7 @@ Status BucketSender::issue_delta(const UpdatePlan& plan, size_t k, const std::ve
   // The encoding was written on the copy stream (CUDA): the broadcast waits for it.
   if (mem_->stream() && h.wire_bytes) PC_RETURN_IF_ERROR(comm.order_after(mem_->stream()));
   if (hooks.on_delta) hooks.on_delta(k, h);
-  // Sent against the baseline: encoded, or unchanged (an update in which
-  // nothing changed is a delta that moves nothing).
-  if (h.kind != delta::Kind::kDense) ++delta_buckets_;
+  if (delta::sent_against_baseline(h.kind)) ++delta_buckets_;
   wire_bytes_ += h.wire_bytes;
   work = h.wire_bytes ? comm.broadcast(out, h.wire_bytes, 0) : nullptr;
   return Status();

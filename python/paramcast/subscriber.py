@@ -42,10 +42,10 @@ class Subscriber:
         for name, tensor in named_items(named_tensors, "register"):
             if isinstance(tensor, Shard):
                 obj, dtype, _ = for_dlpack(tensor.local)
-                self._core.register_slice(name, obj, dtype, tensor.shape, tensor.offsets)
+                self._core.register_slice(name, obj, dtype, tensor.shape, tensor.offsets, owner=tensor.local)
                 continue
             obj, dtype, _ = for_dlpack(tensor)
-            self._core.register_tensor(name, obj, dtype)
+            self._core.register_tensor(name, obj, dtype, owner=tensor)
         return self
 
     def on_weights(self, fn):

@@ -104,12 +104,13 @@ def test_publisher_rejects_bad_tensors_before_anything_is_sent():
             pub.weight_update({0: torch.zeros(2)})
 
 
-def test_a_registered_tensor_whose_storage_moved_refuses_the_plan_naming_it():
-    """An engine's registered tensor whose storage was replaced after it was registered (here
-    share_memory_(), as sending it through a multiprocessing pipe does; resize_() or a new .data
-    alike) no longer holds the memory ParamCast writes: the next plan is refused before any byte
-    moves, naming the tensor, and the engine keeps its version. Registered again, it updates.
-    (Before, the update wrote into the freed buffer: a corrupted heap or a crash later.)"""
+def test_a_registered_tensor_whose_storage_moved_fails_the_update_naming_it():
+    """An engine's registered tensor whose storage was replaced after it was registered
+    (share_memory_(), as sending it through a multiprocessing pipe does; a new .data; resize_())
+    no longer holds the memory ParamCast writes: the engine fails the next update before any
+    byte moves, naming the tensor, and keeps its version. Registered again, it updates.
+    (Before, the update wrote into the freed buffer after share_memory_(): a corrupted heap or a
+    crash; after a new .data, into the old storage, which the model no longer reads.)"""
     w, b = torch.zeros(4096), torch.zeros(16)
     with paramcast.Publisher(config_dict(subscribers=1)) as pub:
         cfg = config_dict(endpoint=pub.endpoint, subscribers=1)
@@ -133,5 +134,13 @@ def test_a_registered_tensor_whose_storage_moved_refuses_the_plan_naming_it():
             sub.register({"w": w})
             r = pub.weight_update(src)
             assert r.ok and torch.equal(w, src["w"]) and torch.equal(b, src["b"])
+            b.data = torch.zeros(16)  # the tensor now reads other memory
+            src["b"] += 1
+            with pytest.raises(paramcast.UpdateError, match=r"'b': expected its bytes where they were registered"):
+                pub.weight_update(src)
+            assert (sub.state, sub.version) == ("consistent", r.version)
+            sub.register({"b": b})
+            r = pub.weight_update(src)
+            assert r.ok and torch.equal(b, src["b"]) and torch.equal(w, src["w"])
         finally:
             sub.stop()
