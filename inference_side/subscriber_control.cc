@@ -183,16 +183,13 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
 }
 
 std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan) {
+  if (plan.sharded || source_) return check_sharded(plan);
   std::vector<Mismatch> out;
-  if (plan.sharded || source_) {
-    out = check_sharded(plan);
-  } else {
-    {
-      std::lock_guard<std::mutex> lock(reg_mu_);
-      out = check_plan(plan, registry_, bool(callback_));
-    }
-    if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    out = check_plan(plan, registry_, bool(callback_));
   }
+  if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
   return out;
 }
 

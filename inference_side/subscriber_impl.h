@@ -81,7 +81,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
 
   TensorCallback callback_;
   UpdateBeginHook begin_hook_;
-  RegistrationCheck registration_check_;  // set before start(); called on the control thread
+  RegistrationCheck registration_check_;  // set before start(); called on the data thread
   UpdateEndHook end_hook_;
 
   // control::ControlClient::Listener (control thread)

@@ -193,8 +193,9 @@ void SubscriberImpl::end_publish(uint64_t seq, bool ran) {
 
 // A trainer rank takes sharded plans only, and only with its own holdings in
 // them; an engine checks the tensors as for any plan (on a GPU: registered
-// buffers only, no callback), and must be planned exactly the slices it registered (else a piece would not
-// fit its buffer): its rank's wants in the plan, region by region.
+// buffers only, no callback), and must be planned exactly the slices it
+// registered (else a piece would not fit its buffer): its rank's wants in
+// the plan, region by region.
 std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
   std::vector<Mismatch> out;
   if (!plan.sharded) {
