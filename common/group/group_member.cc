@@ -143,6 +143,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
     }));
     return unavailable("PARAMCAST_FAULT_FALSE_READY: said GroupReady without a communicator");
   }
+  held_by_hook_.reset();  // a test hook's communicator of the last formation
   auto attempt = std::make_shared<Attempt>(options.epoch);
   {
     std::lock_guard<std::mutex> lock(mu_);  // against abandon_formations() of an older epoch
@@ -179,19 +180,24 @@ StatusOr<std::shared_ptr<Communicator>> GroupMember::join(const GroupOptions& op
   lock.unlock();
   const auto rank = static_cast<uint32_t>(options.rank);
   FormationEvidence evidence = evidence_seen;
+  // The two hooks below say a formation failed that connected: its
+  // communicator stays open until this member's next join(), so that a peer
+  // still connecting its own mesh sees only the lie, never a closed pair.
+  auto fail_by_hook = [&](std::string why) {
+    held_by_hook_ = reaper_.adopt(std::move(comm.value()));
+    comm = StatusOr<std::unique_ptr<Communicator>>(unavailable(std::move(why)));
+  };
   if (fail_first_) {  // test hook: the echo of another member's failure, without evidence
     fail_first_ = false;  // its first formation, whatever became of it
-    if (comm.ok())
-      comm = StatusOr<std::unique_ptr<Communicator>>(
-          unavailable("PARAMCAST_FAULT_FAIL_FIRST_FORMATION: a peer closed its pair (no evidence)"));
+    if (comm.ok()) fail_by_hook("PARAMCAST_FAULT_FAIL_FIRST_FORMATION: a peer closed its pair (no evidence)");
   }
   if (comm.ok() && !accuse_.empty()) {  // test hook: it reached them, and says it did not
     for (size_t r = 0; r < options.members.size(); ++r)
       if (std::find(accuse_.begin(), accuse_.end(), options.members[r]) != accuse_.end())
         evidence.unreachable.push_back(static_cast<int>(r));
     if (!evidence.unreachable.empty())
-      comm = StatusOr<std::unique_ptr<Communicator>>(unavailable("PARAMCAST_FAULT_ACCUSE: claims it could not reach " +
-                                                                 std::to_string(evidence.unreachable.size()) + " peers"));
+      fail_by_hook("PARAMCAST_FAULT_ACCUSE: claims it could not reach " + std::to_string(evidence.unreachable.size()) +
+                   " peers");
   }
   if (report_after_.count() > 0) std::this_thread::sleep_for(report_after_);  // test hook: a slow control path
   if (!comm.ok()) {

@@ -27,7 +27,9 @@
 // without evidence once its mesh connected (the echo of another member's
 // failure; with ACCUSE, a framer whose first formation failed for real, and
 // that accuses from the second on); PARAMCAST_FAULT_REPORT_AFTER_MS=N sends each GroupReady or
-// GroupFailed N ms late (a slow control path).
+// GroupFailed N ms late (a slow control path). A formation that ACCUSE or
+// FAIL_FIRST_FORMATION says failed keeps its communicator open until the
+// next join(): its peers' meshes connect, so only its word speaks.
 //
 // Threads: join() on the data thread; the on_* methods on the control thread.
 #pragma once
@@ -78,6 +80,7 @@ class GroupMember {
   std::vector<std::string> accuse_;  // PARAMCAST_FAULT_ACCUSE
   bool fail_first_ = false;          // PARAMCAST_FAULT_FAIL_FIRST_FORMATION
   Millis report_after_{0};           // PARAMCAST_FAULT_REPORT_AFTER_MS
+  std::shared_ptr<Communicator> held_by_hook_;  // data thread: a formation ACCUSE or FAIL_FIRST said failed
   control::ControlClient& client_;
   std::shared_ptr<Link> link_;
   std::shared_ptr<RemoteStore> store_;
