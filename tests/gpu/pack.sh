@@ -66,7 +66,7 @@ while read -r f; do
     *) (cd "$root" && cp --parents "$f" "$pack/py/src/") ;;
   esac
 done < "$pack/py/sources"
-(cd "$root" && cp --parents python/paramcast/*.py tests/python/*.py examples/python/tinylm.py deploy/*.yaml "$pack/py/src/")
+(cd "$root" && cp --parents python/paramcast/*.py python/paramcast/integrations/*.py tests/python/*.py examples/python/tinylm.py deploy/*.yaml "$pack/py/src/")
 
 # Libraries to leave to the machine: glibc's (libc, libm, libpthread, libdl,
 # librt, ld-linux), the CUDA driver (libcuda, libnvidia-*) and NCCL.

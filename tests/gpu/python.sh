@@ -3,7 +3,8 @@
 # machine's own python3 (the one that holds PyTorch; its version is not the
 # build machine's) from what tests/gpu/pack.sh put in PACK/py, then runs
 # tests/python with it: test_cuda.py (a trainer and engine processes on CUDA
-# tensors over NCCL) first, then the CPU suites, which check the build itself.
+# tensors over NCCL) and test_cuda_vllm.py (the vLLM backend's TP workers on
+# CUDA) first, then the CPU suites, which check the build itself.
 # Needs a C++20 compiler, Python's headers and pybind11 (pip's is enough) on
 # this machine; no network.
 # It fails when PyTorch sees no CUDA device (test_cuda.py would skip, and the
@@ -45,6 +46,7 @@ for f in "$pack"/lib/*; do
   case "$(basename "$f")" in libstdc++.so*|libgcc_s.so*) ;; *) ln -s "$f" "$work/lib/" ;; esac
 done
 cp "$src"/python/paramcast/*.py "$work/paramcast/"
+mkdir -p "$work/paramcast/integrations" && cp "$src"/python/paramcast/integrations/*.py "$work/paramcast/integrations/"
 
 echo "python.sh: building paramcast/_core$suffix for $("$py" --version) with $(c++ --version | head -1)"
 shared=()
@@ -70,7 +72,7 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 cd "$src/tests/python"
 failed=0
-for f in ${PYTEST_FILES:-test_cuda.py test_tensors.py test_config.py test_sync.py test_faults.py}; do
+for f in ${PYTEST_FILES:-test_cuda.py test_cuda_vllm.py test_tensors.py test_config.py test_sync.py test_faults.py}; do
   echo "== pytest $f"
   "$py" -m pytest -q -rs -s -p no:cacheprovider "$f" || failed=1
 done

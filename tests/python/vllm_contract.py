@@ -122,9 +122,10 @@ class VllmStyleLlama(torch.nn.Module):
         return {n: torch.cat(parts) if len(parts) > 1 else parts[0] for n, parts in out.items()}
 
 
-def make_engine(engine_cls_path, rank, tp, hf_config, model):
+def make_engine(engine_cls_path, rank, tp, hf_config, model, device="cpu"):
     """The worker's weight-transfer engine, made after its model as vLLM makes it:
-    ``engine_cls(config, vllm_config, device, model)``. Returns (engine, its parallel config)."""
+    ``engine_cls(config, vllm_config, device, model)`` (``device``: the worker's, as vLLM passes it).
+    Returns (engine, its parallel config)."""
     import importlib
 
     module, cls = engine_cls_path.rsplit(".", 1)
@@ -132,7 +133,7 @@ def make_engine(engine_cls_path, rank, tp, hf_config, model):
     parallel = types.SimpleNamespace(rank=rank, world_size=tp, data_parallel_index=0, data_parallel_rank=0)
     vllm_config = types.SimpleNamespace(parallel_config=parallel,
                                         model_config=types.SimpleNamespace(hf_config=hf_config))
-    engine = engine_cls(types.SimpleNamespace(backend="paramcast"), vllm_config, torch.device("cpu"), model)
+    engine = engine_cls(types.SimpleNamespace(backend="paramcast"), vllm_config, torch.device(device), model)
     return engine, parallel
 
 
@@ -201,13 +202,14 @@ def serve(conn, engine, calls):
             conn.send(("error", type(e).__name__, str(e)))
 
 
-def serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks=None):
+def serve_worker(conn, rank, tp, engine_cls_path, make_model, make_checks=None, device="cpu"):
     """One vLLM worker process (gpu_worker.py): ``make_model()`` -> (hf_config, model) builds its model,
-    then its weight-transfer engine is made (``make_engine``), then it serves gpu_worker's RPCs and the
-    test's own, ``make_checks(hf_config, model, engine)``'s functions under their names, until "exit"."""
+    then its weight-transfer engine is made (``make_engine``, on ``device``), then it serves gpu_worker's
+    RPCs and the test's own, ``make_checks(hf_config, model, engine)``'s functions under their names, until
+    "exit"."""
     torch.set_num_threads(1)
     cfg, model = make_model()
-    engine, parallel = make_engine(engine_cls_path, rank, tp, cfg, model)
+    engine, parallel = make_engine(engine_cls_path, rank, tp, cfg, model, device)
     calls = gpu_worker_rpcs(engine, parallel, rank)
     if make_checks is not None:
         calls.update({f.__name__: f for f in make_checks(cfg, model, engine)})
