@@ -336,15 +336,18 @@ bool PublisherImpl::run_once(UpdatePlan& plan, const std::vector<TensorView>& te
     r.status = s;
     return false;
   }
-  if (faults_.pause_version == plan.version) {  // test hook: membership may change meanwhile
-    PC_WARN("publisher: fault injection: pausing v" << plan.version << " for " << faults_.pause_ms << " ms");
-    std::this_thread::sleep_for(std::chrono::milliseconds(faults_.pause_ms));
-  }
+  pause_before_plan(plan.version);
   decide_delta(plan, r);
   if (!plan_round(plan, r)) return false;  // 3. check
   Status data = move(plan, tensors, options.after_stream, r);  // 4. move
   collect_applied(plan, data, r);     // 5. applied
   return data.ok();
+}
+
+void PublisherImpl::pause_before_plan(uint64_t version) const {
+  if (faults_.pause_version != version) return;  // test hook: membership may change meanwhile
+  PC_WARN("publisher: fault injection: pausing v" << version << " for " << faults_.pause_ms << " ms");
+  std::this_thread::sleep_for(std::chrono::milliseconds(faults_.pause_ms));
 }
 
 // Sends the plan to every member; returns whether it went out precommitted

@@ -190,12 +190,15 @@ class PublisherImpl : public control::ControlServer::Listener {
   // ends now. `reserved`: the plan had taken the version (else it must
   // exceed the last one).
   void abandon_unplanned(uint64_t version, bool reserved, const std::string& why);
-  // The plain and streamed paths' failures: when no plan of `version` went
+  // The plain, streamed and sharded paths' failures: when no plan of `version` went
   // out (refused before it, or the group did not form), the engines hear of
   // its end (abandon_unplanned); one whose plan went out ends with its round.
   // Called with the update gate held (no other update chooses a version
   // meanwhile).
   void end_unplanned(uint64_t version, bool reserved, const Status& why);
+  // Test hook (PARAMCAST_FAULT_PAUSE_BEFORE_PLAN): an update of `version`
+  // pauses after its group was checked and before its plan goes out.
+  void pause_before_plan(uint64_t version) const;
   Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
                       const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, void* after_stream,
                       UpdateResult& r);

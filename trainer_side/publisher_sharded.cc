@@ -466,6 +466,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   r.buckets = 0;
   auto moves = reshard::sharded_moves(*plan, static_cast<int>(group.size() + 1), names);
   if (!moves.ok()) return refuse(moves.status().with_context("refused before any byte moved"));
+  pause_before_plan(plan->version);
   decide_sharded_delta(*plan, group, r);
   if (plan_round(*plan, r)) {
     Status data = move_sharded(*plan, *moves, sent, own_holds, options.after_stream, r);
@@ -475,6 +476,10 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     r.wire_bytes = 0;
     for (const auto& o : r.subscribers)
       if (!is_job_source(o.worker_id)) r.wire_bytes += o.bytes;
+  } else {
+    // Its plan did not go out (a member left the group since it formed):
+    // the engines hear of its end, as of a refusal above.
+    end_unplanned(plan->version, true, r.status);
   }
   // Failed for good (a plan abandoned for a dense try of the same version
   // is not): every partner call ends now, also that of a trainer rank that

@@ -389,6 +389,45 @@ TEST_F(ShardedRefusedDeltaTest, ADeltaRefusedByAnEngineGoesAgainDenseWithEveryTr
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
 }
 
+// An engine lost after a sharded update checked its group and before its
+// plan went out (the window PARAMCAST_FAULT_PAUSE_BEFORE_PLAN holds open):
+// the update fails at once naming it, and the engine still connected hears
+// of the version's end (an Abandon of it), as a vLLM worker inside its round
+// must: before, the engines got nothing and such a worker waited out its own
+// timeout. The next update forms a new group.
+class ShardedPausedPlanTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    ::setenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN", "2:4000", 1);  // rank 0's, read when it is created
+    start_cluster("  ranks: 2\n", {{}, {}});
+    ::unsetenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN");
+  }
+};
+
+TEST_F(ShardedPausedPlanTest, AnEngineLostBeforeThePlanEndsTheUpdateAndTheOthersHearOfItsEnd) {
+  auto [a0, a1] = publish_both(1);
+  ASSERT_TRUE(a0.ok()) << a0.status.to_string() << outputs();
+  ASSERT_TRUE(a1.ok()) << a1.status.to_string();
+  auto v2 = std::async(std::launch::async, [&] { return publish_both(2); });
+  std::this_thread::sleep_for(500ms);  // v2 is in its pause
+  workers_["worker-2"]->kill(SIGSTOP);  // silent past heartbeat_timeout: lost
+  ASSERT_TRUE(wait_event(MemberEvent::Kind::kLost, "worker-2", 10s)) << outputs();
+  auto [b0, b1] = v2.get();
+  workers_["worker-2"]->kill(SIGCONT);
+  ASSERT_FALSE(b0.ok()) << outputs();
+  EXPECT_NE(b0.status.message().find("abandoned before any byte moved: subscriber 'worker-2'"), std::string::npos)
+      << b0.status.to_string();
+  EXPECT_LT(b0.seconds, 10.0) << b0.status.to_string();
+  EXPECT_FALSE(b1.ok()) << "trainer-1's call outlived the update";
+  EXPECT_TRUE(workers_["worker-1"]->wait_for_output(
+      "worker-1: update v2 failed: ABORTED: publisher abandoned update v2 before any byte reached this engine", 10s))
+      << outputs();
+  auto [c0, c1] = publish_both(3);
+  ASSERT_TRUE(c0.ok()) << c0.status.to_string() << outputs();
+  ASSERT_TRUE(c1.ok()) << c1.status.to_string();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(id + ": v3 verified", 30s)) << id << p->output();
+}
+
 // Trainer-1 accepts plan v1 and loses its Commit (a test hook, as a broken
 // connection would). Rank 0 sees it in trainer-1's heartbeats and fails v1;
 // trainer-1's call ends with it, within seconds, not at its own bound
