@@ -366,9 +366,14 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
                        "; the next update forms a new group");
     return false;
   }
+  // A sharded delta always goes through the answer round: an engine that
+  // cannot take it answers PlanReject and the same version goes again dense
+  // with every trainer rank (plan_round). Precommitted, it could only abort
+  // the moves, which relay others' pieces through it, and fail the update
+  // for every engine. (A broadcast member drops what it refused instead.)
   const bool precommitted = cfg_.publisher.reuse_validated_plan && validated_ && validated_->epoch == epoch &&
                             validated_->hash == plan.manifest_hash && validated_->checksum == plan.checksum &&
-                            validated_->partial == plan.partial;
+                            validated_->partial == plan.partial && !(plan.sharded && plan.delta_base);
   validated_.reset();  // set again only when this update succeeds everywhere
   r.epoch = epoch;
   r.precommitted = precommitted;

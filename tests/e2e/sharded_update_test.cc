@@ -369,13 +369,33 @@ TEST_F(ShardedStaleCommitTest, ARankSendsOnlyTheShardsOfTheCallItsPlanTook) {
 // trainer-1's call goes on and takes part in it, and it lands.
 class ShardedRefusedDeltaTest : public ShardedUpdateTest {
  protected:
-  void SetUp() override {
+  void SetUp() override { start("  reuse_validated_plan: false\n"); }
+  void start(const std::string& extra) {
     engine_env_ = {{}, {"PARAMCAST_FAULT_REFUSE_DELTA=1"}};
-    start_cluster("  ranks: 2\n  delta: auto\n  reuse_validated_plan: false\n", {{}, {}});
+    start_cluster("  ranks: 2\n  delta: auto\n" + extra, {{}, {}});
   }
+  void expect_delta_refused_then_dense();
 };
 
 TEST_F(ShardedRefusedDeltaTest, ADeltaRefusedByAnEngineGoesAgainDenseWithEveryTrainerRank) {
+  expect_delta_refused_then_dense();
+}
+
+// The same with the default reuse_validated_plan: v2's plan has v1's
+// manifest, yet a sharded delta goes through the answer round, so the
+// engine's PlanReject turns it dense for every rank. (Before, it went out
+// precommitted: the engine could only abort the moves, and v2 failed for
+// every engine, naming it.)
+class ShardedRefusedDeltaReusedPlanTest : public ShardedRefusedDeltaTest {
+ protected:
+  void SetUp() override { start(""); }
+};
+
+TEST_F(ShardedRefusedDeltaReusedPlanTest, ADeltaRefusedByAnEngineGoesAgainDenseWithEveryTrainerRank) {
+  expect_delta_refused_then_dense();
+}
+
+void ShardedRefusedDeltaTest::expect_delta_refused_then_dense() {
   auto [a0, a1] = publish_both(1);
   ASSERT_TRUE(a0.ok()) << a0.status.to_string() << outputs();
   ASSERT_TRUE(a1.ok()) << a1.status.to_string();
