@@ -141,7 +141,9 @@ struct PublisherOptions {
   // already accepted a plan with the same manifest: the plan goes out
   // precommitted and the buckets follow at once. Each subscriber still checks
   // the plan before any byte reaches its tensors; one that cannot take it
-  // receives and drops the buckets and reports the mismatches. Default: true
+  // receives and drops the buckets and reports the mismatches. A many-sender
+  // delta plan always goes through the round (an engine that refuses it gets
+  // the same version dense). Default: true
   bool reuse_validated_plan = true;
   // Delta updates: `auto` sends a bucket as the elements that changed since
   // the version every member holds when that is at most half its bytes,

@@ -442,6 +442,7 @@ TEST_F(ShardedPausedPlanTest, AnEngineLostBeforeThePlanEndsTheUpdateAndTheOthers
   EXPECT_TRUE(workers_["worker-1"]->wait_for_output(
       "worker-1: update v2 failed: ABORTED: publisher abandoned update v2 before any byte reached this engine", 10s))
       << outputs();
+  ASSERT_TRUE(wait_event(MemberEvent::Kind::kRejoined, "worker-2", 20s)) << outputs();  // back before v3
   auto [c0, c1] = publish_both(3);
   ASSERT_TRUE(c0.ok()) << c0.status.to_string() << outputs();
   ASSERT_TRUE(c1.ok()) << c1.status.to_string();
