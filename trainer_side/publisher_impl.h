@@ -190,9 +190,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   // ends now. `reserved`: the plan had taken the version (else it must
   // exceed the last one).
   void abandon_unplanned(uint64_t version, bool reserved, const std::string& why);
-  // The plain, streamed and sharded paths' failures: when no plan of `version` went
-  // out (refused before it, or the group did not form), the engines hear of
-  // its end (abandon_unplanned); one whose plan went out ends with its round.
+  // The plain, streamed and sharded paths' failures: when no plan of
+  // `version` went out (refused before it, the group did not form, or a
+  // member left it before the plan), the engines hear of its end
+  // (abandon_unplanned); one whose plan went out ends with its round.
   // Called with the update gate held (no other update chooses a version
   // meanwhile).
   void end_unplanned(uint64_t version, bool reserved, const Status& why);

@@ -477,8 +477,9 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     for (const auto& o : r.subscribers)
       if (!is_job_source(o.worker_id)) r.wire_bytes += o.bytes;
   } else {
-    // Its plan did not go out (a member left the group since it formed):
-    // the engines hear of its end, as of a refusal above.
+    // Where its plan did not go out (a member left the group since it
+    // formed), the engines hear of its end, as of a refusal above; where it
+    // went out, they end with its round and end_unplanned does nothing.
     end_unplanned(plan->version, true, r.status);
   }
   // Failed for good (a plan abandoned for a dense try of the same version
