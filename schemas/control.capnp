@@ -639,3 +639,58 @@ struct Envelope {
     # Publisher -> member: prove your data path works (LinkCheck).
   }
 }
+
+# A many-sender job stated by rule (common/reshard/layout.h): every tensor
+# names one placement over the ranks that hold it and one over the ranks
+# that want it. The tensor list travels once per job; a later update names
+# it by `tensorsDigest`. (Defined and measured by the planner benchmark; the
+# Plan does not carry it yet.)
+struct LayoutMesh {
+  parts @0 :UInt32;
+  # Ranks that share each copy of a tensor.
+  replicas @1 :UInt32;
+  # Copies.
+  ranks @2 :List(UInt32);
+  # ranks[q * parts + j]: part j of copy q.
+}
+
+struct LayoutBox {
+  rank @0 :UInt32;
+  offsets @1 :List(Int64);
+  lengths @2 :List(Int64);
+  # An explicit box of a tensor, per dimension [offset, offset + length).
+}
+
+struct LayoutPlacement {
+  mesh @0 :UInt32;
+  # Index into JobLayoutTable.meshes (rules only).
+  dim @1 :UInt32;
+  # Shard(dim): torch.chunk's split of each segment over the mesh's parts.
+  segments @2 :List(Int64);
+  # Fused segments along dim, sizes; empty: one, the whole dim.
+  boxes @3 :List(LayoutBox);
+  # Non-empty: explicit boxes instead of the rule.
+}
+
+struct JobLayoutTable {
+  names @0 :Data;
+  # The tensors' names, front-coded: per name a LEB128 count of bytes shared
+  # with the previous name, a LEB128 count of bytes that follow, the bytes.
+  dtypes @1 :List(UInt8);
+  # Per tensor: its DType's number (common/tensor.h).
+  ranks @2 :List(UInt8);
+  # Per tensor: its number of dimensions.
+  dims @3 :List(Int64);
+  # Every tensor's dimensions, one after the other.
+  tensorsDigest @4 :UInt64;
+  # xxh64 of the tensor list (names, dtypes, shapes): what a later update
+  # names instead of sending the list again.
+  rankNames @5 :List(Text);
+  # By data-plane rank.
+  meshes @6 :List(LayoutMesh);
+  placements @7 :List(LayoutPlacement);
+  held @8 :List(UInt32);
+  # Per tensor: its placement over its holders.
+  wanted @9 :List(UInt32);
+  # Per tensor: its placement over its wanters, or 0xffffffff: nobody.
+}
