@@ -9,7 +9,8 @@ namespace {
 
 constexpr size_t kMaxListed = 16;
 constexpr int kMaxWorld = 1 << 16;
-constexpr size_t kMaxExplicitBoxes = 4096;  // per placement: pairwise checks stay small
+constexpr size_t kMaxExplicitBoxes = 4096;
+constexpr size_t kMaxSegments = 255;  // a Move keeps the segment in a byte  // per placement: pairwise checks stay small
 
 // Collects problems: the first kMaxListed kept, the rest counted.
 class Problems {
@@ -91,6 +92,11 @@ bool check_fit(const JobLayout& job, const TensorSpec& t, const Placement& p, co
   if (p.segments.empty()) return true;
   if (p.dim < 0 || static_cast<size_t>(p.dim) >= t.shape.size()) {
     out.add(quoted(t) + ": segments along dim " + std::to_string(p.dim) + ", which it does not have");
+    return false;
+  }
+  if (p.segments.size() > kMaxSegments) {
+    out.add(quoted(t) + ": " + std::to_string(p.segments.size()) + " segments, more than " +
+            std::to_string(kMaxSegments));
     return false;
   }
   int64_t sum = 0;

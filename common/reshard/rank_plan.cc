@@ -83,6 +83,10 @@ void each_meeting_part(const Side& other, const std::vector<int64_t>& shape, con
 
 class Planner {
  public:
+  static int sending_replica(uint32_t t, uint16_t sw, uint32_t jw, int replicas) {
+    return static_cast<int>((uint64_t{t} + sw + jw) % static_cast<uint64_t>(replicas));
+  }
+
   Planner(const JobLayout& job, int rank) : job_(job) {
     out_.rank = rank;
     at_.assign(job.meshes.size(), -1);
@@ -93,15 +97,16 @@ class Planner {
     }
   }
 
+  // Two passes: the first counts, so that the lists are allocated once, at
+  // their size (a vector's doubling would hold 3x the moves at its peak).
   RankPlan run() {
-    for (uint32_t t = 0; t < job_.tensors.size(); ++t) {
-      if (job_.held[t] == kNobody || job_.wanted[t] == kNobody) continue;
-      const auto& shape = job_.tensors[t].shape;
-      const uint64_t element = dtype_size(job_.tensors[t].dtype);
-      const Side h(job_, job_.held[t], shape), w(job_, job_.wanted[t], shape);
-      for (auto [q, j] : mine(h)) send_held(t, element, h, w, q, j);
-      for (auto [q, j] : mine(w)) receive_wanted(t, element, h, w, q, j);
-    }
+    counting_ = true;
+    walk();
+    out_.sends.reserve(sends_);
+    out_.receives.reserve(receives_);
+    out_.bytes_in = out_.bytes_out = 0;
+    counting_ = false;
+    walk();
     auto order = [](const Move& a, const Move& b) {
       return std::tie(a.peer, a.depth, a.tensor, a.held_segment, a.want_segment, a.held_part, a.want_part) <
              std::tie(b.peer, b.depth, b.tensor, b.held_segment, b.want_segment, b.held_part, b.want_part);
@@ -112,6 +117,17 @@ class Planner {
   }
 
  private:
+  void walk() {
+    for (uint32_t t = 0; t < job_.tensors.size(); ++t) {
+      if (job_.held[t] == kNobody || job_.wanted[t] == kNobody) continue;
+      const auto& shape = job_.tensors[t].shape;
+      const uint64_t element = dtype_size(job_.tensors[t].dtype);
+      const Side h(job_, job_.held[t], shape), w(job_, job_.wanted[t], shape);
+      for (auto [q, j] : mine(h)) send_held(t, element, h, w, q, j);
+      for (auto [q, j] : mine(w)) receive_wanted(t, element, h, w, q, j);
+    }
+  }
+
   // This rank's (replica, part) in a side: one for a rule, any number of
   // boxes for an explicit placement.
   std::vector<std::pair<int, uint32_t>> mine(const Side& s) const {
@@ -128,10 +144,6 @@ class Planner {
   static uint64_t chain_rotation(uint32_t t, uint16_t sh, uint32_t jh, uint16_t sw, uint32_t jw, int replicas) {
     return (uint64_t{t} + sh + jh + sw + jw) % static_cast<uint64_t>(replicas);
   }
-  static int sending_replica(uint32_t t, uint16_t sw, uint32_t jw, int replicas) {
-    return static_cast<int>((uint64_t{t} + sw + jw) % static_cast<uint64_t>(replicas));
-  }
-
   // Part (q, jh) of the holders: each piece it is the chosen sender of goes
   // to the first wanter replica of the piece's chain.
   void send_held(uint32_t t, uint64_t element, const Side& h, const Side& w, int q, uint32_t jh) {
@@ -144,7 +156,7 @@ class Planner {
         const uint64_t n = meet(shape, h, sh, jh, w, sw, jw);
         if (!n) return;
         const int first = static_cast<int>(chain_rotation(t, sh, jh, sw, jw, w.replicas));
-        add(out_.sends, out_.bytes_out, {t, w.rank(job_, first, jw), out_.rank, 0, jh, jw, sh, sw, n * element});
+        add(true, n * element, t, w.rank(job_, first, jw), 0, jh, jw, sh, sw);
       });
     }
   }
@@ -161,23 +173,28 @@ class Planner {
         if (!n) return;
         const auto rot = static_cast<int>(chain_rotation(t, sh, jh, sw, jw, w.replicas));
         const int at = (q - rot + w.replicas) % w.replicas;  // place in the chain
-        const int holder = h.rank(job_, sending_replica(t, sw, jw, h.replicas), jh);
-        const int from = at == 0 ? holder : w.rank(job_, (rot + at - 1) % w.replicas, jw);
-        const auto depth = static_cast<uint32_t>(at);
-        add(out_.receives, out_.bytes_in, {t, from, holder, depth, jh, jw, sh, sw, n * element});
-        if (at + 1 < w.replicas)
-          add(out_.sends, out_.bytes_out,
-              {t, w.rank(job_, (rot + at + 1) % w.replicas, jw), holder, depth + 1, jh, jw, sh, sw, n * element});
+        const int from = at == 0 ? h.rank(job_, sending_replica(t, sw, jw, h.replicas), jh) : w.rank(job_, (rot + at - 1) % w.replicas, jw);
+        add(false, n * element, t, from, at, jh, jw, sh, sw);
+        if (at + 1 < w.replicas) add(true, n * element, t, w.rank(job_, (rot + at + 1) % w.replicas, jw), at + 1, jh, jw, sh, sw);
       });
     }
   }
 
-  static void add(std::vector<Move>& list, uint64_t& total, const Move& m) {
-    list.push_back(m);
-    total += m.bytes;
+  void add(bool send, uint64_t bytes, uint32_t t, int peer, int depth, uint32_t jh, uint32_t jw, uint16_t sh,
+           uint16_t sw) {
+    (send ? out_.bytes_out : out_.bytes_in) += bytes;
+    if (counting_) {
+      ++(send ? sends_ : receives_);
+      return;
+    }
+    (send ? out_.sends : out_.receives)
+        .push_back({bytes, t, static_cast<uint16_t>(peer), static_cast<uint16_t>(depth), static_cast<uint16_t>(jh),
+                    static_cast<uint16_t>(jw), static_cast<uint8_t>(sh), static_cast<uint8_t>(sw)});
   }
 
   const JobLayout& job_;
+  bool counting_ = false;
+  size_t sends_ = 0, receives_ = 0;
   std::vector<int> at_;  // per mesh: this rank's index in it, or -1
   RankPlan out_;
 };
@@ -185,6 +202,12 @@ class Planner {
 }  // namespace
 
 RankPlan rank_plan(const JobLayout& job, int rank) { return Planner(job, rank).run(); }
+
+int move_holder(const JobLayout& job, const Move& m) {
+  const auto& shape = job.tensors[m.tensor].shape;
+  const Side h(job, job.held[m.tensor], shape), w(job, job.wanted[m.tensor], shape);
+  return h.rank(job, Planner::sending_replica(m.tensor, m.want_segment, m.want_part, h.replicas), m.held_part);
+}
 
 Region move_region(const JobLayout& job, const Move& move) {
   const auto& shape = job.tensors[move.tensor].shape;

@@ -33,18 +33,19 @@
 
 namespace paramcast::reshard {
 
-// One piece between this rank and a peer: the meeting of the holder's part
+// One piece between this rank and a peer (ranks, parts and depths below
+// 2^16, segments below 2^8: check_layout's bounds): the meeting of the holder's part
 // `held_part` (segment `held_segment`) and the wanter's part `want_part`
 // (segment `want_segment`) of `tensor`. For explicit placements the part is
 // the box's index and the segment 0.
+// 24 bytes: a rank of a DeepSeek-scale job keeps millions of these.
 struct Move {
-  uint32_t tensor = 0;
-  int peer = -1;       // the receiver of a send, the sender of a receive
-  int holder = -1;     // the rank that holds the piece: whose hash checks it
-  uint32_t depth = 0;  // hops before this one: 0 = the holder sends it
-  uint32_t held_part = 0, want_part = 0;
-  uint16_t held_segment = 0, want_segment = 0;
   uint64_t bytes = 0;
+  uint32_t tensor = 0;
+  uint16_t peer = 0;   // the receiver of a send, the sender of a receive
+  uint16_t depth = 0;  // hops before this one: 0 = the holder sends it
+  uint16_t held_part = 0, want_part = 0;
+  uint8_t held_segment = 0, want_segment = 0;
   bool operator==(const Move&) const = default;
 };
 
@@ -61,6 +62,8 @@ RankPlan rank_plan(const JobLayout& job, int rank);
 
 // The region of `tensor` a move carries.
 Region move_region(const JobLayout& job, const Move& move);
+// The rank that holds the piece (the chain's start): whose hash checks it.
+int move_holder(const JobLayout& job, const Move& move);
 
 // A run of consecutive moves of one pair (same peer, same depth) that
 // travel as one message: [first, first + count) of a RankPlan's sends or

@@ -100,10 +100,16 @@ ReshardPlan assemble(const JobLayout& job) {
         if (m.depth != depth) continue;
         any = true;
         int after = -1;
+        if (depth == 0) {
+          EXPECT_EQ(move_holder(job, m), p.rank);
+        }
         if (depth > 0) {
           auto it = landed.find({p.rank, m.tensor, m.held_part, m.want_part, m.held_segment, m.want_segment});
           EXPECT_NE(it, landed.end()) << job.name(p.rank) << " forwards a piece it never received";
           if (it != landed.end()) after = it->second;
+          if (after >= 0) {
+            EXPECT_EQ(out.transfers[chain_start(out, static_cast<size_t>(after))].from, move_holder(job, m));
+          }
         }
         out.transfers.push_back({p.rank, m.peer, m.tensor, move_region(job, m), m.bytes, after});
         landed[{m.peer, m.tensor, m.held_part, m.want_part, m.held_segment, m.want_segment}] =
@@ -293,10 +299,10 @@ TEST(LayoutTest, MalformedTablesAreRefusedNotTrusted) {
 
 TEST(LayoutTest, SmallMovesOfAPairTravelTogetherAndLargeOnesAlone) {
   std::vector<Move> moves;
-  for (uint32_t i = 0; i < 10; ++i) moves.push_back({i, 5, 0, 0, 0, 0, 0, 0, 100});
-  moves.push_back({10, 5, 0, 0, 0, 0, 0, 0, 5000});  // large: alone
-  moves.push_back({11, 5, 0, 1, 0, 0, 0, 0, 100});   // a forward: its own batch
-  moves.push_back({12, 6, 0, 1, 0, 0, 0, 0, 100});   // another peer
+  for (uint32_t i = 0; i < 10; ++i) moves.push_back({100, i, 5, 0, 0, 0, 0, 0});
+  moves.push_back({5000, 10, 5, 0, 0, 0, 0, 0});  // large: alone
+  moves.push_back({100, 11, 5, 1, 0, 0, 0, 0});   // a forward: its own batch
+  moves.push_back({100, 12, 6, 1, 0, 0, 0, 0});   // another peer
   const auto batches = pair_batches(moves, 450);
   ASSERT_EQ(batches.size(), 6u);
   EXPECT_EQ(batches[0].count, 4u);
