@@ -43,6 +43,17 @@
 // A forward's bytes are checked, as on the host path, against the hash of
 // the rank that holds them (one last group after the rounds).
 //
+// Steps: the run is one outline on both paths (detail::RankRun,
+// executor_steps.h), each step a function of its own: choose this rank's
+// transfers; send_held: for each piece it holds, read (or pack) it, encode
+// it against the baseline, hash it, post it; then batch by batch (host: a
+// dense plan's every receive at once, a delta plan's round; device: a
+// round) post_batch, and for each piece that comes, receive: land, check,
+// decode, place, relay (post its forwards); check_forwards against their
+// holders' hashes; account. The steps that touch memory are the path's:
+// HostRun (executor_host.h; executor.cc, executor_send.cc,
+// executor_receive.cc) and DeviceRun (device_executor.cc).
+//
 // Thread-safety: one call at a time per communicator.
 #pragma once
 

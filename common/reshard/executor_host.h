@@ -1,0 +1,123 @@
+// HostRun: run_reshard's steps over host memory (executor.h says what the
+// path does): executor.cc chooses and accounts, executor_send.cc sends the
+// pieces this rank holds, executor_receive.cc receives and relays.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "common/reshard/executor_steps.h"
+
+namespace paramcast::reshard::detail {
+
+// A transfer's header in a delta plan (tag: its index | kHeaderTag).
+struct PieceHeader {
+  uint8_t kind = 0;  // delta::Kind
+  uint8_t reserved[3] = {0, 0, 0};
+  uint32_t unit = 0;
+  uint64_t changed = 0;
+  uint64_t wire_bytes = 0;
+  uint64_t hash = 0;  // xxh64 of the piece's new bytes
+};
+static_assert(sizeof(PieceHeader) == 32, "PieceHeader is a wire format");
+
+// One of this rank's transfers on the host path, as it goes.
+struct Posted : Chosen {
+  std::shared_ptr<Work> work;
+  std::shared_ptr<Work> sum_work;   // the checksum that follows it (dense plans with checksums)
+  std::shared_ptr<Work> head_work;  // its header (delta plans)
+  std::shared_ptr<uint64_t> sum = std::make_shared<uint64_t>(0);  // sent, or received
+  std::shared_ptr<PieceHeader> head = std::make_shared<PieceHeader>();
+  const uint8_t* bytes = nullptr;  // the bytes on the wire, contiguous (a receive: once landed)
+  uint64_t wire = 0;               // how many
+  // Packed bytes (a send) or their landing (a receive) when not contiguous;
+  // shared with the sends that relay them (a forward, a repeat).
+  std::shared_ptr<std::vector<uint8_t>> staging = std::make_shared<std::vector<uint8_t>>();
+  std::shared_ptr<std::vector<uint8_t>> encoded;  // a send's delta encoding (shared by sends of the same piece)
+  bool direct = false;                            // a receive straight into the rank's buffer
+};
+
+// The hash of a piece this rank holds, sent to a rank its chain reaches
+// (the forward `transfer`'s receiver).
+struct HolderSum {
+  size_t transfer = 0;
+  std::shared_ptr<uint64_t> sum = std::make_shared<uint64_t>(0);
+  std::shared_ptr<Work> work;
+};
+
+class HostRun final : public RankRun {
+ public:
+  using RankRun::RankRun;
+
+ private:
+  using PieceKey = std::pair<uint32_t, Region>;  // a tensor's region
+  PieceKey key(const Posted& p) const { return {transfer(p.transfer).tensor, transfer(p.transfer).region}; }
+
+  // choose, account, and what sends and receives both use (executor.cc).
+  Status choose() override;
+  Status account() override;
+  void settle(const Status& s) override;
+  Status out_of_memory() override;
+  Status wait_moves(const Posted& p);
+  uint8_t* read(const Posted& p, std::vector<uint8_t>& into) const;
+
+  // For each piece this rank holds (executor_send.cc): make room in the
+  // staging window, read (or pack) it, encode it, hash it, post it.
+  Status send_held() override;
+  Status make_room(uint64_t need);
+  void read_dense(Posted& p);
+  void encode(Posted& p);
+  void record(const Transfer& x, const uint8_t* now);
+  void post(Posted& p);
+  void post_holder_sums();
+
+  // For each piece that comes (executor_receive.cc): land, check, decode,
+  // place, relay; then the forwards against their holders' hashes.
+  size_t batched() const override { return recvs_.size(); }
+  size_t batch_end(size_t begin) const override;
+  Status post_batch(size_t begin, size_t end) override;
+  void post_dense_receive(Posted& p);
+  Status post_delta_receive(Posted& p);
+  Status check_header(const Posted& p) const;
+  Status receive(size_t piece) override;
+  StatusOr<const uint8_t*> check_decode(Posted& p);
+  void place(const Posted& p, const uint8_t* bytes) const;
+  void relay(Posted& p);
+  Status end_batch(size_t, size_t) override { return Status(); }
+  Status check_forwards() override;
+  Status verify(const Posted& p, const uint8_t* bytes, uint64_t want, const std::string& what) const;
+
+  const bool delta_ = options.delta_base != 0;
+  // Checked pieces (dense with checksums; every piece of a delta plan): the
+  // hash a receiver checks comes from the rank that holds the piece, also
+  // for a forward (chain_start): a rank that forwards a piece relays its
+  // bytes, never its hash, so it cannot change them unseen.
+  const bool checked_ = delta_ || options.checksums;
+  // This rank's transfers, in schedule order; neither grows after choose(),
+  // so pointers into them stay.
+  std::vector<Posted> sends_, recvs_;
+  std::vector<Posted*> all_;
+  std::map<size_t, std::vector<Posted*>> forwards_;  // by the transfer that brings their bytes
+  // The hashes this rank sends as a holder, in schedule order, once all its
+  // own sends are posted; each rank takes them after all its moves landed,
+  // in the same order, and checks the forwards it received then. Last on
+  // both ends of every pair, they never hold up a move of the plan (the shm
+  // plane serves receives in the order they were posted; a holder waits for
+  // its oldest sends before it packs more).
+  std::vector<HolderSum> holder_sums_;
+  // A delta plan's pieces encoded by this run: a piece sent twice is
+  // encoded once (the baseline moved with the first), and its encoding is
+  // kept until its last send is posted.
+  std::map<PieceKey, Posted*> encoded_;
+  std::map<PieceKey, int> sends_left_;
+  // The staging window of a rank that only sends: the sends holding packed
+  // bytes or encodings, oldest first, and how many bytes they hold.
+  std::deque<Posted*> holding_;
+  uint64_t held_ = 0;
+  std::vector<uint8_t> mask_, scratch_, indices_;
+};
+
+}  // namespace paramcast::reshard::detail

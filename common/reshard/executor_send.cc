@@ -1,0 +1,168 @@
+// HostRun's sends: for each piece this rank holds, read (or pack) it,
+// encode it against the baseline, hash it, post it; then the hashes of the
+// pieces its chains forward.
+#include "common/delta/delta_codec.h"
+#include "common/reshard/executor_host.h"
+#include "common/xxhash.h"
+
+namespace paramcast::reshard::detail {
+
+namespace {
+
+uint64_t held_by(const Posted& q) {
+  return static_cast<uint64_t>(q.staging->size()) + (q.encoded ? q.encoded->size() : 0);
+}
+
+}  // namespace
+
+// Every piece this rank holds goes out at once, in schedule order (a
+// forward waits for the receive that brings its bytes: relay); a rank that
+// only sends holds at most staging_limit of packed pieces and encodings.
+Status HostRun::send_held() {
+  for (const auto& p : sends_)
+    if (transfer(p.transfer).after < 0) ++sends_left_[key(p)];
+  for (auto& p : sends_) {
+    const Transfer& x = transfer(p.transfer);
+    if (x.after >= 0) {
+      forwards_[static_cast<size_t>(x.after)].push_back(&p);
+      continue;
+    }
+    const bool packs = !contiguous_at(p.at.box, x.region, element(x)).has_value();
+    if (Status s = make_room(delta_ || packs ? x.bytes : 0); !s.ok()) return s;
+    if (delta_)
+      encode(p);  // read (or pack), encode against the baseline, hash
+    else
+      read_dense(p);  // read (or pack)
+    post(p);          // post (dense: then its hash)
+    --sends_left_[key(p)];
+    if (const uint64_t h = held_by(p); h > 0) {
+      held_ += h;
+      holding_.push_back(&p);
+    }
+  }
+  post_holder_sums();
+  return Status();
+}
+
+// A rank that only sends keeps its packed pieces and encodings within
+// staging_limit: before it packs or encodes the next piece (`need` bytes),
+// the oldest sends holding any are waited for and let go. Its sends go in
+// schedule order and its receivers take them round by round, so the oldest
+// always completes. A delta plan's piece sent again later keeps its
+// encoding until its last send is posted.
+Status HostRun::make_room(uint64_t need) {
+  while (options.staging_limit && recvs_.empty() && !holding_.empty() && held_ + need > options.staging_limit) {
+    Posted* q = holding_.front();
+    if (delta_ && sends_left_[key(*q)] > 0) break;  // its encoding is still to be sent again
+    holding_.pop_front();
+    if (Status s = wait_moves(*q); !s.ok()) return s;
+    held_ -= held_by(*q);
+    q->staging = std::make_shared<std::vector<uint8_t>>();  // sent: its bytes are free (a repeat holds its own)
+    q->encoded.reset();
+  }
+  return Status();
+}
+
+// A dense piece: its bytes in place or packed, recorded as the sender's
+// baseline when this rank holds it.
+void HostRun::read_dense(Posted& p) {
+  const Transfer& x = transfer(p.transfer);
+  p.bytes = read(p, *p.staging);
+  p.wire = x.bytes;
+  if (x.after < 0) record(x, p.bytes);
+  ++stats.dense;
+}
+
+// The sender's baseline of a piece it sends: its bytes as this version.
+void HostRun::record(const Transfer& x, const uint8_t* now) {
+  if (!options.sent) return;
+  SentBaseline::Piece& b = options.sent->piece(name(x), x.region);
+  try {
+    b.bytes.assign(now, now + x.bytes);
+    b.version = options.version;
+  } catch (const std::bad_alloc&) {
+    b.bytes = {};
+    b.version = 0;
+    b.used = false;  // dropped at the run's end; this piece goes dense next time
+  }
+}
+
+// A delta plan's piece: its header (encoding, wire bytes, the hash of its
+// new bytes) and wire bytes, a delta against the baseline where this rank
+// sent that very piece as the base version, else dense. A piece sent twice
+// is encoded once (the baseline moved with the first).
+void HostRun::encode(Posted& p) {
+  const Transfer& x = transfer(p.transfer);
+  if (auto it = encoded_.find(key(p)); it != encoded_.end()) {
+    *p.head = *it->second->head;
+    p.bytes = it->second->bytes;
+    p.wire = it->second->wire;
+    p.encoded = it->second->encoded;
+    p.staging = it->second->staging;  // its bytes may be there
+    return;
+  }
+  encoded_[key(p)] = &p;
+  const uint8_t* now = read(p, *p.staging);
+  SentBaseline::Piece* base = options.sent ? &options.sent->piece(name(x), x.region) : nullptr;
+  p.bytes = now;
+  p.wire = x.bytes;
+  p.head->kind = static_cast<uint8_t>(delta::Kind::kDense);
+  p.head->unit = static_cast<uint32_t>(element(x));
+  if (!base || base->version != options.delta_base || base->bytes.size() != x.bytes) {
+    p.head->wire_bytes = x.bytes;
+    p.head->hash = xxh64(now, x.bytes);
+    record(x, now);
+    ++stats.dense;
+    return;
+  }
+  std::vector<uint8_t> out(x.bytes);
+  const delta::Header h = delta::encode({delta::Segment{now, base->bytes.data(), 0, x.bytes}}, x.bytes,
+                                        p.head->unit, options.delta_always, out.data(), mask_);
+  base->version = options.version;  // the encoding moved it to these bytes
+  p.head->kind = static_cast<uint8_t>(h.kind);
+  p.head->changed = h.changed;
+  p.head->wire_bytes = h.wire_bytes;
+  p.head->hash = h.piece_hashes.at(0);
+  p.wire = h.wire_bytes;
+  if (h.kind == delta::Kind::kDense) {
+    ++stats.dense;  // worth no delta: straight from the piece
+  } else if (h.kind == delta::Kind::kUnchanged) {
+    ++stats.unchanged;
+  } else {
+    ++stats.delta;
+    p.encoded = std::make_shared<std::vector<uint8_t>>(out.begin(), out.begin() + static_cast<long>(h.wire_bytes));
+    p.bytes = p.encoded->data();
+  }
+}
+
+// A piece out (tag: its index): a delta plan's header, then its wire bytes
+// (none when unchanged); a dense plan's bytes, then, with checksums, their
+// hash. A piece this rank holds keeps its hash for the ranks its chain
+// reaches (a forward's hash comes from the piece's holder).
+void HostRun::post(Posted& p) {
+  const Transfer& x = transfer(p.transfer);
+  const uint32_t tag = static_cast<uint32_t>(p.transfer);
+  if (delta_) p.head_work = comm.send(p.head.get(), sizeof(PieceHeader), x.to, tag | kHeaderTag);
+  if (!delta_ || p.wire) p.work = comm.send(p.bytes, p.wire, x.to, tag);
+  stats.wire_sent += p.wire;
+  if (x.after >= 0) return;
+  if (delta_) {
+    note_held_hash(p.transfer, p.head->hash);
+  } else if (options.checksums) {
+    *p.sum = xxh64(p.bytes, x.bytes);
+    p.sum_work = comm.send(p.sum.get(), sizeof(uint64_t), x.to, tag | kChecksumTag);
+    note_held_hash(p.transfer, *p.sum);
+  }
+}
+
+// The hashes of the pieces this rank holds, to every rank their chains
+// reach (tag: the forward's index | kChecksumTag), after all its own sends.
+void HostRun::post_holder_sums() {
+  for (HolderSum& h : holder_sums_) {
+    *h.sum = holders_hash(h.transfer);
+    h.work = comm.send(h.sum.get(), sizeof(uint64_t), transfer(h.transfer).to,
+                       static_cast<uint32_t>(h.transfer) | kChecksumTag);
+  }
+}
+
+}  // namespace paramcast::reshard::detail
