@@ -389,8 +389,10 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
       if (is_job_source(id)) sources.push_back(id);
     // A part of an earlier step came too late for its update: that call is
     // ended (its shards are free); one of a later step means this call is
-    // the late one.
-    std::string ahead;
+    // the late one, or the part is not one any call of this job will make:
+    // it fails this call and is dropped with its rank's call, so that it
+    // fails no other (the next call of every rank starts afresh).
+    std::string ahead, ahead_id;
     auto waiting = [&] {
       std::vector<std::string> out;
       for (const auto& id : sources) {
@@ -402,9 +404,11 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
           holdings_.erase(it);
           it = holdings_.end();
         }
-        if (it != holdings_.end() && it->second.step > step && ahead.empty())
+        if (it != holdings_.end() && it->second.step > step && ahead.empty()) {
           ahead = id + " publishes step " + std::to_string(it->second.step) + ", ahead of this call's step " +
                   std::to_string(step) + " (every rank gives the same version, or none does)";
+          ahead_id = id;
+        }
         if (it == holdings_.end()) out.push_back(id);
       }
       return out;
@@ -413,8 +417,13 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
                    [&] { return waiting().empty() || !ahead.empty() || stopped_ || !departed_.empty(); });
     const auto missing = waiting();
     if (!ahead.empty()) {
+      const std::string why = "sharded update of step " + std::to_string(step) + " refused: " + ahead;
+      if (auto it = holdings_.find(ahead_id); it != holdings_.end()) {
+        end_trainer_call(ahead_id, it->second.seq, why);
+        holdings_.erase(it);
+      }
       lock.unlock();
-      return refuse(aborted("sharded update of step " + std::to_string(step) + " refused: " + ahead));
+      return refuse(aborted(why));
     }
     if (!departed_.empty() || !missing.empty()) {
       Status why = !departed_.empty() ? aborted("sharded update abandoned before any byte moved: " + departed_)

@@ -266,6 +266,34 @@ TEST_F(ShardedUpdateTest, AStepRefusedTwiceEndsTheLateRankBothTimes) {
   ASSERT_TRUE(ok1.ok()) << ok1.status.to_string();
 }
 
+// A part that names a step ahead of rank 0's call (a rank that skipped
+// ahead, or a claim of step 2^62) fails that call, and only that call: the
+// part is dropped and its rank's call ended at once, naming the step, not
+// left pending to fail every update until the rank's own bound passes.
+TEST_F(ShardedUpdateTest, APartAheadOfRank0sStepFailsOnlyTheCallInFlight) {
+  model_.fill(1, config_.trainer.seed, config_.trainer.changes);
+  auto s1 = shards(1);
+  auto ahead = std::async(std::launch::async, [&] { return rank1_->weight_update(s1, uint64_t{1} << 62); });
+  std::this_thread::sleep_for(500ms);  // its part is pending before rank 0 publishes
+  UpdateOptions o;
+  o.version = 1;
+  const UpdateResult r0 = pub_->weight_update_sharded(shards(0), o);
+  ASSERT_FALSE(r0.ok());
+  EXPECT_NE(r0.status.message().find("trainer-1 publishes step 4611686018427387904, ahead of this call's step 1"),
+            std::string::npos)
+      << r0.status.to_string();
+  const UpdateResult r1 = ahead.get();
+  ASSERT_FALSE(r1.ok());
+  EXPECT_NE(r1.status.message().find("ahead of this call's step 1"), std::string::npos) << r1.status.to_string();
+  EXPECT_LT(r1.seconds, 10.0) << "ended with rank 0's call, not at its own bound: " << r1.status.to_string();
+  for (uint64_t v : {2, 3}) {
+    auto [ok0, ok1] = publish_both(v);
+    ASSERT_TRUE(ok0.ok()) << "v" << v << ": " << ok0.status.to_string() << outputs();
+    ASSERT_TRUE(ok1.ok()) << "v" << v << ": " << ok1.status.to_string();
+  }
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v3 verified", 20s)) << id << p->output();
+}
+
 TEST_F(ShardedUpdateTest, RowsNobodyHoldsAreRefusedNamingTheTensorAndRange) {
   auto [r0, r1] = publish_both(1, 1);  // rank 1 starts one row late: a gap
   ASSERT_FALSE(r0.ok());
