@@ -8,6 +8,27 @@
 //
 // One weight_update: plan -> group -> check -> move -> applied.
 //
+// Files: publisher.cc (lifecycle, the control thread's handlers, the public
+// handle); publisher_update.cc (the protocol's steps: plan, check, move);
+// publisher_group.cc (start, who is wanted in a group and in which rank
+// order (slow members at leaves), re-forming it within the update's
+// deadline, again without members named on conclusive evidence or gone
+// during the formation); publisher_outcomes.cc (every member's Applied,
+// shed and unconfirmed members, link rates, a reader the shm root saw
+// stall); publisher_stream.cc (Update: begin, send, finish, abort over the
+// same steps); publisher_delta.cc (whether an update can go as a delta, its
+// baseline, each bucket's BucketDelta); publisher_sharded.cc (many senders
+// on rank 0: the ranks' Holdings, one plan checked before any byte moves,
+// rank 0's own transfers); publisher_rank.cc (PublisherRank: trainer rank
+// r > 0, a member built from the inference side's member machinery with
+// holdings instead of registered buffers); publisher_metrics.cc (the
+// /metrics page); update_gate.h (the update lock); update_round (what each
+// member answered for the update in flight, the control messages its
+// heartbeats show it lost, the outcomes); slowest_link (where a slow update
+// is slow: the slowest inbound link, followed down the tree, or the parent
+// whose every outbound link was as slow); trainer_main.cc
+// (paramcast-trainer).
+//
 // Threads: the caller's thread runs weight_update/start (serialized by
 // update_mu_); the server's control thread calls the Listener methods, which
 // only record answers and wake the caller (and abort a communicator on a
@@ -185,6 +206,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Ends trainer rank `id`'s publish call `seq` with `why` (an Abandon of
   // version 0 naming it).
   void end_trainer_call(const std::string& id, uint64_t seq, const std::string& why);
+  Status every_trainer_rank_in_group() const;  // a sharded update: none missing from the group, or the cause
   // Tells every live engine that update `version`, refused before its plan,
   // will not come (an Abandon of that version, `why`): one waiting for it
   // ends now. `reserved`: the plan had taken the version (else it must

@@ -152,6 +152,27 @@ bool PublisherImpl::is_job_source(const std::string& id) const {
   return m && m->source && is_trainer_rank(id);
 }
 
+// Every trainer rank holds rows no other rank holds: one that is not in the
+// group (never joined, lost, or left out in quarantine) is the cause of the
+// update's failure, named as such before anything is planned, instead of
+// the engine wants that nobody else holds.
+Status PublisherImpl::every_trainer_rank_in_group() const {
+  const auto excluded = groups_.excluded();
+  std::string missing;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r = 1; r < cfg_.publisher.ranks; ++r) {
+    const std::string id = trainer_rank_id(r);
+    if (std::find(group_.begin(), group_.end(), id) != group_.end()) continue;
+    std::string why = server_.is_live(id) ? "not in the group" : "not joined";
+    if (auto it = excluded.find(id); it != excluded.end()) why = "left out: " + it->second;
+    missing += (missing.empty() ? "" : "; ") + id + " (" + why + ")";
+  }
+  if (missing.empty()) return Status();
+  return unavailable("sharded update refused before any byte moved: trainer ranks hold rows no other rank holds, "
+                     "and " + missing + "; its rows cannot be sent (publisher.ranks: " +
+                     std::to_string(cfg_.publisher.ranks) + ")");
+}
+
 // A trainer rank's part of the next sharded update. Bounded: one pending
 // entry per member (a newer one replaces it), its lists by the decode limits.
 void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h) {
@@ -372,6 +393,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   };
   if (!transformed.ok()) return refuse(transformed);
   if (Status s = ensure_group(); !s.ok()) return refuse(s);
+  if (Status s = every_trainer_rank_in_group(); !s.ok()) return refuse(s);
   // Every trainer rank of the group states its part (within update_timeout).
   std::vector<std::string> group;
   std::map<std::string, SourceHoldings> wants;

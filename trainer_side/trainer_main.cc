@@ -22,6 +22,13 @@ using namespace paramcast;
 
 namespace {
 
+// "update v5", or, for a call refused before the publisher assigned it a
+// version (a check before the plan), "update (refused before a version was
+// assigned)": never "v0", which no update has.
+std::string update_label(uint64_t version) {
+  return version ? "update v" + std::to_string(version) : std::string("update (refused before a version was assigned)");
+}
+
 const Tool kTool{
     .name = "paramcast-trainer",
     .usage = "usage: paramcast-trainer --config FILE.yaml [--endpoint tcp://H:P] [--endpoint-file F]\n"
@@ -321,7 +328,7 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
                  r.gbps(), shed.c_str());
     } else {
       ++t.failures;
-      print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
+      print_line("%s FAILED: %s\n", update_label(r.version).c_str(), r.status.to_string().c_str());
     }
     print_members(r);
     if (u < job.updates) std::this_thread::sleep_for(job.interval);
@@ -360,7 +367,7 @@ Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Conf
                  r.gbps(), split_text(r).c_str());
     } else {
       ++t.failures;
-      print_line("update v%llu FAILED: %s\n", static_cast<unsigned long long>(r.version), r.status.to_string().c_str());
+      print_line("%s FAILED: %s\n", update_label(r.version).c_str(), r.status.to_string().c_str());
     }
     if (u < config.trainer.updates) std::this_thread::sleep_for(config.trainer.interval);
   }

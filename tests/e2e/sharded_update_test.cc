@@ -738,6 +738,38 @@ TEST(ShardedWantsTest, AnEngineThatRegistersTheWholeTensorAgainIsPlannedWhole) {
   test::remove_tree(dir);
 }
 
+// A trainer rank that never joined is the cause of the update's failure,
+// named as such ("trainer-1 (not joined)"), not the engine wants that no
+// other rank holds; nothing is planned, no byte moves, no version is spent.
+TEST(ShardedMissingRankTest, ARankNotInTheGroupIsNamedAsTheCause) {
+  const std::string dir = test::make_temp_dir("paramcast-missing-rank");
+  const std::string path = test::write_file(
+      dir, "deploy.yaml",
+      test::test_config_yaml(1, "  ranks: 2\n  on_missing_at_start: start_with_present\n"));
+  auto cfg = load_config_file(path);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  cfg->control.join_timeout = 2s;
+  auto pub = Publisher::create(*cfg);
+  ASSERT_TRUE(pub.ok()) << pub.status().to_string();
+  auto w1 = test::Process::start(test::binary("paramcast-worker"), {"--config", path, "--id", "worker-1", "--endpoint",
+                                                                    pub.value()->endpoint(), "--updates", "0"});
+  ASSERT_TRUE(w1->wait_for_output("joined publisher", 20s)) << w1->output();
+  ASSERT_TRUE(pub.value()->start().ok());
+  const TensorSpec w{"w", DType::kF32, {8, 4}};
+  std::vector<float> rows(16, 1.f);
+  ShardView mine{TensorView{TensorSpec{"w", DType::kF32, {4, 4}}, rows.data(), Device::cpu()}, {8, 4}, {0, 0}};
+  UpdateOptions o;
+  o.version = 1;
+  const UpdateResult r = pub.value()->weight_update_sharded({mine}, o);
+  ASSERT_FALSE(r.ok());
+  const std::string msg = r.status.message();
+  EXPECT_NE(msg.find("trainer-1 (not joined)"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("which no rank holds"), std::string::npos) << msg;
+  EXPECT_EQ(r.version, 0u) << "refused before a version was assigned";
+  pub.value()->shutdown();
+  test::remove_tree(dir);
+}
+
 // Count mode (any worker ids): the trainer ranks' slots are their own. An
 // extra engine that joins first takes no trainer rank's place.
 TEST(ShardedSlotsTest, AnExtraEngineCannotTakeATrainerRanksSlot) {
