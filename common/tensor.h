@@ -36,7 +36,7 @@ struct Device {
   int index = 0;  // CUDA ordinal; 0 for cpu
   // A GPU named by UUID ("GPU-..." or "MIG-..." as nvidia-smi -L prints it),
   // resolved to the ordinal the process sees by resolve_device()
-  // (data/device_memory.h). Empty when named by ordinal.
+  // (common/device.h). Empty when named by ordinal.
   std::string uuid;
 
   static Device cpu() { return {}; }

@@ -11,7 +11,6 @@ namespace paramcast {
 #if PARAMCAST_HAVE_NCCL
 namespace nccl_backend {
 StatusOr<std::unique_ptr<DeviceMemory>> create_cuda_memory(int index);
-StatusOr<Device> cuda_device_by_uuid(const std::string& uuid);
 }
 #endif
 
@@ -46,20 +45,6 @@ class HostMemory : public DeviceMemory {
                   [](void* p) { std::free(p); }, kStagingCacheBytes};
 };
 }  // namespace
-
-StatusOr<Device> resolve_device(const Device& device) {
-  if (!device.is_cuda() || device.uuid.empty()) return device;
-#if PARAMCAST_HAVE_NCCL
-  return nccl_backend::cuda_device_by_uuid(device.uuid);
-#else
-  return unavailable("device " + device.to_string() + " needs a build with CUDA (PARAMCAST_WITH_NCCL)");
-#endif
-}
-
-Device resolve_device_or_keep(const Device& device) {
-  auto d = resolve_device(device);
-  return d.ok() ? *d : device;
-}
 
 StatusOr<std::unique_ptr<DeviceMemory>> create_device_memory(Device device) {
   if (!device.is_cuda()) return std::unique_ptr<DeviceMemory>(new HostMemory());

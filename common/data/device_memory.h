@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/device.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
@@ -96,13 +97,8 @@ class DeviceMemory {
 
 StatusOr<std::unique_ptr<DeviceMemory>> create_device_memory(Device device);
 
-// A CUDA device named by UUID, as the ordinal this process sees (after
-// CUDA_VISIBLE_DEVICES: a worker that sees one GPU has it as cuda:0); any
-// other device as it is. The error lists the UUIDs the process does see.
-StatusOr<Device> resolve_device(const Device& device);
-// resolve_device, or `device` unchanged when it cannot be resolved (the
-// later create_device_memory then reports why).
-Device resolve_device_or_keep(const Device& device);
+// resolve_device and resolve_device_or_keep (a GPU named by UUID as this
+// process's ordinal): common/device.h, included above.
 
 // A buffer from a DeviceMemory, released on destruction.
 class StagingBuffer {

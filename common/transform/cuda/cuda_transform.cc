@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/data/device_memory.h"
+#include "common/device.h"
 #include "common/transform/cuda/fp8_kernels.h"
 #include "common/transform/scalar.h"
 
