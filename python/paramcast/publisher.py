@@ -19,7 +19,38 @@ def _wait(handle):
     return handle.result()
 
 
-class Publisher:
+class _Sender:
+    """What Publisher and PublisherRank share. One update call at a time, waited for in slices so
+    that Ctrl-C stays responsive: an interrupted call's update goes on in the background, and the
+    next call waits for it first (its result is then in ``interrupted_result``); each class sets
+    ``_inflight`` and ``interrupted_result`` to None in its ``__init__``. A context manager that
+    closes it on exit."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _finish_interrupted(self):
+        if self._inflight is not None:
+            self.interrupted_result = _wait(self._inflight)
+            self._inflight = None
+
+    def _result_of(self, handle):
+        """The update's result once it is done; raises UpdateError if it failed."""
+        try:
+            result = _wait(handle)
+        except KeyboardInterrupt:
+            self._inflight = handle
+            raise
+        if not result.ok:
+            raise UpdateError(result)
+        return result
+
+
+class Publisher(_Sender):
     """Broadcasts named tensors to every subscriber of a ParamCast group.
 
     ``config`` is a YAML path, a dict with the YAML's keys, or a
@@ -78,15 +109,7 @@ class Publisher:
         self._not_inside_a_stream("weight_update")
         with self._lock:
             self._finish_interrupted()
-            handle = self._submit(named_tensors, version, partial, transforms)
-            try:
-                result = _wait(handle)
-            except KeyboardInterrupt:
-                self._inflight = handle
-                raise
-        if not result.ok:
-            raise UpdateError(result)
-        return result
+            return self._result_of(self._submit(named_tensors, version, partial, transforms))
 
     def weight_update_sharded(self, named_tensors, version=None):
         """Rank 0's part of a many-sender update (``publisher.ranks`` > 1): every trainer rank
@@ -104,15 +127,7 @@ class Publisher:
         with self._lock:
             self._finish_interrupted()
             items, stream = shard_items(named_tensors, "weight_update_sharded")
-            handle = self._core.submit_sharded(items, version, stream)
-            try:
-                result = _wait(handle)
-            except KeyboardInterrupt:
-                self._inflight = handle
-                raise
-        if not result.ok:
-            raise UpdateError(result)
-        return result
+            return self._result_of(self._core.submit_sharded(items, version, stream))
 
     def stream(self, manifest, version=None, partial=False, transforms=None):
         """A streamed update: ``with pub.stream(manifest) as u: u.send(name, tensor)``.
@@ -201,13 +216,6 @@ class Publisher:
         """Tells subscribers to leave; an update in flight fails and is waited for."""
         self._core.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
     def _submit(self, named_tensors, version, partial=False, transforms=None):
         items = []
         stream = None
@@ -224,10 +232,6 @@ class Publisher:
             raise RuntimeError(f"{what}: a streamed update is open on this thread (leave its block, or "
                                "finish or abort it, first)")
 
-    def _finish_interrupted(self):
-        if self._inflight is not None:
-            self.interrupted_result = _wait(self._inflight)
-            self._inflight = None
 
 
 def shard_items(named_tensors, what):
@@ -249,7 +253,7 @@ def shard_items(named_tensors, what):
     return items, stream or 0
 
 
-class PublisherRank:
+class PublisherRank(_Sender):
     """Trainer rank ``rank`` > 0 of a many-sender job (``publisher.ranks`` in the same config as
     rank 0's, ``control.endpoint`` rank 0's address). Each :meth:`weight_update` sends this
     rank's part of the update straight to the engines, in step with rank 0's
@@ -285,29 +289,12 @@ class PublisherRank:
         ``version``: the version rank 0 gives ``weight_update_sharded`` (every rank the same, or
         none: then each rank's n-th call is part of rank 0's n-th). A call rank 0 gave up on ends
         with the reason, and is never combined with another step's."""
-        if self._inflight is not None:  # one call at a time: an interrupted one ends first
-            self.interrupted_result = _wait(self._inflight)
-            self._inflight = None
+        self._finish_interrupted()  # one call at a time: an interrupted one ends first
         items, stream = shard_items(named_tensors, "PublisherRank.weight_update")
-        handle = self._core.submit(items, version, stream)
-        try:
-            result = _wait(handle)
-        except KeyboardInterrupt:
-            self._inflight = handle
-            raise
-        if not result.ok:
-            raise UpdateError(result)
-        return result
+        return self._result_of(self._core.submit(items, version, stream))
 
     def close(self):
         self._core.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 class Stream:

@@ -2,7 +2,6 @@
 a Hugging Face Llama trainer (random weights from a config) and two tensor-parallel vLLM-style workers in
 their own processes, with fused qkv/gate_up parameters loaded through load_weights."""
 
-import dataclasses
 import threading
 
 import pytest
@@ -14,22 +13,15 @@ from paramcast.integrations import vllm as backend  # noqa: E402
 
 from cluster import config_dict  # noqa: E402
 from vllm_contract import Client, ModuleSource, WorkerError  # noqa: E402
+from vllm_fixtures import LLAMA, hf_state, make_model, one_engine, renamed  # noqa: E402
 
 TP = 2
-LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=64)
-
-
-def hf_state(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.fixture(scope="module")
 def trained():
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
-    return model
+    return make_model()
 
 
 @pytest.fixture
@@ -80,16 +72,7 @@ def test_weights_outside_a_round_fail_the_update_naming_the_worker(cluster, trai
 def test_a_round_the_workers_cannot_load_fails_there_with_the_reason(cluster, trained):
     client, trainer = cluster
 
-    class Renamed(ModuleSource):
-        def __init__(self, module):
-            super().__init__(module)
-            self.metadata = [dataclasses.replace(m, name=m.name.replace("lm_head", "output")) for m in self.metadata]
-
-        def iter_full(self):
-            for name, t in super().iter_full():
-                yield name.replace("lm_head", "output"), t
-
-    trainer.source = Renamed(trained)
+    trainer.source = renamed(trained)
     with pytest.raises(WorkerError, match=r"update_weights: worker 0: RuntimeError: .*load_weights failed: KeyError"):
         trainer.send_weights()
     trainer.source = ModuleSource(trained)
@@ -162,14 +145,7 @@ def test_parse_errors_are_value_errors():
 
 def test_the_static_trainer_send_weights_form(trained):
     """vLLM 0.20-0.27's trainer_send_weights(iterator, args), streamed and gathered."""
-    pub = paramcast.Publisher(config_dict(subscribers=1))
-    sub_cfg = dict(config_dict(), control={**config_dict()["control"], "endpoint": pub.endpoint})
-    sub = paramcast.Subscriber(sub_cfg, "engine-1")
-    got = {}
-    sub.on_weights(lambda ws: got.update({n: t.clone() for n, t in ws}))
-    sub.start()
-    pub.start()
-    try:
+    with one_engine() as (pub, sub, got):
         source = ModuleSource(trained)
         manifest = [(m.name, m.dtype, m.shape) for m in source.metadata]
         streamed = backend.ParamCastWeightTransferEngine.trainer_send_weights(
@@ -178,9 +154,6 @@ def test_the_static_trainer_send_weights_form(trained):
         assert all(torch.equal(got[n], t) for n, t in hf_state(trained).items())
         gathered = backend.ParamCastWeightTransferEngine.trainer_send_weights(source.iter_full(), {"publisher": pub})
         assert gathered.ok and gathered.version == streamed.version + 1
-    finally:
-        sub.stop()
-        pub.close()
 
 
 def test_register_without_vllm_says_so():

@@ -35,6 +35,7 @@ if torch is not None:  # the helpers import torch
     import fp8_reference as ref
     from cluster import config_dict
     from vllm_contract import ModuleSource, WorkerError, serve_worker, start_cluster
+    from vllm_fixtures import one_engine
 
 needs_fp8 = pytest.mark.skipif(torch is None or not hasattr(torch, "float8_e4m3fn") or transformers is None,
                                reason="needs PyTorch with torch.float8_e4m3fn (>= 2.1) and transformers; here: "
@@ -260,14 +261,7 @@ def test_channel_and_tensor_scales_reach_load_weights_under_their_wire_names(for
 def test_the_static_trainer_send_weights_form_takes_transforms():
     """vLLM 0.20-0.27's trainer_send_weights(iterator, args), streamed and gathered, with the rules per call."""
     model = _trainer_model()
-    pub = paramcast.Publisher(config_dict(subscribers=1))
-    sub_cfg = dict(config_dict(), control={**config_dict()["control"], "endpoint": pub.endpoint})
-    sub = paramcast.Subscriber(sub_cfg, "engine-1")
-    got = {}
-    sub.on_weights(lambda ws: got.update({n: t.clone() for n, t in ws}))
-    sub.start()
-    pub.start()
-    try:
+    with one_engine() as (pub, sub, got):
         source = ModuleSource(model)
         manifest = [(m.name, m.dtype, m.shape) for m in source.metadata]
         want = {n: _digest(t) for n, t in checkpoint(model).items()}
@@ -282,9 +276,6 @@ def test_the_static_trainer_send_weights_form_takes_transforms():
             source.iter_full(), {"publisher": pub, "transforms": RULES})
         assert gathered.ok and sub.wait_for_version(gathered.version, timeout=60)
         assert {n: _digest(t) for n, t in got.items()} == want
-    finally:
-        sub.stop()
-        pub.close()
 
 
 def test_transform_rules_are_checked_and_matched_as_paramcasts_globs():

@@ -59,10 +59,9 @@ from paramcast.integrations import vllm as backend  # noqa: E402
 
 from cluster import config_dict  # noqa: E402
 from vllm_contract import Client  # noqa: E402
+from vllm_fixtures import LLAMA, hf_state, make_model, train_step  # noqa: E402
 
 TP = 2
-LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=64)
 
 
 # ---- vLLM 0.33.0's ParamMeta and placements, as data (weight_transfer/base.py), for sources without vLLM ----
@@ -196,25 +195,6 @@ class FullOnly(SplitSource):
 
     def implements_iter_local(self):
         return False
-
-
-def make_model(llama=LLAMA, dtype=None):
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama))
-    return model if dtype is None else model.to(dtype)
-
-
-def train_step(model):
-    torch.manual_seed(1)
-    tokens = torch.randint(0, model.config.vocab_size, (2, 16))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model(tokens, labels=tokens).loss.backward()
-    opt.step()
-    opt.zero_grad()
-
-
-def hf_state(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 class Side:

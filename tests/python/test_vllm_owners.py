@@ -20,10 +20,9 @@ from paramcast.integrations import vllm as backend  # noqa: E402
 
 from cluster import config_dict  # noqa: E402
 from vllm_contract import Client  # noqa: E402
+from vllm_fixtures import LLAMA, hf_state, make_model, train_step  # noqa: E402
 
 TP = 2
-LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,20 +56,6 @@ class StageSource:
             if m.owners is None or self.rank in m.owners:
                 self.yielded[m.name] = m.dtype.itemsize * torch.Size(m.shape).numel()
                 yield m.name, params[m.name].detach() if m.name in params else torch.zeros(m.shape, dtype=m.dtype)
-
-
-def make_model():
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
-
-
-def train_step(model):
-    torch.manual_seed(1)
-    tokens = torch.randint(0, LLAMA["vocab_size"], (2, 16))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model(tokens, labels=tokens).loss.backward()
-    opt.step()
-    opt.zero_grad()
 
 
 def forget_others(model, rank):
@@ -128,10 +113,6 @@ def trainer_rank1(port, commands, answers):
         if engine is not None:
             engine.shutdown()
         dist.destroy_process_group()
-
-
-def hf_state(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def assert_workers_hold(client, state):

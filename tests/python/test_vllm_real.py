@@ -38,25 +38,19 @@ from vllm.distributed.weight_transfer.base import ModuleSource  # noqa: E402
 
 from cluster import config_dict  # noqa: E402
 from vllm_contract import Client, WorkerError  # noqa: E402
+from vllm_fixtures import LLAMA, hf_state, make_model  # noqa: E402
 
 if "paramcast.integrations.vllm" in sys.modules:  # imported before vLLM was on the path: again, with it
     importlib.reload(sys.modules["paramcast.integrations.vllm"])
 from paramcast.integrations import vllm as backend  # noqa: E402
 
 TP = 2
-LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=64)
-
-
-def hf_state(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.fixture(scope="module")
 def trained():
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    return make_model()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ vocabulary's padding rows untouched), load_weights never called, and the bytes P
 UpdateResult's per-worker count) exactly its slices' bytes. A layer that cannot be mapped fails the worker's
 init naming the parameter, or, with whole_fallback, goes through load_weights."""
 
-import dataclasses
 import time
 
 import pytest
@@ -23,6 +22,7 @@ import paramcast  # noqa: E402
 from paramcast.integrations import vllm as backend  # noqa: E402,F401  (the trainer engine start_cluster makes)
 
 from vllm_contract import ModuleSource, WorkerError, serve_worker, slice_report, start_cluster  # noqa: E402
+from vllm_fixtures import hf_state, renamed  # noqa: E402
 
 TP = 2
 LLAMA = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -66,8 +66,7 @@ def _cluster(spec, engine_init=None):
                          engine_init=engine_init)
 
 
-def _state(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+_state = hf_state  # the trainer's checkpoint, as the workers check it
 
 
 def _assert_slices_equal(client, hf_state):
@@ -160,18 +159,9 @@ def test_slices_arriving_outside_a_round_fail_the_update_naming_the_worker():
 def test_a_round_naming_a_tensor_no_worker_serves_fails_at_once_naming_it():
     client, trainer, model = _cluster(dict(LLAMA))
 
-    class Renamed(ModuleSource):
-        def __init__(self, module):
-            super().__init__(module)
-            self.metadata = [dataclasses.replace(m, name=m.name.replace("lm_head", "output")) for m in self.metadata]
-
-        def iter_full(self):
-            for name, t in super().iter_full():
-                yield name.replace("lm_head", "output"), t
-
     try:
         trainer.send_weights()
-        trainer.source = Renamed(model)
+        trainer.source = renamed(model)
         with pytest.raises(WorkerError, match=r"worker 0: ValueError: vllm-dp0-r0: update v\d+ carries "
                                               r"'output.weight', which this worker does not serve; "
                                               r"does not carry 'lm_head.weight'"):

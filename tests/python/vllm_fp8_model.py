@@ -28,25 +28,11 @@ import threading
 import torch
 
 import vllm_tp_model as tp
-
-BLOCK = 128
+from vllm_layers import BLOCK, Fp8Config, Fp8LinearMethod, Linears  # noqa: F401
 
 
 def _blocks(n):
     return -(-n // BLOCK)
-
-
-class Fp8Config:  # vLLM's Fp8Config for a serialized block-FP8 checkpoint
-    is_checkpoint_fp8_serialized = True
-    activation_scheme = "dynamic"
-    weight_block_size = [BLOCK, BLOCK]
-
-
-class Fp8LinearMethod:  # vLLM's: quantized, so its layer's parameters hold what its loaders made of the checkpoint
-    def __init__(self):
-        self.quant_config = Fp8Config()
-        self.block_quant = True
-        self.weight_block_size = self.quant_config.weight_block_size
 
 
 class BlockFp8:
@@ -103,48 +89,12 @@ class RowParallelLinear(BlockFp8, tp.RowParallelLinear):
         param.data.copy_(full.narrow(1, self.tp_rank * n, n))
 
 
-class LlamaAttention(torch.nn.Module):
-    def __init__(self, cfg, rank, tp_size, dtype):
-        super().__init__()
-        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, hd, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                          False, rank, tp_size, dtype)
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * hd, cfg.hidden_size, False, rank, tp_size, dtype)
-
-
-class LlamaMLP(torch.nn.Module):
-    def __init__(self, cfg, rank, tp_size, dtype):
-        super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, False,
-                                                       rank, tp_size, dtype)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, rank, tp_size, dtype)
-
-
-class LlamaDecoderLayer(torch.nn.Module):
-    def __init__(self, cfg, rank, tp_size, dtype):
-        super().__init__()
-        self.self_attn = LlamaAttention(cfg, rank, tp_size, dtype)
-        self.mlp = LlamaMLP(cfg, rank, tp_size, dtype)
-        self.input_layernorm = tp.RMSNorm(cfg.hidden_size, dtype)
-        self.post_attention_layernorm = tp.RMSNorm(cfg.hidden_size, dtype)
-
-
-class LlamaModel(torch.nn.Module):
-    def __init__(self, cfg, rank, tp_size, dtype):
-        super().__init__()
-        self.embed_tokens = tp.VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, rank, tp_size, dtype)
-        self.layers = torch.nn.ModuleList(LlamaDecoderLayer(cfg, rank, tp_size, dtype)
-                                          for _ in range(cfg.num_hidden_layers))
-        self.norm = tp.RMSNorm(cfg.hidden_size, dtype)
+BLOCK_FP8 = Linears(QKVParallelLinear, MergedColumnParallelLinear, RowParallelLinear)
 
 
 class LlamaForCausalLM(tp.LlamaForCausalLM):
     def __init__(self, cfg, rank, tp_size, dtype=torch.bfloat16):
-        torch.nn.Module.__init__(self)
-        self.model = LlamaModel(cfg, rank, tp_size, dtype)
-        self.lm_head = tp.ParallelLMHead(cfg.vocab_size, cfg.hidden_size, rank, tp_size, dtype)
-        self.load_calls = 0
-        self.load_bytes = 0
+        super().__init__(cfg, rank, tp_size, dtype, BLOCK_FP8)
         self.given = []  # (name, dtype, shape, sha256 of the bytes) of each tensor given to load_weights
         self.kept = []  # (tensor given, a copy of its bytes then): vLLM's loaders keep them until the round ends
         self.threads = set()
@@ -188,15 +138,7 @@ def expected_params(cfg, ckpt, rank, tp_size):
     for name, full in ckpt.items():
         if name.endswith("_scale_inv"):
             cuts[name] = _scale_cut(name, full, cfg, rank, tp_size).contiguous()
-    fused = {}
-    for name, cut in cuts.items():
-        for part, whole in ((".q_proj.", ".qkv_proj."), (".k_proj.", ".qkv_proj."), (".v_proj.", ".qkv_proj."),
-                            (".gate_proj.", ".gate_up_proj."), (".up_proj.", ".gate_up_proj.")):
-            if part in name:
-                name = name.replace(part, whole)
-                break
-        fused.setdefault(name, []).append(cut)
-    return {n: torch.cat(parts) if len(parts) > 1 else parts[0] for n, parts in fused.items()}
+    return tp.fused_params(cuts)
 
 
 def pack(state):

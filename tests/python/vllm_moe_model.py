@@ -26,8 +26,8 @@ import torch
 
 import vllm_contract
 import vllm_tp_model
-from vllm_tp_model import (LinearBase, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RMSNorm,
-                           RowParallelLinear, VocabParallelEmbedding, _param)
+from vllm_layers import (LinearBase, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RMSNorm,
+                         RowParallelLinear, VocabParallelEmbedding, _param)
 
 
 class ReplicatedLinear(LinearBase):
