@@ -410,10 +410,11 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     for (const auto& id : group_)
       if (is_job_source(id)) sources.push_back(id);
     // A part of an earlier step came too late for its update: that call is
-    // ended (its shards are free); one of a later step means this call is
-    // the late one, or the part is not one any call of this job will make:
-    // it fails this call and is dropped with its rank's call, so that it
-    // fails no other (the next call of every rank starts afresh).
+    // ended (its shards are free). One of the next step means this call is
+    // the late one: it fails, and the part waits for rank 0's next call,
+    // which realigns the ranks. One further ahead is no part a next call
+    // takes (a claim of step 2^62): it fails this call only, dropped with
+    // its rank's call, so that it fails no other.
     std::string ahead, ahead_id;
     auto waiting = [&] {
       std::vector<std::string> out;
@@ -440,7 +441,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     const auto missing = waiting();
     if (!ahead.empty()) {
       const std::string why = "sharded update of step " + std::to_string(step) + " refused: " + ahead;
-      if (auto it = holdings_.find(ahead_id); it != holdings_.end()) {
+      if (auto it = holdings_.find(ahead_id); it != holdings_.end() && it->second.step - step > 1) {
         end_trainer_call(ahead_id, it->second.seq, why);
         holdings_.erase(it);
       }

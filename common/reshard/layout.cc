@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 #include <unordered_set>
 
 namespace paramcast::reshard {
@@ -10,7 +11,8 @@ namespace {
 constexpr size_t kMaxListed = 16;
 constexpr int kMaxWorld = 1 << 16;
 constexpr size_t kMaxExplicitBoxes = 4096;
-constexpr size_t kMaxSegments = 255;  // a Move keeps the segment in a byte  // per placement: pairwise checks stay small
+constexpr size_t kMaxSegments = 255;  // a Move keeps the segment in a byte
+constexpr int kMaxDims = 8;           // the wire's bound (layout_proto.h)  // per placement: pairwise checks stay small
 
 // Collects problems: the first kMaxListed kept, the rest counted.
 class Problems {
@@ -68,6 +70,8 @@ void check_placements(const JobLayout& job, Problems& out) {
           out.add(where + ": rank " + std::to_string(b.rank) + " is not in the group of " + std::to_string(job.world()));
     } else if (pl.mesh >= job.meshes.size()) {
       out.add(where + ": mesh #" + std::to_string(pl.mesh) + " of " + std::to_string(job.meshes.size()));
+    } else if (pl.dim < 0 || pl.dim >= kMaxDims) {
+      out.add(where + ": along dim " + std::to_string(pl.dim) + " (0 to " + std::to_string(kMaxDims - 1) + ")");
     }
   }
 }
@@ -99,17 +103,19 @@ bool check_fit(const JobLayout& job, const TensorSpec& t, const Placement& p, co
             std::to_string(kMaxSegments));
     return false;
   }
+  const int64_t extent = t.shape[static_cast<size_t>(p.dim)];
   int64_t sum = 0;
   for (int64_t s : p.segments) {
-    if (s <= 0) {
-      out.add(quoted(t) + ": a segment of " + std::to_string(s) + " rows");
+    if (s <= 0 || s > extent - sum) {  // never past the dim: no sum can wrap
+      out.add(quoted(t) + ": a segment of " + std::to_string(s) + " rows after " + std::to_string(sum) +
+              " along dim " + std::to_string(p.dim) + " of " + std::to_string(extent));
       return false;
     }
     sum += s;
   }
-  if (sum != t.shape[static_cast<size_t>(p.dim)]) {
+  if (sum != extent) {
     out.add(quoted(t) + ": segments of " + std::to_string(sum) + " rows along dim " + std::to_string(p.dim) +
-            ", expected " + std::to_string(t.shape[static_cast<size_t>(p.dim)]));
+            ", expected " + std::to_string(extent));
     return false;
   }
   return true;
@@ -124,6 +130,20 @@ void check_explicit_holders(const JobLayout& job, const TensorSpec& t, const Pla
                 common->to_string());
 }
 
+// What of `want` no explicit holder covers, named (the first 4 pieces).
+void check_gaps(const TensorSpec& t, const RankBox& want, const Placement& h, const char* who,
+                Problems& out) {
+  std::vector<Region> gaps = {want.box};
+  for (const auto& held : h.boxes) {
+    std::vector<Region> left;
+    for (const auto& g : gaps)
+      for (auto& piece : subtract(g, held.box)) left.push_back(std::move(piece));
+    gaps = std::move(left);
+  }
+  for (size_t g = 0; g < gaps.size() && g < 4; ++g)
+    out.add(quoted(t) + ": " + who + " " + gaps[g].to_string() + ", which no rank holds");
+}
+
 // Explicit wants: one rank's boxes never overlap, and explicit holders
 // leave no gap in them (rule holders cover the whole tensor).
 void check_explicit_wants(const JobLayout& job, const TensorSpec& t, const Placement& w, const Placement* h,
@@ -134,16 +154,7 @@ void check_explicit_wants(const JobLayout& job, const TensorSpec& t, const Place
         if (auto common = intersect(w.boxes[a].box, w.boxes[b].box))
           out.add(quoted(t) + ": " + job.name(w.boxes[a].rank) + " wants " + w.boxes[a].box.to_string() + " and " +
                   w.boxes[b].box.to_string() + ", which overlap at " + common->to_string());
-    if (!h || !h->is_explicit()) continue;
-    std::vector<Region> gaps = {w.boxes[a].box};
-    for (const auto& held : h->boxes) {
-      std::vector<Region> left;
-      for (const auto& g : gaps)
-        for (auto& piece : subtract(g, held.box)) left.push_back(std::move(piece));
-      gaps = std::move(left);
-    }
-    for (size_t g = 0; g < gaps.size() && g < 4; ++g)
-      out.add(quoted(t) + ": " + job.name(w.boxes[a].rank) + " wants " + gaps[g].to_string() + ", which no rank holds");
+    if (h && h->is_explicit()) check_gaps(t, w.boxes[a], *h, (job.name(w.boxes[a].rank) + " wants").c_str(), out);
   }
 }
 
@@ -156,6 +167,21 @@ std::vector<int> ranks_of(const JobLayout& job, const Placement& p) {
 
 // No rank both holds and wants a tensor (the holders send, the others
 // receive): checked once per distinct pair of placements.
+// The explicit side(s) of one tensor: holders that never overlap, wants
+// that never overlap per rank, and explicit holders that leave no gap in
+// what is wanted (a rule's wanters want the whole tensor between them).
+void check_explicit(const JobLayout& job, const TensorSpec& t, const Placement& h, const Placement* w, Problems& out) {
+  if (h.is_explicit()) check_explicit_holders(job, t, h, out);
+  if (!w) return;
+  if (w->is_explicit()) {
+    check_explicit_wants(job, t, *w, &h, out);
+  } else if (h.is_explicit()) {
+    Placement whole;
+    whole.boxes.push_back({-1, Region::whole(t.shape)});
+    check_gaps(t, whole.boxes[0], h, "the wanters want", out);
+  }
+}
+
 void check_sides(const JobLayout& job, uint32_t held, uint32_t wanted, const TensorSpec& t,
                  std::set<std::pair<uint32_t, uint32_t>>& seen, Problems& out) {
   if (!seen.insert({held, wanted}).second) return;
@@ -171,6 +197,7 @@ void check_sides(const JobLayout& job, uint32_t held, uint32_t wanted, const Ten
 void check_tensors(const JobLayout& job, Problems& out) {
   std::unordered_set<std::string> names;
   std::set<std::pair<uint32_t, uint32_t>> sides;
+  std::set<std::tuple<uint32_t, uint32_t, std::vector<int64_t>>> explicit_checked;
   const auto n = static_cast<uint32_t>(job.placements.size());
   for (size_t i = 0; i < job.tensors.size(); ++i) {
     const TensorSpec& t = job.tensors[i];
@@ -185,10 +212,14 @@ void check_tensors(const JobLayout& job, Problems& out) {
       continue;
     }
     const bool held_fits = h != kNobody && check_fit(job, t, job.placements[h], "holds", out);
-    if (held_fits && job.placements[h].is_explicit()) check_explicit_holders(job, t, job.placements[h], out);
-    if (w == kNobody || !held_fits || !check_fit(job, t, job.placements[w], "wants", out)) continue;
-    if (job.placements[w].is_explicit()) check_explicit_wants(job, t, job.placements[w], &job.placements[h], out);
-    check_sides(job, h, w, t, sides, out);
+    const bool wanted_fits = held_fits && w != kNobody && check_fit(job, t, job.placements[w], "wants", out);
+    // Explicit boxes cost pairwise checks: once per (placements, shape),
+    // however many tensors share them.
+    const bool any_explicit = h != kNobody && (job.placements[h].is_explicit() ||
+                                               (w != kNobody && job.placements[w].is_explicit()));
+    if (held_fits && any_explicit && explicit_checked.insert({h, w, t.shape}).second)
+      check_explicit(job, t, job.placements[h], wanted_fits ? &job.placements[w] : nullptr, out);
+    if (wanted_fits) check_sides(job, h, w, t, sides, out);
   }
 }
 

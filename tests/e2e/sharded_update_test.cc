@@ -294,6 +294,28 @@ TEST_F(ShardedUpdateTest, APartAheadOfRank0sStepFailsOnlyTheCallInFlight) {
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v3 verified", 20s)) << id << p->output();
 }
 
+// Rank 0 one call behind (implicit steps: it skipped a call): its call
+// fails, rank 1's part of the next step waits for rank 0's next call, and
+// that one lands: the ranks realign instead of ending each other's calls.
+TEST_F(ShardedUpdateTest, APartOneStepAheadWaitsForRank0sNextCall) {
+  model_.fill(2, config_.trainer.seed, config_.trainer.changes);
+  auto s1 = shards(1);
+  auto ahead = std::async(std::launch::async, [&] { return rank1_->weight_update(s1, uint64_t{2}); });
+  std::this_thread::sleep_for(500ms);
+  UpdateOptions o;
+  o.version = 1;
+  const UpdateResult r0 = pub_->weight_update_sharded(shards(0), o);
+  ASSERT_FALSE(r0.ok());
+  EXPECT_NE(r0.status.message().find("trainer-1 publishes step 2, ahead of this call's step 1"), std::string::npos)
+      << r0.status.to_string();
+  o.version = 2;
+  const UpdateResult next = pub_->weight_update_sharded(shards(0), o);
+  ASSERT_TRUE(next.ok()) << next.status.to_string() << outputs();
+  const UpdateResult r1 = ahead.get();
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
+}
+
 TEST_F(ShardedUpdateTest, RowsNobodyHoldsAreRefusedNamingTheTensorAndRange) {
   auto [r0, r1] = publish_both(1, 1);  // rank 1 starts one row late: a gap
   ASSERT_FALSE(r0.ok());
