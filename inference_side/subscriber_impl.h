@@ -6,6 +6,16 @@
 //   transfer::BucketReceiver  receive, verify and unpack the buckets
 //   check_plan                can this engine take the plan?
 //
+// Files: subscriber.cc (lifecycle, the job queue and data thread, the weight
+// state, the public handle); subscriber_control.cc (the control thread's
+// handlers: Welcome, JoinGroup, Plan and its answer, Commit, Abandon, which
+// hand data-plane work to the data thread); subscriber_announcements.cc (the
+// per-bucket layouts and delta encodings the publisher announces, kept
+// bounded and waited for); plan_check (check_plan); subscriber_sharded.cc (a
+// sharded plan on a member: a trainer rank sends from its shards, an engine
+// receives each piece into its buffer or a host buffer for its callback);
+// subscriber_metrics.cc; worker_main.cc (paramcast-worker).
+//
 // Threads: the client's control thread calls the Listener methods: it checks
 // plans, answers them and queues jobs, never waiting on data. The data thread
 // runs the jobs in order (join an epoch, receive an update), so heartbeats

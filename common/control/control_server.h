@@ -15,6 +15,16 @@
 // server). Every other method may be called from any thread; sends are queued
 // and the control thread is woken through an eventfd. The server's lock is a
 // leaf: it is never held while calling out.
+//
+// The room's files: control_server (this), control_admission.cc (Hello,
+// probes, Welcome/Reject; count mode keeps a membership slot for each
+// trainer rank of a many-sender job); control_client (the subscriber's end:
+// DEALERs and their thread, probe -> join, heartbeats, publisher-loss
+// detection, rejoin on fresh connections with backoff); auth (CURVE keys,
+// authorized-keys files, the ZAP handler; docs/security.md); log_guard
+// (escaping of peer strings; log rate limits per kind of event and in all,
+// never per peer: ControlServer::log_peer); codec (one Envelope per frame,
+// text limits); messages.h; wakeup (eventfd); member_event.h.
 #pragma once
 
 #include <zmq.hpp>

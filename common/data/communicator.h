@@ -17,6 +17,25 @@
 //
 // Backends: data/gloo (host memory over TCP), data/nccl (CUDA memory),
 // data/shm (host memory shared by the ranks of one host).
+//
+// Point to point (send/recv) for many-sender updates: Gloo and shm in host
+// memory, matched by tag; NCCL by issue order, the moves between
+// begin_moves() and end_moves() one NCCL group.
+// point_to_point_unavailable_reason() is the one rule of which planes a
+// many-sender update runs on.
+//
+// The room's other files: device_memory.h (staging, copies and checksums per
+// device, so the pipeline is written once for host and CUDA memory),
+// block_pool.h (staging reused, not reallocated), bucket_checksum.h (xxh64
+// and xxh64-blocks, one definition for host and device), store.h and
+// file_store (rendezvous; the file store for tools without a publisher),
+// factory.cc (create_communicator, mint_bootstrap), split_communicator.h
+// (data_plane.local: auto: the publisher's host on shm, the others on Gloo,
+// one broadcast on both; GroupHost::choose_local decides), reaper.h
+// (communicators released on a thread of their own, so no control thread or
+// caller waits on a teardown). Only each backend's factory header
+// (gloo_factory.h, shm_factory.h, nccl_factory.h) is visible outside it.
+//
 // Thread-safety: broadcast() from one thread at a time; abort() and
 // async_error() from any thread.
 #pragma once

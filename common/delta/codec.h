@@ -22,6 +22,14 @@
 // times the largest bucket it encoded or applied (flags, indices, gaps,
 // the encoding), reused across buckets and updates.
 //
+// Owners: the publisher's update thread holds the codec and the baseline
+// (PublisherImpl::codec_, baseline_: the last version every member applied,
+// the model's bytes, in `paramcast status`); BucketSender encodes into
+// staging and announces each bucket's BucketDelta; BucketReceiver applies
+// into the registered buffers, or into the engine's own copy
+// (SubscriberImpl::copy_, with subscriber.delta_baseline: host) for tensors
+// handed to its callback, and verifies each piece.
+//
 // Thread-safety: one owning thread (the pipeline's), like DeviceMemory.
 #pragma once
 

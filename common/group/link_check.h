@@ -36,6 +36,9 @@
 // Threads: LinkCheckHost's hooks are called on its own thread without its
 // lock held; every public method may be called from any thread (its lock is
 // a leaf). run_link_check() blocks its caller up to the request's timeout.
+//
+// Files: link_check.cc (the member's end), link_check_host.cc (the
+// publisher's end), link_check_net.h (the socket helpers both share).
 #pragma once
 
 #include <atomic>

@@ -9,6 +9,12 @@
 //
 // Label values are escaped as the format says (\\, \", \n), so a worker id
 // or an error code can never break a line.
+//
+// The pages are rendered at each scrape by trainer_side/publisher_metrics.cc
+// and inference_side/subscriber_metrics.cc from snapshots (the membership
+// table, stats(), the weight state); http_server.h (MetricsServer:
+// cpp-httplib on a thread of its own, /metrics only, two workers, small
+// limits) serves them.
 #pragma once
 
 #include <cstdint>

@@ -17,6 +17,10 @@
 // every broadcast. A failure aborts the communicator and waits for issued
 // work to settle before the slots may be reused, as BucketSender does.
 //
+// The receiving half is BucketReceiver with a next_bucket source: each
+// announced layout is checked against the plan (UpdatePlan::
+// add_streamed_bucket, end_stream) before its broadcast is received.
+//
 // Thread-safety: one thread at a time (the Update's owner).
 #pragma once
 

@@ -17,6 +17,17 @@
 //
 // Thread-safety: one send() at a time; stop() from any thread ends a stall
 // injected for tests.
+//
+// The room's files: bucket_sender and bucket_receiver (the receiving half:
+// bucket k+1 received while k is verified and unpacked; direct, in place,
+// assembly of chunks, staging; the tensor callback; a refused plan's
+// buckets dropped); issue_ahead.h (buckets that land in place are issued up
+// to 32 ahead on both sides, so the data plane always holds the next
+// broadcasts); staging_slots.h (the one rule for which of its two staging
+// slots a bucket uses, on every side and for every kind of bucket: the
+// buckets that need a slot take them in turn, each waiting only for the
+// slot's previous user); settle.h; fault_injection.h (test hooks from the
+// environment).
 #pragma once
 
 #include <atomic>
