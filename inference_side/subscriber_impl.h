@@ -38,6 +38,7 @@
 #include "common/data/device_memory.h"
 #include "common/delta/baseline.h"
 #include "common/reshard/sent_baseline.h"
+#include "common/reshard/sharded_update.h"
 #include "common/group/group_member.h"
 #include "common/group/link_check.h"
 #include "common/plan.h"
@@ -194,6 +195,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
   int world_ = 0;
   std::vector<std::string> rank_names_;
   std::atomic<uint64_t> sharded_received_{0};
+  // The last sharded plan's moves, reused while its shape holds (the data thread's).
+  reshard::ShardedMovesCache sharded_cache_;
   // A trainer rank's baseline: the pieces it sent last and as which
   // version (publisher.delta; data thread only, its size read anywhere).
   reshard::SentBaseline sent_;

@@ -298,7 +298,7 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
     names = rank_names_;
   }
   sharded_received_ = 0;
-  auto moves = reshard::sharded_moves(plan, world, names);
+  auto moves = sharded_cache_.moves(plan, world, names);  // the last update's, when of the same shape
   if (!moves.ok()) {
     // The publisher checked this plan; a rank that cannot follow it fails
     // the update for all (its peers wait for it).
@@ -422,7 +422,7 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   run.staging_limit = 2 * cfg_.data_plane.bucket_bytes;  // a trainer rank's packed pieces and encodings
   bool unsettled = false;
   run.unsettled = &unsettled;
-  Status s = reshard::run_reshard(moves->plan, moves->rounds, rank, *comm, buffers, deadline(), run);
+  Status s = reshard::run_reshard((*moves)->plan, (*moves)->rounds, rank, *comm, buffers, deadline(), run);
   collective_done = s.ok();
   if (!s.ok()) {
     comm->abort(s.message());  // its peers stop waiting for this rank's transfers

@@ -295,6 +295,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Each trainer rank's part of the next sharded update, until it is taken
   // (guarded by mu_; one entry per trainer rank).
   std::map<std::string, SourceHoldings> holdings_;
+  // The last sharded update's moves, reused while the shape holds (the
+  // update thread's, under the update lock).
+  reshard::ShardedMovesCache sharded_cache_;
   // Steps this rank refused before their plan (mu_): why, and the trainer
   // ranks whose call for it was ended. A rank whose part arrives after the
   // refusal is ended at once with the reason, not at its own timeout; its

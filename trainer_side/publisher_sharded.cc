@@ -496,12 +496,14 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   plan->holders = std::move(shape.holders);
   plan->wanters = std::move(shape.wanters);
   r.buckets = 0;
-  auto moves = reshard::sharded_moves(*plan, static_cast<int>(group.size() + 1), names);
+  // The same shape as the last update (tensors, regions, ranks): its moves
+  // as they were, without planning; the replicas' digests compared afresh.
+  auto moves = sharded_cache_.moves(*plan, static_cast<int>(group.size() + 1), names);
   if (!moves.ok()) return refuse(moves.status().with_context("refused before any byte moved"));
   pause_before_plan(plan->version);
   decide_sharded_delta(*plan, group, r);
   if (plan_round(*plan, r)) {
-    Status data = move_sharded(*plan, *moves, sent, own_holds, options.after_stream, r);
+    Status data = move_sharded(*plan, **moves, sent, own_holds, options.after_stream, r);
     collect_applied(*plan, data, r);
     // What crossed the data plane: every engine's received bytes (its
     // encodings, in a delta), as each reported them.

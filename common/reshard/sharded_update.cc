@@ -1,7 +1,10 @@
 #include "common/reshard/sharded_update.h"
 
+#include <cstring>
 #include <map>
 #include <set>
+
+#include "common/xxhash.h"
 
 namespace paramcast::reshard {
 
@@ -64,6 +67,85 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
   out.plan = std::move(p.value());
   out.rounds = schedule_rounds(out.plan);
   return out;
+}
+
+namespace {
+
+void put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+void put_u64(std::string& out, uint64_t v) { put(out, &v, sizeof v); }
+void put_list(std::string& out, const std::vector<int64_t>& v) {
+  put_u64(out, v.size());
+  put(out, v.data(), v.size() * sizeof(int64_t));
+}
+
+// Everything the moves are derived from, written out (digests and seqs
+// aside: they change with every call, the moves do not).
+std::string shape_of(const UpdatePlan& plan, int world, const std::vector<std::string>& names) {
+  std::string out;
+  put_u64(out, static_cast<uint64_t>(world));
+  for (const auto& n : names) {
+    put_u64(out, n.size());
+    out += n;
+  }
+  put_u64(out, plan.tensors.size());
+  for (const auto& t : plan.tensors) {
+    put_u64(out, t.name.size());
+    out += t.name;
+    put_u64(out, static_cast<uint64_t>(t.dtype));
+    put_list(out, t.shape);
+  }
+  for (const auto* list : {&plan.holders, &plan.wanters}) {
+    put_u64(out, list->size());
+    for (const auto& h : *list) {
+      put_u64(out, static_cast<uint64_t>(h.rank));
+      put_u64(out, static_cast<uint64_t>(h.tensor));
+      put_list(out, h.offsets);
+      put_list(out, h.lengths);
+    }
+  }
+  return out;
+}
+
+// Replicas (holders of the same region of a tensor) whose digests differ:
+// the check plan_reshard() makes, on its own for a cached plan.
+Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::string>& names) {
+  std::map<std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>>, std::pair<int, uint64_t>> first;
+  auto name = [&](int r) {
+    return static_cast<size_t>(r) < names.size() && !names[static_cast<size_t>(r)].empty()
+               ? names[static_cast<size_t>(r)]
+               : "rank " + std::to_string(r);
+  };
+  for (const auto& h : plan.holders) {
+    if (!h.digest || h.tensor < 0) continue;
+    auto [it, fresh] = first.try_emplace({h.tensor, h.offsets, h.lengths}, h.rank, *h.digest);
+    if (fresh || it->second.second == *h.digest) continue;
+    const auto& t = plan.tensors[static_cast<size_t>(h.tensor)];
+    return invalid_argument("sharded update v" + std::to_string(plan.version) +
+                            ": the many-sender plan has 1 mismatch: tensor '" + t.name + "': " +
+                            name(it->second.first) + " and " + name(h.rank) + " hold " +
+                            Region{h.offsets, h.lengths}.to_string() + " with different bytes (xxh64 " +
+                            digest_hex(it->second.second) + " and " + digest_hex(*h.digest) +
+                            "): replicas must hold the same version");
+  }
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const UpdatePlan& plan, int world,
+                                                                       const std::vector<std::string>& names) {
+  std::string shape = shape_of(plan, world, names);
+  cached_ = kept_ && shape == shape_;
+  if (cached_) {
+    if (Status s = check_replica_digests(plan, names); !s.ok()) return s;
+    return kept_;
+  }
+  kept_.reset();  // a failed plan keeps nothing
+  auto fresh = sharded_moves(plan, world, names);
+  if (!fresh.ok()) return fresh.status();
+  kept_ = std::make_shared<const ShardedMoves>(std::move(fresh.value()));
+  shape_ = std::move(shape);
+  return kept_;
 }
 
 }  // namespace paramcast::reshard

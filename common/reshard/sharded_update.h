@@ -13,6 +13,7 @@
 // Pure: no I/O, no clock, no lock.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,5 +32,26 @@ struct ShardedMoves {
 // `names[r]` names rank r in messages ("publisher", worker ids); ranks
 // without a name are "rank r".
 StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names);
+
+// A rank's last ShardedMoves, kept for the next update of the same shape:
+// the same tensors, the same holders' and wanters' regions, the same ranks
+// under the same names. Such an update takes the moves as they are, without
+// planning (4 s a rank for 50k tensors on 4 trainer ranks): only the
+// replicas' digests, which change with every version, are compared afresh
+// (rank 0 has them). Anything else plans again. The shape is compared byte
+// for byte, never by a hash: a hostile holder cannot forge a match. Not
+// thread-safe: one owner (the update thread, an engine's data thread).
+class ShardedMovesCache {
+ public:
+  StatusOr<std::shared_ptr<const ShardedMoves>> moves(const UpdatePlan& plan, int world,
+                                                      const std::vector<std::string>& names);
+  // Whether the last moves() took the kept moves (for tests and logs).
+  bool last_was_cached() const { return cached_; }
+
+ private:
+  std::string shape_;
+  std::shared_ptr<const ShardedMoves> kept_;
+  bool cached_ = false;
+};
 
 }  // namespace paramcast::reshard

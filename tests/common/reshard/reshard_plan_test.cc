@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/reshard/schedule.h"
+#include "common/reshard/sharded_update.h"
 
 namespace paramcast::reshard {
 namespace {
@@ -427,6 +428,77 @@ TEST(ReshardPlanTest, RandomLayoutsArePlannedExactlyAndScheduledWithoutContentio
       EXPECT_GE(schedule_bytes(rounds), plan->busiest_bytes());
     }
   }
+}
+
+}  // namespace
+}  // namespace paramcast::reshard
+
+namespace paramcast::reshard {
+namespace {
+
+// Two trainer ranks each holding half the rows of `w`, and (rank 2) an
+// engine that wants it whole; with `replica`, rank 3 holds rank 1's rows too.
+UpdatePlan two_rank_plan(uint64_t version, bool replica = false) {
+  UpdatePlan p;
+  p.version = version;
+  p.sharded = true;
+  p.tensors = {TensorSpec{"w", DType::kF32, {8, 4}}};
+  auto hold = [&](int rank, int64_t row, uint64_t digest) {
+    UpdatePlan::Holding h;
+    h.rank = rank;
+    h.tensor = 0;
+    h.offsets = {row, 0};
+    h.lengths = {4, 4};
+    h.seq = version;  // changes every call: not part of the shape
+    h.digest = digest;
+    p.holders.push_back(h);
+  };
+  hold(0, 0, 100 + version);
+  hold(1, 4, 200 + version);
+  if (replica) hold(3, 4, 200 + version);
+  return p;
+}
+
+// The same shape twice: the second update takes the first's moves without
+// planning; a change of regions, ranks or names plans again; a cached plan
+// still refuses replicas whose digests differ.
+TEST(ShardedMovesCacheTest, TheSameShapeReusesItsMovesAndAnyChangePlansAgain) {
+  ShardedMovesCache cache;
+  const std::vector<std::string> names = {"publisher", "trainer-1", "worker-1", "trainer-2"};
+  auto first = cache.moves(two_rank_plan(1), 3, names);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_FALSE(cache.last_was_cached());
+  auto second = cache.moves(two_rank_plan(2), 3, names);
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(cache.last_was_cached());
+  EXPECT_EQ(second->get(), first->get());
+  UpdatePlan moved = two_rank_plan(3);
+  moved.holders[0].lengths = {5, 4};  // rank 0 now holds rows 0..4: an overlap, refused afresh
+  moved.holders[1].offsets = {5, 0};
+  moved.holders[1].lengths = {3, 4};
+  auto replanned = cache.moves(moved, 3, names);
+  ASSERT_TRUE(replanned.ok());
+  EXPECT_FALSE(cache.last_was_cached());
+  EXPECT_NE(replanned->get(), first->get());
+  auto renamed = cache.moves(moved, 3, {"publisher", "trainer-1", "worker-9"});
+  ASSERT_TRUE(renamed.ok());
+  EXPECT_FALSE(cache.last_was_cached());
+  // Replicas: cached, then their digests disagree: refused naming both.
+  ASSERT_TRUE(cache.moves(two_rank_plan(4, true), 4, names).ok());
+  UpdatePlan stale = two_rank_plan(5, true);
+  stale.holders[2].digest = 7;
+  auto refused = cache.moves(stale, 4, names);
+  EXPECT_TRUE(cache.last_was_cached());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("trainer-1 and trainer-2 hold [4:8, 0:4] with different bytes"),
+            std::string::npos)
+      << refused.status().message();
+  // A plan refused on its own keeps nothing: the next one plans afresh.
+  UpdatePlan gap = two_rank_plan(6);
+  gap.holders.pop_back();
+  EXPECT_FALSE(cache.moves(gap, 3, names).ok());
+  ASSERT_TRUE(cache.moves(two_rank_plan(7), 3, names).ok());
+  EXPECT_FALSE(cache.last_was_cached());
 }
 
 }  // namespace
