@@ -6,6 +6,7 @@
 #include "common/xxhash.h"
 
 #include <cstring>
+#include <unordered_map>
 
 namespace paramcast::reshard {
 
@@ -58,9 +59,48 @@ Status HostRun::choose() {
   }
   for (auto& p : sends_) all_.push_back(&p);
   for (auto& p : recvs_) all_.push_back(&p);
-  if (checked_)
-    for (size_t i : hashed_forwards(/*sends=*/true, /*takes=*/false)) holder_sums_.push_back(HolderSum{i, std::make_shared<uint64_t>(0), nullptr});
+  if (checked_) {
+    std::vector<std::pair<int, size_t>> sent;  // (the forward's receiver, the forward)
+    for (size_t i : hashed_forwards(/*sends=*/true, /*takes=*/false)) {
+      sent.emplace_back(transfer(i).to, i);
+      chained_.insert(chain_start(plan, i));
+    }
+    holder_sums_ = by_peer(sent);
+  }
+  if (!delta_) bundle();
   return Status();
+}
+
+// A dense plan's small pieces between the same pair of ranks, as bundles
+// (plan_bundles): each piece points to its bundle's first, which lists them.
+void HostRun::bundle() {
+  const std::vector<Bundle> bundles = plan_bundles(plan, rounds, rank);
+  if (bundles.empty()) return;
+  std::unordered_map<size_t, Posted*> by_transfer;
+  by_transfer.reserve(all_.size());
+  for (Posted* p : all_) by_transfer[p->transfer] = p;
+  for (const Bundle& b : bundles) {
+    Posted* lead = by_transfer.at(b.transfers.front());
+    for (size_t i : b.transfers) {
+      Posted* p = by_transfer.at(i);
+      p->lead = lead;
+      lead->members.push_back(p);
+    }
+  }
+}
+
+// Forwards (peer, forward), in schedule order, grouped by peer: each
+// group's forwards in that order, the groups by peer.
+std::vector<HolderSums> HostRun::by_peer(const std::vector<std::pair<int, size_t>>& forwards) {
+  std::map<int, HolderSums> groups;
+  for (const auto& [peer, i] : forwards) {
+    HolderSums& g = groups[peer];
+    g.peer = peer;
+    g.forwards.push_back(i);
+  }
+  std::vector<HolderSums> out;
+  for (auto& [peer, g] : groups) out.push_back(std::move(g));
+  return out;
 }
 
 // A piece's moves (header, bytes, checksum), waited for in that order.
@@ -75,7 +115,8 @@ Status HostRun::wait_moves(const Posted& p) {
 // holders' hashes; the baseline kept, the stats handed over.
 Status HostRun::account() {
   for (auto& p : sends_) {
-    if (!p.work && !p.head_work) return fail(p.transfer, internal_error("a forward whose bytes never came"));
+    if (!p.work && !p.head_work && !p.lead)  // a bundle's piece went with its first
+      return fail(p.transfer, internal_error("a forward whose bytes never came"));
     if (Status s = wait_moves(p); !s.ok()) return s;
   }
   for (auto& h : holder_sums_)
@@ -107,8 +148,9 @@ void HostRun::settle(const Status& s) {
         new std::shared_ptr<PieceHeader>(q->head);  // deliberately leaked
       }
   }
-  for (auto& h : holder_sums_)
-    if (unsettled(h.work)) new std::shared_ptr<uint64_t>(h.sum);  // deliberately leaked
+  for (auto* sums : {&holder_sums_, &taken_})
+    for (auto& h : *sums)
+      if (unsettled(h.work)) new std::shared_ptr<std::vector<uint64_t>>(h.sums);  // deliberately leaked
   if (options.sent) options.sent->end_run(false);
 }
 

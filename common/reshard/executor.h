@@ -15,11 +15,25 @@
 // its bytes follows it and its receiver checks them before they count. A
 // forwarded piece is checked against the hash of the rank that holds it
 // (chain_start), sent straight to each rank the chain reaches after all
-// the holder's sends, and checked once all the receiver's moves landed: a
-// forwarder relays bytes, never the hash that checks them, so a member that
-// changes what it forwards is caught by the next one, which names both.
+// the holder's sends (host memory: all the hashes a holder sends one rank
+// in one message, in schedule order), and checked once all the receiver's
+// moves landed: a forwarder relays bytes, never the hash that checks them,
+// so a member that changes what it forwards is caught by the next one,
+// which names both.
 // Host memory (the CPU data plane); bounded by `deadline` and by the
 // communicator's failure, which names the peer.
+//
+// Bundles (host memory, dense plans: detail::plan_bundles): a run of
+// consecutive held pieces of at most 256 KiB each between the same pair of
+// ranks (the pair's transfers in schedule order, 4 MiB together at most)
+// travels as one message: packed back to back into staging by the sender,
+// tagged with its first piece's index, followed (with checksums) by the
+// xxh64 of the packed bytes; the receiver lands it in staging, checks it,
+// and unpacks each piece at its own place in the schedule (counting and
+// relaying it there). Both ends derive the bundles from the plan and
+// rounds, no message needed. A holder still keeps each bundled piece's own
+// hash for the ranks its chain reaches. Many small tensors then cost a
+// message per bundle, not two per piece.
 //
 // Deltas (RunOptions::delta_base): every transfer is announced by a header
 // of 32 bytes (tag: its index | kHeaderTag: the encoding, its wire bytes,
@@ -130,6 +144,9 @@ struct RunOptions {
   struct Stats {
     uint64_t wire_sent = 0, wire_received = 0;  // bytes on this rank's links, headers and checksums aside
     size_t dense = 0, delta = 0, unchanged = 0;   // this rank's sends by encoding
+    // Point-to-point messages this rank posted (host memory): sends and
+    // receives, headers and checksums included.
+    size_t messages = 0;
   }* stats = nullptr;
 };
 inline constexpr uint32_t kChecksumTag = 0x80000000u;

@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -38,13 +39,21 @@ struct Posted : Chosen {
   std::shared_ptr<std::vector<uint8_t>> staging = std::make_shared<std::vector<uint8_t>>();
   std::shared_ptr<std::vector<uint8_t>> encoded;  // a send's delta encoding (shared by sends of the same piece)
   bool direct = false;                            // a receive straight into the rank's buffer
+  // A bundle's piece (plan_bundles): the bundle's first piece carries its
+  // moves, staging and checksum; each piece's bytes are its part of that
+  // staging. Null: the piece travels alone.
+  Posted* lead = nullptr;
+  std::vector<Posted*> members;  // the first piece's: the bundle's pieces, in order
 };
 
-// The hash of a piece this rank holds, sent to a rank its chain reaches
-// (the forward `transfer`'s receiver).
-struct HolderSum {
-  size_t transfer = 0;
-  std::shared_ptr<uint64_t> sum = std::make_shared<uint64_t>(0);
+// The hashes of the pieces this rank holds whose chains reach one rank
+// (`peer`: the receiver of the forwards `forwards`, in schedule order), or
+// that a rank takes from one holder (`peer`): one message a pair, tag: the
+// first forward's index | kChecksumTag; both ends list the same forwards.
+struct HolderSums {
+  int peer = -1;
+  std::vector<size_t> forwards;
+  std::shared_ptr<std::vector<uint64_t>> sums = std::make_shared<std::vector<uint64_t>>();
   std::shared_ptr<Work> work;
 };
 
@@ -62,6 +71,7 @@ class HostRun final : public RankRun {
   void settle(const Status& s) override;
   Status out_of_memory() override;
   Status wait_moves(const Posted& p);
+  void bundle();
   uint8_t* read(const Posted& p, std::vector<uint8_t>& into) const;
 
   // For each piece this rank holds (executor_send.cc): make room in the
@@ -69,10 +79,12 @@ class HostRun final : public RankRun {
   Status send_held() override;
   Status make_room(uint64_t need);
   void read_dense(Posted& p);
+  Status send_bundle(Posted& lead);
   void encode(Posted& p);
   void record(const Transfer& x, const uint8_t* now);
   void post(Posted& p);
   void post_holder_sums();
+  static std::vector<HolderSums> by_peer(const std::vector<std::pair<int, size_t>>& forwards);
 
   // For each piece that comes (executor_receive.cc): land, check, decode,
   // place, relay; then the forwards against their holders' hashes.
@@ -80,6 +92,7 @@ class HostRun final : public RankRun {
   size_t batch_end(size_t begin) const override;
   Status post_batch(size_t begin, size_t end) override;
   void post_dense_receive(Posted& p);
+  void post_bundle_receive(Posted& lead);
   Status post_delta_receive(Posted& p);
   Status check_header(const Posted& p) const;
   Status receive(size_t piece) override;
@@ -88,7 +101,9 @@ class HostRun final : public RankRun {
   void relay(Posted& p);
   Status end_batch(size_t, size_t) override { return Status(); }
   Status check_forwards() override;
+  Status take_holder_sums();
   Status verify(const Posted& p, const uint8_t* bytes, uint64_t want, const std::string& what) const;
+  Status verify_bundle(const Posted& lead) const;
 
   const bool delta_ = options.delta_base != 0;
   // Checked pieces (dense with checksums; every piece of a delta plan): the
@@ -107,7 +122,9 @@ class HostRun final : public RankRun {
   // both ends of every pair, they never hold up a move of the plan (the shm
   // plane serves receives in the order they were posted; a holder waits for
   // its oldest sends before it packs more).
-  std::vector<HolderSum> holder_sums_;
+  std::vector<HolderSums> holder_sums_;  // sent, by the forwards' receiver
+  std::vector<HolderSums> taken_;        // taken, by holder (check_forwards)
+  std::set<size_t> chained_;  // the pieces this rank holds whose chains go on (their hashes are sent)
   // A delta plan's pieces encoded by this run: a piece sent twice is
   // encoded once (the baseline moved with the first), and its encoding is
   // kept until its last send is posted.

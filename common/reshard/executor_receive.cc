@@ -25,6 +25,7 @@ Status HostRun::post_batch(size_t begin, size_t end) {
     Posted& p = recvs_[i];
     p.head_work = comm.recv(p.head.get(), sizeof(PieceHeader), transfer(p.transfer).from,
                             static_cast<uint32_t>(p.transfer) | kHeaderTag);
+    ++stats.messages;
   }
   for (size_t i = begin; i < end; ++i)
     if (Status s = post_delta_receive(recvs_[i]); !s.ok()) return s;
@@ -32,6 +33,10 @@ Status HostRun::post_batch(size_t begin, size_t end) {
 }
 
 void HostRun::post_dense_receive(Posted& p) {
+  if (p.lead) {  // a bundle comes whole, at its first piece
+    if (p.lead == &p) post_bundle_receive(p);
+    return;
+  }
   const Transfer& x = transfer(p.transfer);
   const auto at = contiguous_at(p.at.box, x.region, element(x));
   p.direct = at.has_value();
@@ -43,8 +48,35 @@ void HostRun::post_dense_receive(Posted& p) {
   p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
   p.bytes = into;
   p.wire = x.bytes;
-  if (options.checksums && x.after < 0)  // a forward is checked once every move landed
+  ++stats.messages;
+  if (options.checksums && x.after < 0) {  // a forward is checked once every move landed
     p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
+    ++stats.messages;
+  }
+}
+
+// A bundle: one receive into its first piece's staging (tag: that piece's
+// index), and with checksums the hash of it all; each piece's bytes are its
+// part of that staging, unpacked at its own place (place).
+void HostRun::post_bundle_receive(Posted& lead) {
+  uint64_t total = 0;
+  for (const Posted* m : lead.members) total += transfer(m->transfer).bytes;
+  lead.staging->resize(total);
+  uint64_t at = 0;
+  for (Posted* m : lead.members) {
+    m->staging = lead.staging;
+    m->bytes = lead.staging->data() + at;
+    m->wire = transfer(m->transfer).bytes;
+    at += m->wire;
+  }
+  const Transfer& first = transfer(lead.transfer);
+  const uint32_t tag = static_cast<uint32_t>(lead.transfer);
+  lead.work = comm.recv(lead.staging->data(), total, first.from, tag);
+  ++stats.messages;
+  if (options.checksums) {
+    lead.sum_work = comm.recv(lead.sum.get(), sizeof(uint64_t), first.from, tag | kChecksumTag);
+    ++stats.messages;
+  }
 }
 
 // A delta plan's piece once its header came: the header checked, then its
@@ -68,6 +100,7 @@ Status HostRun::post_delta_receive(Posted& p) {
   }
   p.bytes = into;
   p.work = comm.recv(into, p.wire, x.from, static_cast<uint32_t>(p.transfer));
+  ++stats.messages;
   return Status();
 }
 
@@ -101,7 +134,9 @@ Status HostRun::check_header(const Posted& p) const {
 }
 
 // One piece that comes: land, check, decode, place, relay. It counts once
-// it landed (a dense plan's: once checked; a delta counts its encoding).
+// it landed (a dense plan's: once checked; a delta counts its encoding). A
+// bundle lands and is checked whole at its first piece; each of its pieces
+// is placed, counted and relayed at its own.
 Status HostRun::receive(size_t piece) {
   Posted& p = recvs_[piece];
   for (const auto* w : {&p.work, &p.sum_work})
@@ -113,6 +148,8 @@ Status HostRun::receive(size_t piece) {
   if (!delta_) count_received(p.wire);
   place(p, *now);
   relay(p);
+  if (p.lead && &p == p.lead->members.back())  // a bundle all placed: its staging goes
+    for (Posted* m : p.lead->members) m->staging.reset();
   return Status();
 }
 
@@ -124,7 +161,8 @@ StatusOr<const uint8_t*> HostRun::check_decode(Posted& p) {
   const Transfer& x = transfer(p.transfer);
   if (!delta_) {
     if (p.sum_work)
-      if (Status s = verify(p, p.bytes, *p.sum, "arrived"); !s.ok()) return s;
+      if (Status s = p.members.empty() ? verify(p, p.bytes, *p.sum, "arrived") : verify_bundle(p); !s.ok())
+        return s;
     return p.bytes;
   }
   const PieceHeader& h = *p.head;
@@ -152,10 +190,11 @@ StatusOr<const uint8_t*> HostRun::check_decode(Posted& p) {
 }
 
 // A piece's new bytes into the rank's buffer, unless they are there already
-// (a region contiguous there lands, or is changed, in place).
+// (a region contiguous there lands, or is changed, in place; a bundle's
+// piece lands in the bundle's staging).
 void HostRun::place(const Posted& p, const uint8_t* bytes) const {
   const Transfer& x = transfer(p.transfer);
-  if (!contiguous_at(p.at.box, x.region, element(x)))
+  if (p.lead || !contiguous_at(p.at.box, x.region, element(x)))
     copy_region(bytes, x.region, p.at.data, p.at.box, x.region, element(x));
 }
 
@@ -177,18 +216,36 @@ void HostRun::relay(Posted& p) {
 }
 
 // The forwards this rank received, as they are now in its buffers, against
-// the hashes their holders sent (last on every pair).
+// the hashes their holders sent (last on every pair; one message from each).
 Status HostRun::check_forwards() {
   if (!checked_) return Status();
-  for (auto& p : recvs_)
-    if (transfer(p.transfer).after >= 0)
-      p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), holder(p.transfer),
-                             static_cast<uint32_t>(p.transfer) | kChecksumTag);
+  if (Status s = take_holder_sums(); !s.ok()) return s;
+  std::map<size_t, const Posted*> received;  // the forwards, by index
+  for (const auto& p : recvs_)
+    if (transfer(p.transfer).after >= 0) received[p.transfer] = &p;
   std::vector<uint8_t> packed;
-  for (auto& p : recvs_) {
-    if (transfer(p.transfer).after < 0) continue;
-    if (Status s = p.sum_work->wait(deadline); !s.ok()) return fail(p.transfer, s);
-    if (Status s = verify(p, read(p, packed), *p.sum, "landed"); !s.ok()) return fail(p.transfer, s);
+  for (const HolderSums& h : taken_) {
+    if (Status s = h.work->wait(deadline); !s.ok()) return fail(h.forwards.front(), s);
+    for (size_t k = 0; k < h.forwards.size(); ++k) {
+      const Posted& p = *received.at(h.forwards[k]);
+      if (Status s = verify(p, read(p, packed), (*h.sums)[k], "landed"); !s.ok()) return fail(p.transfer, s);
+    }
+  }
+  return Status();
+}
+
+// The holders' hashes of the forwards this rank received: one receive from
+// each holder, the forwards in schedule order.
+Status HostRun::take_holder_sums() {
+  std::vector<std::pair<int, size_t>> taken;  // (the piece's holder, the forward)
+  for (const auto& p : recvs_)
+    if (transfer(p.transfer).after >= 0) taken.emplace_back(holder(p.transfer), p.transfer);
+  taken_ = by_peer(taken);
+  for (HolderSums& h : taken_) {
+    h.sums->resize(h.forwards.size());
+    h.work = comm.recv(h.sums->data(), h.sums->size() * sizeof(uint64_t), h.peer,
+                       static_cast<uint32_t>(h.forwards.front()) | kChecksumTag);
+    ++stats.messages;
   }
   return Status();
 }
@@ -198,6 +255,16 @@ Status HostRun::verify(const Posted& p, const uint8_t* bytes, uint64_t want, con
   const uint64_t got = xxh64(bytes, transfer(p.transfer).bytes);
   if (got == want) return Status();
   return mismatch(p.transfer, what, "xxh64", got, want, "sent xxh64 ");
+}
+
+// A bundle's bytes, at its first piece, against the hash of them all (its
+// sender's); the failure names the first piece.
+Status HostRun::verify_bundle(const Posted& lead) const {
+  const uint64_t got = xxh64(lead.staging->data(), lead.staging->size());
+  if (got == *lead.sum) return Status();
+  return data_corrupt("a bundle of " + std::to_string(lead.members.size()) + " pieces, " +
+                      std::to_string(lead.staging->size()) + " bytes, arrived with xxh64 " + digest_hex(got) +
+                      ", the sender's " + digest_hex(*lead.sum));
 }
 
 }  // namespace paramcast::reshard::detail

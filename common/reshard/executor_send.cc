@@ -27,6 +27,11 @@ Status HostRun::send_held() {
       forwards_[static_cast<size_t>(x.after)].push_back(&p);
       continue;
     }
+    if (p.lead) {  // a bundle goes out whole at its first piece
+      if (p.lead == &p)
+        if (Status s = send_bundle(p); !s.ok()) return s;
+      continue;
+    }
     const bool packs = !contiguous_at(p.at.box, x.region, element(x)).has_value();
     if (Status s = make_room(delta_ || packs ? x.bytes : 0); !s.ok()) return s;
     if (delta_)
@@ -71,6 +76,43 @@ void HostRun::read_dense(Posted& p) {
   p.wire = x.bytes;
   if (x.after < 0) record(x, p.bytes);
   ++stats.dense;
+}
+
+// A bundle: its pieces packed back to back into its first piece's staging
+// (within the staging window; each recorded as the sender's baseline), one
+// send (tag: the first piece's index) and, with checksums, the hash of the
+// packed bytes; a piece whose chain goes on keeps its own hash for the
+// ranks the chain reaches.
+Status HostRun::send_bundle(Posted& lead) {
+  uint64_t total = 0;
+  for (const Posted* m : lead.members) total += transfer(m->transfer).bytes;
+  if (Status s = make_room(total); !s.ok()) return s;
+  lead.staging->resize(total);
+  uint64_t at = 0;
+  for (Posted* m : lead.members) {
+    const Transfer& x = transfer(m->transfer);
+    uint8_t* into = lead.staging->data() + at;
+    copy_region(m->at.data, m->at.box, into, x.region, x.region, element(x));
+    m->bytes = into;
+    m->wire = x.bytes;
+    at += x.bytes;
+    record(x, m->bytes);
+    ++stats.dense;
+    if (options.checksums && chained_.count(m->transfer)) note_held_hash(m->transfer, xxh64(m->bytes, x.bytes));
+  }
+  const Transfer& first = transfer(lead.transfer);
+  const uint32_t tag = static_cast<uint32_t>(lead.transfer);
+  lead.work = comm.send(lead.staging->data(), total, first.to, tag);
+  stats.wire_sent += total;
+  ++stats.messages;
+  if (options.checksums) {
+    *lead.sum = xxh64(lead.staging->data(), total);
+    lead.sum_work = comm.send(lead.sum.get(), sizeof(uint64_t), first.to, tag | kChecksumTag);
+    ++stats.messages;
+  }
+  held_ += total;
+  holding_.push_back(&lead);
+  return Status();
 }
 
 // The sender's baseline of a piece it sends: its bytes as this version.
@@ -144,6 +186,7 @@ void HostRun::post(Posted& p) {
   const uint32_t tag = static_cast<uint32_t>(p.transfer);
   if (delta_) p.head_work = comm.send(p.head.get(), sizeof(PieceHeader), x.to, tag | kHeaderTag);
   if (!delta_ || p.wire) p.work = comm.send(p.bytes, p.wire, x.to, tag);
+  stats.messages += (p.head_work ? 1 : 0) + (p.work ? 1 : 0);
   stats.wire_sent += p.wire;
   if (x.after >= 0) return;
   if (delta_) {
@@ -151,17 +194,21 @@ void HostRun::post(Posted& p) {
   } else if (options.checksums) {
     *p.sum = xxh64(p.bytes, x.bytes);
     p.sum_work = comm.send(p.sum.get(), sizeof(uint64_t), x.to, tag | kChecksumTag);
+    ++stats.messages;
     note_held_hash(p.transfer, *p.sum);
   }
 }
 
 // The hashes of the pieces this rank holds, to every rank their chains
-// reach (tag: the forward's index | kChecksumTag), after all its own sends.
+// reach, after all its own sends: one message to each (tag: its first
+// forward's index | kChecksumTag), the hashes in schedule order.
 void HostRun::post_holder_sums() {
-  for (HolderSum& h : holder_sums_) {
-    *h.sum = holders_hash(h.transfer);
-    h.work = comm.send(h.sum.get(), sizeof(uint64_t), transfer(h.transfer).to,
-                       static_cast<uint32_t>(h.transfer) | kChecksumTag);
+  for (HolderSums& h : holder_sums_) {
+    h.sums->clear();
+    for (size_t i : h.forwards) h.sums->push_back(holders_hash(i));
+    h.work = comm.send(h.sums->data(), h.sums->size() * sizeof(uint64_t), h.peer,
+                       static_cast<uint32_t>(h.forwards.front()) | kChecksumTag);
+    ++stats.messages;
   }
 }
 

@@ -1,8 +1,45 @@
 #include "common/reshard/executor_steps.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "common/xxhash.h"
 
 namespace paramcast::reshard::detail {
+
+std::vector<Bundle> plan_bundles(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank) {
+  struct Open {
+    Bundle bundle;
+    size_t place = 0;  // its first transfer's place in the rank's schedule
+  };
+  std::map<std::pair<int, int>, Open> open;  // by pair (from, to)
+  std::vector<Open> done;
+  auto close = [&](Open& o) {
+    if (o.bundle.transfers.size() > 1) done.push_back(std::move(o));
+    o = Open{};
+  };
+  size_t place = 0;
+  for (const Round& round : rounds)
+    for (size_t i : round.transfers) {
+      const Transfer& x = plan.transfers[i];
+      if (x.from != rank && x.to != rank) continue;
+      Open& o = open[{x.from, x.to}];
+      const bool small = x.after < 0 && x.bytes <= kBundlePieceMax;
+      if (!small || o.bundle.bytes + x.bytes > kBundleMax) close(o);
+      if (small) {
+        if (o.bundle.transfers.empty()) o.place = place;
+        o.bundle.transfers.push_back(i);
+        o.bundle.bytes += x.bytes;
+      }
+      ++place;
+    }
+  for (auto& [pair, o] : open) close(o);
+  std::sort(done.begin(), done.end(), [](const Open& a, const Open& b) { return a.place < b.place; });
+  std::vector<Bundle> bundles;
+  bundles.reserve(done.size());
+  for (auto& o : done) bundles.push_back(std::move(o.bundle));
+  return bundles;
+}
 
 bool unsettled(const std::shared_ptr<Work>& work) {
   return work && (work->wait(Clock::now() + kSettleTimeout).code() == Code::kTimeout || !work->settled());

@@ -52,6 +52,22 @@ size_t round_end(const std::vector<Piece>& pieces, size_t begin) {
   return end;
 }
 
+// Bundles (the host path's dense plans): small pieces between the same pair
+// of ranks travel as one message, packed back to back, with one checksum.
+inline constexpr uint64_t kBundlePieceMax = 256 << 10;  // a piece's bytes, at most
+inline constexpr uint64_t kBundleMax = 4 << 20;         // a bundle's bytes, at most
+struct Bundle {
+  std::vector<size_t> transfers;  // in schedule order; the first one's index is the bundle's tag
+  uint64_t bytes = 0;
+};
+// The bundles of `rank`'s pairs: each pair's transfers (from, to), in
+// schedule order (the rounds', filtered to that pair), cut into maximal runs
+// of held pieces (after < 0) of at most kBundlePieceMax bytes each and
+// kBundleMax together; the runs of two or more, ordered by their first
+// transfer's place in the schedule. Both ends of a pair derive the same
+// bundles of it from the same plan and rounds, without a message (pure).
+std::vector<Bundle> plan_bundles(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank);
+
 // Waits a Work of a run that failed (the communicator aborted) for at most
 // kSettleTimeout: whether it may still touch its buffer, which must then be
 // let go, never freed or reused under a write.

@@ -83,10 +83,11 @@ struct Layer {
   int tp_dim;  // -1: whole on every engine rank
 };
 
-std::vector<Layer> model(int64_t H) {
+// --hidden H, --layers L (5 tensors a layer, 2 more).
+std::vector<Layer> model(int64_t H, int layers) {
   const int64_t I = H * 43 / 16, V = H * 16;
   std::vector<Layer> m = {{{"model.embed_tokens.weight", DType::kBF16, {V, H}}, 0}};
-  for (int l = 0; l < 2; ++l) {
+  for (int l = 0; l < layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     m.push_back({{p + "self_attn.q_proj.weight", DType::kBF16, {H, H}}, 0});
     m.push_back({{p + "self_attn.o_proj.weight", DType::kBF16, {H, H}}, 1});
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
     g.members.push_back(r < senders ? "trainer-" + std::to_string(r) : "engine-" + std::to_string(r - senders));
 
   // The same manifests on every rank.
-  const auto layers = model(std::atoll(f.get("hidden", "64").c_str()));
+  const auto layers = model(std::atoll(f.get("hidden", "64").c_str()), std::atoi(f.get("layers", "2").c_str()));
   std::vector<TensorSpec> specs;
   for (const auto& l : layers) specs.push_back(l.spec);
   std::vector<RankManifest> ranks;
@@ -358,7 +359,14 @@ int main(int argc, char** argv) {
   first.checksums = f.get("checksums", "0") == "1";
   first.memory = mem.get();
   if (delta_steps > 0) first.sent = &sent_baseline;
+  RunOptions::Stats first_stats;
+  first.stats = &first_stats;
   Status s = run_reshard(*plan, rounds, g.rank, *comm.value(), buffers, deadline, first);
+  if (s.ok()) {
+    size_t mine = 0;
+    for (const auto& x : plan->transfers) mine += x.from == g.rank || x.to == g.rank;
+    std::printf("rank %d: %zu transfers in %zu messages\n", g.rank, mine, first_stats.messages);
+  }
   if (s.ok() && mem) copy_back();
   if (s.ok() && funnel) {
     if (g.rank == 0)  // full_tensor(): its own shard joins the gathered bytes
