@@ -172,8 +172,11 @@ Status PublisherImpl::ensure_group() {
 // Expected subscribers that are not in this update: absent, or left out of
 // the group after failing formation.
 std::vector<std::string> PublisherImpl::absent() const {
+  // A member left out of the group may also be between connections at this
+  // moment: it is absent once.
   auto ids = server_.missing();
-  for (const auto& [id, why] : groups_.excluded()) ids.push_back(id);
+  for (const auto& [id, why] : groups_.excluded())
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   return ids;
 }
 
