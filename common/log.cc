@@ -41,6 +41,17 @@ void json_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
+// ISO 8601 UTC with milliseconds, the time of every line of both formats.
+std::string iso_utc(long long unix_ms) {
+  const std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char time[96];
+  std::snprintf(time, sizeof time, "%04d-%02d-%02dT%02d:%02d:%02d.%03lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, unix_ms % 1000);
+  return time;
+}
+
 bool token(const std::string& s) {
   if (s.empty() || s.size() > 64) return false;
   for (char c : s)
@@ -72,14 +83,8 @@ std::string json_log_line(LogLevel level, long long unix_ms, const std::string& 
       component = "subscriber";
     }
   }
-  const std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char time[96];
-  std::snprintf(time, sizeof time, "%04d-%02d-%02dT%02d:%02d:%02d.%03lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, unix_ms % 1000);
   std::string out = "{\"time\":\"";
-  out += time;
+  out += iso_utc(unix_ms);
   out += "\",\"level\":\"";
   out += level_word(level);
   out += "\",\"component\":";
@@ -94,8 +99,17 @@ std::string json_log_line(LogLevel level, long long unix_ms, const std::string& 
   return out;
 }
 
-void log_line(LogLevel level, const std::string& line) {
+std::string text_log_line(LogLevel level, long long unix_ms, const std::string& line) {
   static const char* kNames[] = {"D", "I", "W", "E", "-"};
+  std::string out = kNames[static_cast<int>(level)];
+  out += ' ';
+  out += iso_utc(unix_ms);
+  out += ' ';
+  out += line;
+  return out;
+}
+
+void log_line(LogLevel level, const std::string& line) {
   using namespace std::chrono;
   const auto ms = duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
   // One fprintf per line: stdio locks the stream, so lines never interleave.
@@ -103,8 +117,7 @@ void log_line(LogLevel level, const std::string& line) {
     std::fprintf(stderr, "%s\n", json_log_line(level, static_cast<long long>(ms), line).c_str());
     return;
   }
-  std::fprintf(stderr, "%s %lld.%03lld %s\n", kNames[static_cast<int>(level)],
-               static_cast<long long>(ms / 1000), static_cast<long long>(ms % 1000), line.c_str());
+  std::fprintf(stderr, "%s\n", text_log_line(level, static_cast<long long>(ms), line).c_str());
 }
 
 }  // namespace paramcast

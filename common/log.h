@@ -11,7 +11,8 @@
 namespace paramcast {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kOff = 4 };
-// text: "<time> <LEVEL> <line>"; json: one object per line (logging.format).
+// text: "<LEVEL> <time> <line>"; json: one object per line (logging.format).
+// Both write the time as ISO 8601 UTC with milliseconds: 2026-12-06T07:01:02.123Z.
 enum class LogFormat { kText, kJson };
 
 void set_log_level(LogLevel level);
@@ -25,6 +26,9 @@ void log_line(LogLevel level, const std::string& line);
 // One line as the json format writes it (without the newline), for tests:
 // {"time":"2026-11-25T16:01:37.123Z","level":"warn","component":"subscriber","worker":"worker-3","message":"..."}
 std::string json_log_line(LogLevel level, long long unix_ms, const std::string& line);
+// One line as the text format writes it (without the newline), for tests:
+// W 2026-11-25T16:01:37.123Z publisher: update v3 failed
+std::string text_log_line(LogLevel level, long long unix_ms, const std::string& line);
 
 }  // namespace paramcast
 

@@ -18,6 +18,14 @@ TEST(JsonLog, SplitsComponentAndMessage) {
             R"({"time":"2026-11-25T16:01:37.123Z","level":"warn","component":"publisher","message":"update v3 failed"})");
 }
 
+TEST(TextLog, TimeIsIso8601UtcWithMilliseconds) {
+  // The text format's time is the json format's: one clock for both.
+  const long long ms = 1795622497123LL;
+  EXPECT_EQ(text_log_line(LogLevel::kWarn, ms, "publisher: update v3 failed"),
+            "W 2026-11-25T16:01:37.123Z publisher: update v3 failed");
+  EXPECT_EQ(text_log_line(LogLevel::kInfo, 7, "x"), "I 1970-01-01T00:00:00.007Z x");
+}
+
 TEST(JsonLog, ASubscribersLinesCarryItsWorkerId) {
   note_log_worker("engine-7");
   const std::string line = json_log_line(LogLevel::kInfo, 0, "engine-7: joined tcp://127.0.0.1:5555");

@@ -17,6 +17,9 @@
 // TIMEOUT naming it within the stall window, and it is not declared lost.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <ctime>
+
 #include "tests/e2e/netns_fixture.h"
 
 namespace paramcast::netns_test {
@@ -367,8 +370,16 @@ TEST_F(NetnsTest, DataPathCutWithControlAliveCostsOneUpdateAndNamesOnlyThatMembe
        at = during.find(" applied to 2 of 3 subscribers; missing: worker-2", at + 1)) {
     const size_t line = during.rfind('\n', at);
     const size_t ts = line == std::string::npos ? 0 : line + 1;
-    if (during.compare(ts, 2, "W ") != 0) continue;
-    const double t = std::atof(during.c_str() + ts + 2);
+    // "W 2026-12-06T07:01:02.123Z ...": seconds since the epoch, from the ISO 8601 UTC time.
+    std::tm tm{};
+    double sec = 0;
+    if (during.compare(ts, 2, "W ") != 0 ||
+        std::sscanf(during.c_str() + ts + 2, "%d-%d-%dT%d:%d:%lfZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                    &tm.tm_hour, &tm.tm_min, &sec) != 6)
+      continue;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    const double t = static_cast<double>(timegm(&tm)) + sec;
     if (last_at >= 0) worst_gap = std::max(worst_gap, t - last_at);
     last_at = t;
   }
