@@ -54,8 +54,8 @@
 //
 // Threads: form() on the caller's thread (one at a time); on_message() and
 // on_member_gone() on the control thread; the rest from any thread.
-// Files: group_host.cc (formation, the verdict), quarantine.cc (strikes,
-// exclusion, link checks).
+// Files: group_host.cc (formation), verdict.cc (the verdict: who is named
+// and why), quarantine.cc (strikes, exclusion, link checks).
 #pragma once
 
 #include <atomic>
@@ -74,6 +74,8 @@
 #include "common/group/rendezvous_store.h"
 
 namespace paramcast::group {
+
+struct Verdict;  // attribution.h
 
 class GroupHost {
  public:
@@ -127,6 +129,15 @@ class GroupHost {
   // and who is still live; strikes counted. Empty: formed.
   std::vector<std::string> judge(const std::vector<std::string>& members, const FormationEvidence& own,
                                  bool own_failed, bool ended_early);
+  // judge()'s steps (verdict.cc), mu_ held; `names`: by group rank. What
+  // they find goes in Findings: who is named and why, and the rest.
+  struct Findings;
+  Verdict attribute_locked(const std::vector<std::string>& names, const FormationEvidence& own, bool own_failed);
+  std::map<int, size_t> earlier_accusations_locked(const std::vector<std::string>& names);
+  void name_blamed_locked(const Verdict& verdict, const std::vector<std::string>& names, Findings& f);
+  void leave_out_locked(const Verdict& verdict, const std::vector<std::string>& names, Findings& f);
+  void name_failed_alone_locked(const std::vector<std::string>& members, Findings& f);
+  void name_not_ready_locked(const std::vector<std::string>& members, Findings& f);
   // Why formation cannot succeed any more ("" while it still can): a
   // GroupFailed, a lost member, shutdown. Takes mu_.
   std::string doomed(const std::vector<std::string>& members);
@@ -195,6 +206,7 @@ class GroupHost {
   // such; no evidence of a member breaking formation, never struck.
   static constexpr const char* kLostDuringFormation = "lost during group formation";
   static constexpr const char* kRejoinedDuringFormation = "rejoined during group formation (it left the group)";
+  static constexpr const char* kFalseReady = "said GroupReady without having published its rendezvous address";
   // kLostDuringFormation or kRejoinedDuringFormation when `id` left the
   // formation so; nullptr otherwise. mu_ held.
   const char* gone_locked(const std::string& id) const;
