@@ -33,7 +33,9 @@ void SubscriberImpl::on_joined() {
 }
 
 void SubscriberImpl::on_membership_lost(const std::string& why) {
-  PC_WARN(id_ << ": " << why << "; keeping weights (" << state().to_string() << ") and rejoining");
+  // The control client has said why at its level: a publisher lost or an
+  // expulsion warns, a publisher's announced leave (its normal end) informs.
+  PC_INFO(id_ << ": " << why << "; keeping weights (" << state().to_string() << ") and rejoining");
   group_->on_unavailable(why);
   { std::lock_guard<std::mutex> lock(mu_); }
   cv_.notify_all();  // a receive waiting for a checksum gives up
