@@ -72,31 +72,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   const auto deadline = std::min(now + cfg_.data_plane.init_timeout, cap);
   if (deadline <= now) return timeout_error("no time left before update_timeout to form a group");
   const auto init_timeout = std::chrono::duration_cast<Millis>(deadline - now);
-  uint64_t epoch;
-  {
-    // The new epoch and its empty state in one step under mu_: a report of
-    // the last epoch (a member's echo of its end, which often crosses this
-    // formation's start) is either taken before it, and cleared, or weighed
-    // after it as an old epoch's, and dropped (on_message).
-    std::lock_guard<std::mutex> lock(mu_);
-    epoch = ++epoch_;
-    ready_.clear();
-    published_.clear();
-    failed_.clear();
-    evidence_.clear();
-    false_ready_.clear();
-    failed_alone_.clear();
-    connected_.clear();
-    first_failed_.clear();
-    have_failure_ = false;
-    assigned_rank_.clear();
-    for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
-    // A member tried before its quarantine ended (a passing link check let
-    // it out) has had its early try, whatever this formation does.
-    for (const auto& id : members)
-      if (auto it = strikes_.find(id); it != strikes_.end() && it->second.count >= 2 && it->second.until > now)
-        it->second.burned = true;
-  }
+  const uint64_t epoch = begin_epoch(members, now);
   store_.begin_epoch(epoch);  // keys of earlier epochs are dropped, and members write only this one's
   server_.set_epoch(epoch);
   server_.assign_ranks(members);
@@ -106,6 +82,48 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   const auto margin = std::min<Millis>(Millis(1000), init_timeout / 10);
   auto bootstrap = announce(epoch, members, std::max(Millis(1), init_timeout - margin));
   if (!bootstrap.ok()) return bootstrap.status();
+  WatchedStore store(store_, [&] { return doomed(members); });
+  FormationEvidence own;
+  auto comm = create_communicator(own_options(epoch, members, *bootstrap, init_timeout), store, &own);
+  const bool ended_early = hear_members(members, comm.ok(), own, deadline);
+  if (!comm.ok()) PC_INFO("publisher: its own part of group epoch " << epoch << ": " << comm.status().message());
+  std::vector<std::string> problems = judge(members, own, !comm.ok(), ended_early);
+  if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
+  if (!problems.empty()) return fail_formation(epoch, members, problems);
+  PC_INFO("publisher: group epoch " << epoch << " formed: publisher + " << members.size() << " subscribers ("
+                                    << planes(members) << ")");
+  return std::shared_ptr<Communicator>(std::move(comm.value()));
+}
+
+// The new epoch and its empty state in one step under mu_: a report of the
+// last epoch (a member's echo of its end, which often crosses this
+// formation's start) is either taken before it, and cleared, or weighed
+// after it as an old epoch's, and dropped (on_message).
+uint64_t GroupHost::begin_epoch(const std::vector<std::string>& members, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t epoch = ++epoch_;
+  ready_.clear();
+  published_.clear();
+  failed_.clear();
+  evidence_.clear();
+  false_ready_.clear();
+  failed_alone_.clear();
+  connected_.clear();
+  first_failed_.clear();
+  have_failure_ = false;
+  assigned_rank_.clear();
+  for (size_t i = 0; i < members.size(); ++i) assigned_rank_[members[i]] = static_cast<int>(i + 1);
+  // A member tried before its quarantine ended (a passing link check let
+  // it out) has had its early try, whatever this formation does.
+  for (const auto& id : members)
+    if (auto it = strikes_.find(id); it != strikes_.end() && it->second.count >= 2 && it->second.until > now)
+      it->second.burned = true;
+  return epoch;
+}
+
+// This rank's own options: rank 0 of the publisher and `members`.
+GroupOptions GroupHost::own_options(uint64_t epoch, const std::vector<std::string>& members,
+                                    const std::string& bootstrap, Millis init_timeout) const {
   GroupOptions go;
   go.local = local_;
   go.local_bootstrap = local_bootstrap_;
@@ -114,7 +132,7 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.rank = 0;
   go.world_size = static_cast<int>(members.size()) + 1;
   go.backend = cfg_.data_plane.backend;
-  go.bootstrap = *bootstrap;
+  go.bootstrap = bootstrap;
   go.device = cfg_.publisher.device;
   go.init_timeout = std::max(init_timeout, Millis(1));
   go.op_timeout = cfg_.publisher.update_timeout;  // a backstop: no broadcast outlives its update
@@ -128,51 +146,54 @@ StatusOr<std::shared_ptr<Communicator>> GroupHost::form(const std::vector<std::s
   go.gloo_hostname = cfg_.data_plane.gloo_hostname;
   go.gloo_interface = cfg_.data_plane.gloo_interface;
   go.shm_slot_bytes = std::min<uint64_t>(cfg_.data_plane.bucket_bytes, 64ull << 20);
-  WatchedStore store(store_, [&] { return doomed(members); });
-  FormationEvidence own;
-  auto comm = create_communicator(go, store, &own);
+  return go;
+}
+
+// This rank's own part is done (`own_ok`: its communicator formed): the
+// members' word, and the store closed. Returns whether the formation ended
+// early (on evidence, or shutdown).
+bool GroupHost::hear_members(const std::vector<std::string>& members, bool own_ok, const FormationEvidence& own,
+                             Clock::time_point deadline) {
   // This rank's own part failed before the deadline: on evidence, or as the
   // echo of a member that gave up and closed its pair (Gloo names no peer
   // then). Either way a failure like a member's: the members' word for the
   // rest of the window, and its own word covers every peer it did not name.
   // One that failed at the deadline on its own (NCCL, shm timing out) leaves
   // the members not ready to be named.
-  const bool own_early = !comm.ok() && (!own.empty() || Clock::now() + kOwnDeadlineSlack < deadline);
+  const bool own_early = !own_ok && (!own.empty() || Clock::now() + kOwnDeadlineSlack < deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (own_early) note_failure_locked("publisher");
   }
   // Formed, or failed early: every member's word (within the window once
   // anything failed). Failed at the deadline: what they said by now.
-  wait_for_members(members, comm.ok() || own_early ? deadline : Clock::now());
+  wait_for_members(members, own_ok || own_early ? deadline : Clock::now());
   store_.end_epoch();  // formed or failed: no rank reads the addresses again
-  bool ended_early;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // This rank's own failure ended it early only on evidence (its connects,
-    // or another rank's GroupFailed); a backend that timed out on its own
-    // (NCCL, shm) leaves the members not ready to be named.
-    ended_early = !failed_.empty() || stopped_ || own_early;
-  }
-  if (!comm.ok()) PC_INFO("publisher: its own part of group epoch " << epoch << ": " << comm.status().message());
-  std::vector<std::string> problems = judge(members, own, !comm.ok(), ended_early);
-  if (!comm.ok() && problems.empty()) problems.push_back("publisher: " + comm.status().message());
-  if (!problems.empty()) {
-    std::string msg = "group of epoch " + std::to_string(epoch) + " failed to form: ";
-    for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
-    tell_failed(epoch, members, msg);
-    return unavailable(msg);
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // This rank's own failure ended it early only on evidence (its connects,
+  // or another rank's GroupFailed); a backend that timed out on its own
+  // (NCCL, shm) leaves the members not ready to be named.
+  return !failed_.empty() || stopped_ || own_early;
+}
+
+// Every member told, and the error naming what went wrong.
+Status GroupHost::fail_formation(uint64_t epoch, const std::vector<std::string>& members,
+                                 const std::vector<std::string>& problems) {
+  std::string msg = "group of epoch " + std::to_string(epoch) + " failed to form: ";
+  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+  tell_failed(epoch, members, msg);
+  return unavailable(msg);
+}
+
+// The group's data planes, for the log: the backend's, and in a mixed group
+// who reads this host's shared memory.
+std::string GroupHost::planes(const std::vector<std::string>& members) const {
   std::string planes = backend_name(cfg_.data_plane.backend);
-  if (!local_.empty()) {  // a mixed group: who reads this host's shared memory
-    std::string shm;
-    for (size_t i = 0; i < members.size(); ++i)
-      if (local_[i + 1]) shm += (shm.empty() ? "" : ", ") + members[i];
-    planes += "; shm: " + shm;
-  }
-  PC_INFO("publisher: group epoch " << epoch << " formed: publisher + " << members.size() << " subscribers ("
-                                    << planes << ")");
-  return std::shared_ptr<Communicator>(std::move(comm.value()));
+  if (local_.empty()) return planes;
+  std::string shm;
+  for (size_t i = 0; i < members.size(); ++i)
+    if (local_[i + 1]) shm += (shm.empty() ? "" : ", ") + members[i];
+  return planes + "; shm: " + shm;
 }
 
 std::string GroupHost::doomed(const std::vector<std::string>& members) {

@@ -118,6 +118,17 @@ class GroupHost {
 
  private:
   class WatchedStore;
+  // form()'s steps, in order: the new epoch (mu_ taken), this rank's own
+  // options, the members heard out (whether it ended early), the failure
+  // told, or the planes formed for the log.
+  uint64_t begin_epoch(const std::vector<std::string>& members, Clock::time_point now);
+  GroupOptions own_options(uint64_t epoch, const std::vector<std::string>& members, const std::string& bootstrap,
+                           Millis init_timeout) const;
+  bool hear_members(const std::vector<std::string>& members, bool own_ok, const FormationEvidence& own,
+                    Clock::time_point deadline);
+  Status fail_formation(uint64_t epoch, const std::vector<std::string>& members,
+                        const std::vector<std::string>& problems);
+  std::string planes(const std::vector<std::string>& members) const;
   StatusOr<std::string> announce(uint64_t epoch, const std::vector<std::string>& members, Millis init_timeout);
   // Waits for every member's GroupReady or GroupFailed, until `deadline`, or
   // the end of the evidence window once a member failed.
