@@ -112,6 +112,13 @@ struct UpdateResult {
 // above this, or, once this publisher has published, above the last version
 // it issued, is refused (named with the value and quarantined).
 inline constexpr uint64_t kMaxVersion = (uint64_t{1} << 63) - 1;
+// A publisher that has issued no version yet (a restarted one) resumes above
+// the highest version a member in good standing holds, of those up to
+// kResumeCeiling, or above it where another member holds a version within
+// kCorroborationGap of the claim (a fleet of honest engines holds one
+// version); never from kMaxVersion. Other claims are refused as above.
+inline constexpr uint64_t kResumeCeiling = uint64_t{1} << 62;
+inline constexpr uint64_t kCorroborationGap = uint64_t{1} << 20;
 
 // Options of one weight_update.
 struct UpdateOptions {

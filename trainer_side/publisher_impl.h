@@ -231,7 +231,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::string waited(const char* name, Millis phase, Deadline until) const;
   std::vector<std::string> absent() const;
   uint64_t highest_member_version(std::string& who) const;
-  uint64_t version_bound() const;
+  std::map<std::string, uint64_t> standing_claims() const;
+  std::string never_issued(const std::string& id, uint64_t v, const std::map<std::string, uint64_t>& claims) const;
   void refuse_impossible_versions();
 
   const Config cfg_;

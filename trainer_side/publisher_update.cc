@@ -1,7 +1,7 @@
 // The update protocol's steps on the trainer's side (PublisherImpl): one
 // weight_update from the caller's tensors to every member's Applied:
 //
-//   1. plan    make_plan, check_tensors, the version (next_version, version_bound)
+//   1. plan    make_plan, check_tensors, the version (next_version, never_issued)
 //   2. group   ensure_group (publisher_group.cc)
 //   3. check   send_plan, check_plan: every member's PlanAccept, or Abandon
 //   4. move    move, start_move, end_move: the buckets on the data plane
@@ -133,8 +133,8 @@ void PublisherImpl::log_result(const UpdateResult& r) {
 StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorSpec>& specs, const UpdateOptions& options,
                                               bool streamed, UpdateResult& r) {
   // Versions never go backwards, also across publisher restarts: the floor is
-  // the highest version a live subscriber reports holding or having tried,
-  // of the versions a member can hold (refuse_impossible_versions).
+  // the highest version a subscriber in good standing reports holding or
+  // having tried, of the versions it can hold (refuse_impossible_versions).
   refuse_impossible_versions();
   std::string holder;
   const uint64_t held = highest_member_version(holder);
@@ -182,26 +182,49 @@ uint64_t PublisherImpl::next_version() {
   return std::max(last_version_, highest_member_version(who)) + 1;
 }
 
-// A member may hold (or have tried) any version this publisher issued. A
-// publisher that has issued none yet (a restarted one) takes what its
-// members hold as its floor, up to kMaxVersion, and counts on from there.
-uint64_t PublisherImpl::version_bound() const { return last_version_ ? last_version_ : kMaxVersion; }
-
-// A member that claims a version above version_bound() lies (or is confused):
-// it is named with the value, quarantined, and the next group forms without
-// it; its claim never sets the next version.
-void PublisherImpl::refuse_impossible_versions() {
-  const uint64_t bound = version_bound();
+// What each member in good standing (live, not in quarantine) holds or left
+// dirty: the claims the floor may come from.
+std::map<std::string, uint64_t> PublisherImpl::standing_claims() const {
+  std::map<std::string, uint64_t> claims;
   const auto excluded = groups_.excluded();
   for (const auto& id : server_.live_ids()) {
     auto m = server_.member(id);
-    if (!m || excluded.count(id)) continue;
-    const uint64_t v = std::max(m->weight_version, m->dirty_version);
-    if (v <= bound) continue;
-    const std::string why = "claims version " + std::to_string(v) + ", which this publisher never issued (" +
-                            (last_version_ ? "its last is v" + std::to_string(last_version_)
-                                           : "the largest is " + std::to_string(kMaxVersion)) +
-                            ")";
+    if (m && !excluded.count(id)) claims[id] = std::max(m->weight_version, m->dirty_version);
+  }
+  return claims;
+}
+
+// Why `id`'s claim of `v` (one of `claims`) is a version this publisher can
+// show it never issued; empty where the claim may be true. A member may hold
+// (or have tried) any version this publisher issued. A publisher that has
+// issued none yet (a restarted one) cannot tell an honest member's version
+// from a made-up one, and bounds what one claim can cost: it takes a claim
+// up to kResumeCeiling, one above only beside another member's claim within
+// kCorroborationGap of it (a fleet of honest engines holds one version, give
+// or take the updates one missed), and never kMaxVersion (nothing
+// would be left to publish). So no one member takes more than half the
+// versions, nor all of them.
+std::string PublisherImpl::never_issued(const std::string& id, uint64_t v,
+                                        const std::map<std::string, uint64_t>& claims) const {
+  if (last_version_) return v > last_version_ ? "its last is v" + std::to_string(last_version_) : std::string();
+  if (v > kMaxVersion) return "the largest is " + std::to_string(kMaxVersion);
+  if (v == kMaxVersion) return "the largest, which would leave no version to publish";
+  if (v <= kResumeCeiling) return "";
+  for (const auto& [other, w] : claims)
+    if (other != id && (w < v ? v - w : w - v) <= kCorroborationGap) return "";
+  return "it has issued none yet, and takes a version above " + std::to_string(kResumeCeiling) +
+         " only where another member holds one within " + std::to_string(kCorroborationGap) + " of it";
+}
+
+// A member that claims a version this publisher never issued lies (or is
+// confused): it is named with the value, quarantined, and the next group
+// forms without it; its claim never sets the next version.
+void PublisherImpl::refuse_impossible_versions() {
+  const auto claims = standing_claims();
+  for (const auto& [id, v] : claims) {
+    const std::string never = never_issued(id, v, claims);
+    if (never.empty()) continue;
+    const std::string why = "claims version " + std::to_string(v) + ", which this publisher never issued (" + never + ")";
     PC_WARN("publisher: refusing subscriber '" << id << "': it " << why);
     groups_.quarantine(id, why);
     std::lock_guard<std::mutex> lock(mu_);
@@ -209,19 +232,16 @@ void PublisherImpl::refuse_impossible_versions() {
   }
 }
 
+// The highest claim the floor may come from: of a member in good standing,
+// and one this publisher cannot show it never issued.
 uint64_t PublisherImpl::highest_member_version(std::string& who) const {
   uint64_t highest = 0;
-  const uint64_t bound = version_bound();
-  for (const auto& id : server_.live_ids()) {
-    auto m = server_.member(id);
-    if (!m) continue;
-    const uint64_t v = std::max(m->weight_version, m->dirty_version);
-    if (v > bound) continue;  // impossible: refused (refuse_impossible_versions)
-    if (v > highest) {
+  const auto claims = standing_claims();
+  for (const auto& [id, v] : claims)
+    if (v > highest && never_issued(id, v, claims).empty()) {
       highest = v;
       who = id;
     }
-  }
   return highest;
 }
 

@@ -15,11 +15,15 @@ using test::WorkerClusterTest;
 
 class MemberClaimsTest : public WorkerClusterTest {
  protected:
-  void start_three(const std::string& claim) {
-    make_publisher(test::test_config_yaml(3, "  on_member_loss: continue\n"));
-    spawn_worker("worker-1");
-    spawn_worker("worker-2");
-    spawn_worker("worker-3", {"PARAMCAST_FAULT_CLAIM_VERSION=" + claim});
+  void start_three(const std::string& claim) { start_claiming({"", "", claim}); }
+
+  // worker-N claims claims[N-1] (PARAMCAST_FAULT_CLAIM_VERSION; none where empty).
+  void start_claiming(const std::vector<std::string>& claims) {
+    make_publisher(test::test_config_yaml(static_cast<int>(claims.size()), "  on_member_loss: continue\n"));
+    for (size_t i = 0; i < claims.size(); ++i)
+      spawn_worker("worker-" + std::to_string(i + 1),
+                   claims[i].empty() ? std::vector<std::string>{}
+                                     : std::vector<std::string>{"PARAMCAST_FAULT_CLAIM_VERSION=" + claims[i]});
     Status s = pub_->start();
     ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
   }
@@ -66,6 +70,44 @@ TEST_F(MemberClaimsTest, AMemberClaimingTheLargestVersionIsRefusedAndUpdatesGoOn
   start_three("18446744073709551615");
   EXPECT_EQ(pub_->next_version(), 1u);  // its claim does not set the floor
   expect_goes_on_without_worker3(1, 3);
+}
+
+// 2^63-1, the largest version, before the publisher's first update (as a
+// restarted publisher meets it): it was the floor, and every update failed
+// "version 9223372036854775808 exceeds the largest version", also after the
+// member left. It is refused, named, and the others get every update.
+TEST_F(MemberClaimsTest, AMemberClaimingTheLargestVersionCannotLeaveNoneToPublish) {
+  ::testing::internal::CaptureStderr();
+  start_three(std::to_string(kMaxVersion));
+  const uint64_t next = pub_->next_version();
+  EXPECT_EQ(next, 1u);  // its claim does not set the floor
+  for (uint64_t v = next; v < next + 3; ++v)
+    expect_reaches(v, {"worker-1", "worker-2"}, {"worker-1", "worker-2"}, {"worker-3"});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("refusing subscriber 'worker-3': it claims version " + std::to_string(kMaxVersion) +
+                     ", which this publisher never issued"),
+            std::string::npos)
+      << log;
+}
+
+// Before its first update a publisher takes a claim above kResumeCeiling
+// only beside another member's claim near it: a fleet that holds such a
+// version (a member a step behind included) moves on from it; one member's
+// lone claim further up is refused and named, and sets nothing.
+TEST_F(MemberClaimsTest, ARestartedPublisherResumesAboveItsFleetButNotAboveALoneClaim) {
+  const uint64_t fleet = kResumeCeiling + 5;
+  ::testing::internal::CaptureStderr();
+  start_claiming({std::to_string(fleet), std::to_string(fleet - 1), std::to_string(fleet + 2 * kCorroborationGap)});
+  EXPECT_EQ(pub_->next_version(), fleet + 1);
+  for (uint64_t v = fleet + 1; v <= fleet + 2; ++v)
+    expect_reaches(v, {"worker-1", "worker-2"}, {"worker-1", "worker-2"}, {"worker-3"});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("refusing subscriber 'worker-3': it claims version " +
+                     std::to_string(fleet + 2 * kCorroborationGap)),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("refusing subscriber 'worker-1'"), std::string::npos) << log;
+  EXPECT_EQ(log.find("refusing subscriber 'worker-2'"), std::string::npos) << log;
 }
 
 // Once it holds a version, it claims the next one, which the publisher has
