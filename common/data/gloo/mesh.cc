@@ -137,120 +137,154 @@ void connect_peer(Pairs& pairs, ::gloo::transport::Context& context, Store& stor
   pairs.cv.notify_all();
 }
 
-}  // namespace
+// One call's mesh: the context, the pair threads and their outcomes.
+class Mesh {
+ public:
+  Mesh(int rank, int size, const std::shared_ptr<::gloo::transport::Device>& device, Store& store,
+       const std::string& prefix, Deadline deadline);
+  // This rank's pair addresses in the store, under its own key.
+  Status publish();
+  // Every peer's thread started; an error ("": started) ends those started.
+  std::string start();
+  // Until every pair settled, the deadline, a failure's grace, or the
+  // formation is over; returns why it is over elsewhere ("": it is not).
+  std::string wait();
+  void release(Pairs::State as);
+  // The peers that failed into `out`, and the detail for its message.
+  std::string evidence(MeshResult& out, const std::vector<std::string>& names, const std::string& cancelled);
+  std::shared_ptr<::gloo::transport::Context> context() const { return context_; }
 
-MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transport::Device>& device, Store& store,
-                        const std::string& prefix, Deadline deadline, const std::vector<std::string>& names) {
-  auto name = [&](int r) {
-    return r < static_cast<int>(names.size()) && !names[r].empty() ? names[r] : "rank " + std::to_string(r);
-  };
-  MeshResult out;
-  const auto began = Clock::now();
-  std::shared_ptr<::gloo::transport::Context> context = device->createContext(rank, size);
+ private:
+  const int rank_, size_;
+  Store& store_;
+  const std::string prefix_;
+  const Deadline deadline_;
+  const Clock::time_point began_ = Clock::now();
+  std::shared_ptr<::gloo::transport::Context> context_;
+  size_t record_ = 0;  // one peer's address record, in bytes
+  const std::shared_ptr<Pairs> shared_;
+  Pairs& pairs_;
+  std::vector<std::thread> threads_;
+};
+
+Mesh::Mesh(int rank, int size, const std::shared_ptr<::gloo::transport::Device>& device, Store& store,
+           const std::string& prefix, Deadline deadline)
+    : rank_(rank),
+      size_(size),
+      store_(store),
+      prefix_(prefix),
+      deadline_(deadline),
+      context_(device->createContext(rank, size)),
+      shared_(std::make_shared<Pairs>(size)),
+      pairs_(*shared_) {
   // Gloo waits 5x the pair timeout for a connect: that bound falls 1 s after
   // the deadline (this call's own verdict comes first), and ends a connect
   // this call stopped waiting for.
-  context->setTimeout(left(deadline) / 5 + Millis(200));
+  context_->setTimeout(left(deadline) / 5 + Millis(200));
+}
+
+Status Mesh::publish() {
   std::vector<char> mine;
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) continue;
-    auto& pair = context->createPair(r);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    auto& pair = context_->createPair(r);
     pair->setLocalRank(0);  // unused by the TCP transport; set so that it is defined
     const auto bytes = pair->address().bytes();
     mine.insert(mine.end(), bytes.begin(), bytes.end());
   }
-  const size_t record = mine.size() / static_cast<size_t>(std::max(size - 1, 1));
-  const std::string my_key = prefix + std::to_string(rank);
-  if (Status s = store.set(my_key, defined_bytes(mine, record)); !s.ok()) {
-    out.error = "could not publish this rank's address: " + s.to_string();
-    return out;
-  }
+  record_ = mine.size() / static_cast<size_t>(std::max(size_ - 1, 1));
+  return store_.set(prefix_ + std::to_string(rank_), defined_bytes(mine, record_));
+}
 
-  // Every peer at once: one missing address or dead peer costs the others nothing.
-  auto shared = std::make_shared<Pairs>(size);
-  Pairs& pairs = *shared;
-  std::vector<std::thread> threads;
-  // Settles every pair still waiting or connecting as `as`, waits for every
-  // thread to be done with the store (gets end by the deadline, at once when
-  // the formation is cancelled), then lets go of the threads: one still inside
-  // a connect is never interrupted (closing a pair mid-handshake can reset a
-  // connection its peer is accepting, and Gloo 5b14351 terminates that peer
-  // on the getpeername failure); it ends by Gloo's own bound (the pair
-  // timeout, set so that it falls at the deadline) and holds the context
-  // until then.
-  auto release = [&](Pairs::State as) {
-    std::unique_lock<std::mutex> lock(pairs.mu);
-    for (int r = 0; r < size; ++r)
-      if (pairs.busy(static_cast<size_t>(r))) pairs.state[static_cast<size_t>(r)] = as;
-    pairs.cv.wait(lock, [&] { return pairs.in_get == 0; });
-    lock.unlock();
-    for (auto& t : threads) t.detach();
-  };
+std::string Mesh::start() {
   try {
-    for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
       {
-        std::lock_guard<std::mutex> lock(pairs.mu);
-        pairs.state[static_cast<size_t>(r)] = Pairs::kWaiting;
-        ++pairs.in_get;
+        std::lock_guard<std::mutex> lock(pairs_.mu);
+        pairs_.state[static_cast<size_t>(r)] = Pairs::kWaiting;
+        ++pairs_.in_get;
       }
       try {
-        threads.emplace_back([shared, context, &store, key = prefix + std::to_string(r), rank, r, size, record,
-                              deadline] { connect_peer(*shared, *context, store, key, rank, r, size, record, deadline); });
+        threads_.emplace_back([shared = shared_, context = context_, &store = store_, key = prefix_ + std::to_string(r),
+                               rank = rank_, r, size = size_, record = record_, deadline = deadline_] {
+          connect_peer(*shared, *context, store, key, rank, r, size, record, deadline);
+        });
       } catch (...) {
-        std::lock_guard<std::mutex> lock(pairs.mu);
-        --pairs.in_get;
+        std::lock_guard<std::mutex> lock(pairs_.mu);
+        --pairs_.in_get;
         throw;
       }
     }
   } catch (const std::exception& e) {  // no thread to spare: end those started, and say so
     release(Pairs::kCutShort);
-    out.error = std::string("could not start the connect threads: ") + e.what();
-    return out;
+    return e.what();
   }
+  return "";
+}
 
-  // Every pair settled, the deadline, a failure's grace, or the formation is over.
+// Settles every pair still waiting or connecting as `as`, waits for every
+// thread to be done with the store (gets end by the deadline, at once when
+// the formation is cancelled), then lets go of the threads: one still inside
+// a connect is never interrupted (closing a pair mid-handshake can reset a
+// connection its peer is accepting, and Gloo 5b14351 terminates that peer
+// on the getpeername failure); it ends by Gloo's own bound (the pair
+// timeout, set so that it falls at the deadline) and holds the context
+// until then.
+void Mesh::release(Pairs::State as) {
+  std::unique_lock<std::mutex> lock(pairs_.mu);
+  for (int r = 0; r < size_; ++r)
+    if (pairs_.busy(static_cast<size_t>(r))) pairs_.state[static_cast<size_t>(r)] = as;
+  pairs_.cv.wait(lock, [&] { return pairs_.in_get == 0; });
+  lock.unlock();
+  for (auto& t : threads_) t.detach();
+}
+
+std::string Mesh::wait() {
   std::string cancelled;
   bool at_deadline = false;
-  {
-    std::unique_lock<std::mutex> lock(pairs.mu);
-    Deadline until = deadline;
-    bool failed = false;
-    for (;;) {
-      if (!pairs.cancelled.empty()) cancelled = pairs.cancelled;
-      if (!cancelled.empty()) break;
-      if (!failed && (pairs.any(Pairs::kFailed) || pairs.any(Pairs::kNoAddress))) {
-        failed = true;
-        until = std::min(deadline, Clock::now() + kAfterFailure);
-      }
-      if (!pairs.any(Pairs::kWaiting) && !pairs.any(Pairs::kConnecting)) break;
-      if (Clock::now() >= until) {
-        at_deadline = until == deadline;
-        break;
-      }
-      pairs.cv.wait_until(lock, std::min(until, Clock::now() + kPoll));
-      lock.unlock();
-      cancelled = store.cancelled();
-      lock.lock();
+  std::unique_lock<std::mutex> lock(pairs_.mu);
+  Deadline until = deadline_;
+  bool failed = false;
+  for (;;) {
+    if (!pairs_.cancelled.empty()) cancelled = pairs_.cancelled;
+    if (!cancelled.empty()) break;
+    if (!failed && (pairs_.any(Pairs::kFailed) || pairs_.any(Pairs::kNoAddress))) {
+      failed = true;
+      until = std::min(deadline_, Clock::now() + kAfterFailure);
     }
-    // At the deadline, a pair that had a fair try (kMinConnect, or half the
-    // time the mesh had) is unreachable.
-    const Clock::duration fair = std::min<Clock::duration>(kMinConnect, (deadline - began) / 2);
-    // A peer whose address is still awaited at the deadline never published it.
-    if (at_deadline && cancelled.empty())
-      for (int r = 0; r < size; ++r) {
-        auto& state = pairs.state[static_cast<size_t>(r)];
-        if (state == Pairs::kWaiting) state = Pairs::kNoAddress;
-        if (state == Pairs::kConnecting && deadline - pairs.started[static_cast<size_t>(r)] >= fair)
-          state = Pairs::kClosed;
-      }
+    if (!pairs_.any(Pairs::kWaiting) && !pairs_.any(Pairs::kConnecting)) break;
+    if (Clock::now() >= until) {
+      at_deadline = until == deadline_;
+      break;
+    }
+    pairs_.cv.wait_until(lock, std::min(until, Clock::now() + kPoll));
+    lock.unlock();
+    cancelled = store_.cancelled();
+    lock.lock();
   }
-  release(Pairs::kCutShort);  // the rest: no evidence
+  // At the deadline, a pair that had a fair try (kMinConnect, or half the
+  // time the mesh had) is unreachable.
+  const Clock::duration fair = std::min<Clock::duration>(kMinConnect, (deadline_ - began_) / 2);
+  // A peer whose address is still awaited at the deadline never published it.
+  if (at_deadline && cancelled.empty())
+    for (int r = 0; r < size_; ++r) {
+      auto& state = pairs_.state[static_cast<size_t>(r)];
+      if (state == Pairs::kWaiting) state = Pairs::kNoAddress;
+      if (state == Pairs::kConnecting && deadline_ - pairs_.started[static_cast<size_t>(r)] >= fair)
+        state = Pairs::kClosed;
+    }
+  return cancelled;
+}
 
+std::string Mesh::evidence(MeshResult& out, const std::vector<std::string>& names, const std::string& cancelled) {
+  auto name = [&](int r) {
+    return r < static_cast<int>(names.size()) && !names[r].empty() ? names[r] : "rank " + std::to_string(r);
+  };
   std::string detail;
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) continue;
-    const auto state = pairs.state[static_cast<size_t>(r)];
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const auto state = pairs_.state[static_cast<size_t>(r)];
     std::string what;
     switch (state) {
       case Pairs::kConnected: continue;
@@ -260,7 +294,7 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
         break;
       case Pairs::kFailed:
         out.unreachable.push_back(r);
-        what = pairs.why[static_cast<size_t>(r)];
+        what = pairs_.why[static_cast<size_t>(r)];
         break;
       case Pairs::kClosed:
         out.unreachable.push_back(r);
@@ -273,7 +307,28 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
     if (!cancelled.empty() && state != Pairs::kFailed) continue;  // ended elsewhere: only what is certain
     detail += (detail.empty() ? "" : "; ") + name(r) + ": " + what;
   }
-  if (!detail.empty() || !cancelled.empty()) linger(std::move(context), deadline);
+  return detail;
+}
+
+}  // namespace
+
+MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transport::Device>& device, Store& store,
+                        const std::string& prefix, Deadline deadline, const std::vector<std::string>& names) {
+  MeshResult out;
+  Mesh mesh(rank, size, device, store, prefix, deadline);
+  if (Status s = mesh.publish(); !s.ok()) {
+    out.error = "could not publish this rank's address: " + s.to_string();
+    return out;
+  }
+  // Every peer at once: one missing address or dead peer costs the others nothing.
+  if (std::string why = mesh.start(); !why.empty()) {
+    out.error = "could not start the connect threads: " + why;
+    return out;
+  }
+  const std::string cancelled = mesh.wait();
+  mesh.release(Pairs::kCutShort);  // the rest: no evidence
+  const std::string detail = mesh.evidence(out, names, cancelled);
+  if (!detail.empty() || !cancelled.empty()) linger(mesh.context(), deadline);
   if (!cancelled.empty()) {  // another rank ended the formation; definite failures are still evidence
     out.no_address.clear();
     out.error = "group formation ended: " + cancelled + (detail.empty() ? "" : " (could not reach " + detail + ")");
@@ -283,7 +338,7 @@ MeshResult connect_mesh(int rank, int size, const std::shared_ptr<::gloo::transp
     out.error = "could not reach " + detail;
     return out;
   }
-  out.context = std::move(context);
+  out.context = mesh.context();
   return out;
 }
 
