@@ -1,6 +1,7 @@
 // Delta updates on the trainer's side: whether an update can go as a delta
 // (every member at the baseline version, able to apply one), the baseline
-// prepared for it, and each bucket's encoding announced to the group. The
+// prepared for it, and each bucket's encoding announced to the group; a
+// sharded update's delta base (decide_sharded_delta). The
 // encoding itself is common/delta/; the buckets are BucketSender's and
 // StreamSender's.
 #include "common/control/log_guard.h"
@@ -237,6 +238,43 @@ bool PublisherImpl::plan_round(UpdatePlan& plan, UpdateResult& r) {
   }
   if (baseline_fresh_) baseline_.restore();
   return false;
+}
+
+// Every engine of the group (trainer ranks aside: they receive nothing)
+// must hold one version, consistent, and be able to apply a delta onto it
+// (delta_blocker_locked, as for a broadcast). Each sender then sends a
+// delta of each piece it sent as that version, and the rest dense
+// (common/reshard/executor.h): no rank keeps more than what it sends.
+void PublisherImpl::decide_sharded_delta(UpdatePlan& plan, const std::vector<std::string>& group, UpdateResult& r) {
+  plan.delta_base = 0;
+  baseline_fresh_ = false;
+  if (cfg_.publisher.delta == DeltaMode::kOff) return;
+  if (cfg_.publisher.device.is_cuda()) {
+    // The pieces of a sharded update on a GPU move round by round over NCCL,
+    // dense (common/reshard/executor.h); no rank keeps a baseline there.
+    r.dense_because = "a sharded update on " + cfg_.publisher.device.to_string() + " moves dense";
+    return;
+  }
+  uint64_t base = 0;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& id : group) {
+      if (is_job_source(id)) continue;
+      auto m = server_.member(id);
+      if (!base && m) base = m->state == proto::WeightState::CONSISTENT ? m->weight_version : 0;
+      if (!base) why = id + " holds no version yet";
+      else if (base >= plan.version) why = id + " at v" + std::to_string(base) + ", not before v" + std::to_string(plan.version);
+      else why = delta_blocker_locked(id, base);
+      if (!why.empty()) break;
+    }
+  }
+  if (why.empty() && base) {
+    plan.delta_base = base;
+    return;
+  }
+  r.dense_because = why.empty() ? "no engine in the group" : why;
+  if (base) PC_INFO("publisher: sharded update v" << plan.version << ": dense (" << r.dense_because << ")");
 }
 
 }  // namespace paramcast

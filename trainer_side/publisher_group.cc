@@ -169,6 +169,27 @@ Status PublisherImpl::ensure_group() {
   return form_group(cap_);
 }
 
+// A many-sender group of trainer ranks only reaches nobody: the update
+// fails as a single sender's with no subscriber does (UNAVAILABLE, "no live
+// subscriber to form a group with"), naming the engines that are absent.
+Status PublisherImpl::some_engine_in_group() const {
+  std::vector<std::string> group;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    group = group_;
+  }
+  std::string ranks;
+  for (const auto& id : group) {
+    if (!is_job_source(id)) return Status();
+    ranks += (ranks.empty() ? "" : ", ") + id;
+  }
+  const auto away = absent();
+  return unavailable("sharded update refused before any byte moved: no engine in the group to receive it (" +
+                     (ranks.empty() ? std::string("no trainer rank either") : "trainer ranks only: " + ranks) +
+                     (away.empty() ? std::string() : "; absent: " + join_ids(away)) +
+                     "), as a single sender with no live subscriber; it goes on once an engine joins");
+}
+
 // Expected subscribers that are not in this update: absent, or left out of
 // the group after failing formation.
 std::vector<std::string> PublisherImpl::absent() const {

@@ -207,6 +207,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // version 0 naming it).
   void end_trainer_call(const std::string& id, uint64_t seq, const std::string& why);
   Status every_trainer_rank_in_group() const;  // a sharded update: none missing from the group, or the cause
+  Status some_engine_in_group() const;         // a sharded update: an engine to receive it, or UNAVAILABLE
   // Tells every live engine that update `version`, refused before its plan,
   // will not come (an Abandon of that version, `why`): one waiting for it
   // ends now. `reserved`: the plan had taken the version (else it must
