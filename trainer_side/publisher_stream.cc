@@ -35,92 +35,105 @@ struct StreamState {
   std::unordered_map<std::string, std::string> scales;  // scale tensor -> the tensor it belongs to
 };
 
+namespace {
+
+// `st` refused before it took the update lock: `why` is its status.
+std::unique_ptr<StreamState> refused(std::unique_ptr<StreamState> st, Status why) {
+  st->status = st->r.status = std::move(why);
+  return st;
+}
+
+// What travels for `manifest` (into `wire`): each tensor as the update's
+// transforms make it, its scales beside it; st's transforms and scales noted.
+Status lay_out_wire(const std::vector<TensorSpec>& manifest, StreamState& st, std::vector<TensorSpec>& wire) {
+  wire.reserve(manifest.size());
+  std::set<std::string> names;
+  for (const auto& spec : manifest) names.insert(spec.name);
+  for (const auto& spec : manifest) {
+    auto how = transform::resolve(st.rules, spec);
+    if (!how.ok()) return how.status();
+    const auto specs = transform::wire_specs(spec, *how);
+    if (!how->none()) {
+      st.transforms[spec.name] = {spec, *how};
+      ++st.r.transformed;
+    }
+    if (specs.size() > 1) {
+      if (names.count(specs[1].name))
+        return invalid_argument("tensor '" + spec.name + "': " + transform::describe(*how, st.rules) +
+                                " sends its scales as '" + specs[1].name + "', which is also a tensor of this update");
+      st.scales[specs[1].name] = spec.name;
+    }
+    wire.insert(wire.end(), specs.begin(), specs.end());
+  }
+  return Status();
+}
+
+// Each bucket's layout to the group as the stream lays it out.
+std::function<void(size_t, const PlanBucket*, bool)> layout_hook(control::ControlServer& server, StreamState& st) {
+  return [&server, s = &st](size_t k, const PlanBucket* bucket, bool end) {
+    server.send_to(s->move.group, control::make_message(s->move.epoch, server.incarnation(), [&](auto b) {
+                     auto l = b.initBucketLayouts();
+                     l.setVersion(s->plan.version);
+                     l.setFirst(static_cast<uint32_t>(k));
+                     l.setEnd(end);
+                     auto list = l.initBuckets(bucket ? 1 : 0);
+                     if (bucket) bucket_to_proto(*bucket, list[0]);
+                   }));
+  };
+}
+
+}  // namespace
+
 std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<TensorSpec>& manifest,
                                                          const UpdateOptions& options) {
   auto st = std::make_unique<StreamState>();
   if (update_mu_.held_by_me()) {
     // This thread holds a streamed update open: waiting for it would never end.
-    st->status = st->r.status = invalid_argument("begin_update: a streamed update is already open on this thread "
-                                                 "(finish or abort it first)");
-    return st;
+    return refused(std::move(st), invalid_argument("begin_update: a streamed update is already open on this thread "
+                                                   "(finish or abort it first)"));
   }
   if (cfg_.publisher.ranks > 1) {  // the other trainer ranks would wait for a plan naming their part
-    st->status = st->r.status = invalid_argument(
-        "publisher.ranks is " + std::to_string(cfg_.publisher.ranks) +
-        ": every trainer rank publishes its part (weight_update_sharded on rank 0, PublisherRank on the others)");
-    return st;
+    return refused(std::move(st), invalid_argument("publisher.ranks is " + std::to_string(cfg_.publisher.ranks) +
+                                                   ": every trainer rank publishes its part (weight_update_sharded on "
+                                                   "rank 0, PublisherRank on the others)"));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const std::string engine = slicing_engine_locked(); !engine.empty()) {  // a broadcast: they refuse it
-      st->status = st->r.status = invalid_argument(
-          "begin_update: engine " + engine +
-          " serves slices of the weights (tensor parallelism): updates to it go point to point, whole "
-          "(weight_update), not streamed");
-      return st;
-    }
+    if (const std::string engine = slicing_engine_locked(); !engine.empty())  // a broadcast: they refuse it
+      return refused(std::move(st), invalid_argument("begin_update: engine " + engine +
+                                                     " serves slices of the weights (tensor parallelism): updates to "
+                                                     "it go point to point, whole (weight_update), not streamed"));
   }
   st->lock = std::unique_lock<UpdateGate>(update_mu_);
   streaming_ = true;
   st->t0 = Clock::now();
   cap_ = st->t0 + cfg_.publisher.update_timeout;
   st->rules = options.transforms ? *options.transforms : cfg_.publisher.transforms;
-  if (!st->rules.empty() && cfg_.publisher.device.is_cuda()) {
-    st->status = st->r.status = invalid_argument(std::string("UpdateOptions::transforms on publisher.device ") +
-                                                 cfg_.publisher.device.to_string() + ": " + transform::kCudaPending);
-    end_unplanned(options.version ? *options.version : next_version(), false, st->status);
-    return st;
-  }
+  // Refused from here on: the update's version ends too (`reserved`: the plan took it).
+  auto fail = [&](Status why, uint64_t version, bool reserved) {
+    st->status = st->r.status = std::move(why);
+    end_unplanned(version, reserved, st->status);
+    return std::move(st);
+  };
+  if (!st->rules.empty() && cfg_.publisher.device.is_cuda())
+    return fail(invalid_argument(std::string("UpdateOptions::transforms on publisher.device ") +
+                                 cfg_.publisher.device.to_string() + ": " + transform::kCudaPending),
+                options.version ? *options.version : next_version(), false);
   std::vector<TensorSpec> wire;
-  wire.reserve(manifest.size());
-  std::set<std::string> names;
-  for (const auto& spec : manifest) names.insert(spec.name);
-  for (const auto& spec : manifest) {
-    auto how = transform::resolve(st->rules, spec);
-    if (!how.ok()) {
-      st->status = st->r.status = how.status();
-      end_unplanned(options.version ? *options.version : next_version(), false, st->status);
-      return st;
-    }
-    const auto specs = transform::wire_specs(spec, *how);
-    if (!how->none()) {
-      st->transforms[spec.name] = {spec, *how};
-      ++st->r.transformed;
-    }
-    if (specs.size() > 1) {
-      if (names.count(specs[1].name)) {
-        st->status = st->r.status = invalid_argument("tensor '" + spec.name + "': " + transform::describe(*how, st->rules) +
-                                                     " sends its scales as '" + specs[1].name +
-                                                     "', which is also a tensor of this update");
-        end_unplanned(options.version ? *options.version : next_version(), false, st->status);
-        return st;
-      }
-      st->scales[specs[1].name] = spec.name;
-    }
-    wire.insert(wire.end(), specs.begin(), specs.end());
-  }
+  if (Status s = lay_out_wire(manifest, *st, wire); !s.ok())
+    return fail(s, options.version ? *options.version : next_version(), false);
   const size_t transformed = st->r.transformed;
-  auto plan = make_plan(wire, options, true, st->r);
+  auto plan = make_plan(wire, options, true, st->r);  // 1. plan
   st->r.transformed = transformed;
-  if (!plan.ok()) {
-    st->status = st->r.status = plan.status();
-    end_unplanned(st->r.version ? st->r.version : options.version ? *options.version : next_version(), false, st->status);
-    return st;
-  }
+  if (!plan.ok())
+    return fail(plan.status(), st->r.version ? st->r.version : options.version ? *options.version : next_version(),
+                false);
   st->plan = std::move(plan.value());
   for (uint32_t i = 0; i < st->plan.tensors.size(); ++i) st->index[st->plan.tensors[i].name] = i;
   st->sent.assign(st->plan.tensors.size(), false);
-  if (Status s = ensure_group(); !s.ok()) {  // 2. group
-    st->status = st->r.status = s;
-    end_unplanned(st->plan.version, true, st->status);
-    return st;
-  }
+  if (Status s = ensure_group(); !s.ok()) return fail(s, st->plan.version, true);  // 2. group
   decide_delta(st->plan, st->r);
-  if (!plan_round(st->plan, st->r)) {  // 3. check
-    st->status = st->r.status;
-    end_unplanned(st->plan.version, true, st->status);
-    return st;
-  }
+  if (!plan_round(st->plan, st->r)) return fail(st->r.status, st->plan.version, true);  // 3. check
   st->moving = true;  // 4. move, as the caller sends
   st->move = start_move();
   stream::StreamSender::Hooks hooks;
@@ -132,16 +145,7 @@ std::unique_ptr<StreamState> PublisherImpl::begin_stream(const std::vector<Tenso
     hooks.delta_always = cfg_.publisher.delta == DeltaMode::kAlways;
     hooks.on_delta = delta_hook(st->plan, st->move);
   }
-  hooks.on_layout = [this, s = st.get()](size_t k, const PlanBucket* bucket, bool end) {
-    server_.send_to(s->move.group, control::make_message(s->move.epoch, server_.incarnation(), [&](auto b) {
-                      auto l = b.initBucketLayouts();
-                      l.setVersion(s->plan.version);
-                      l.setFirst(static_cast<uint32_t>(k));
-                      l.setEnd(end);
-                      auto list = l.initBuckets(bucket ? 1 : 0);
-                      if (bucket) bucket_to_proto(*bucket, list[0]);
-                    }));
-  };
+  hooks.on_layout = layout_hook(server_, *st);
   st->sender = std::make_unique<stream::StreamSender>(mem_.get(), &sender_->staging());
   if (Status s = st->sender->begin(&st->plan, comm_.get(), std::move(hooks), cap_, cfg_.data_plane.direct_min_bytes);
       !s.ok())
