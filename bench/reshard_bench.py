@@ -230,7 +230,8 @@ def local_bench(args):
                             "rank0_data_plane_s": plane})
             print(f"{backend}: M={m} trainer ranks to {args.engines} engines, {model / 2**20:.0f} MiB: "
                   f"{median:.3f} s (updates {', '.join(f'{t:.3f}' for t in times)}), "
-                  f"{model / median / 1e9:.2f} GB/s into each engine; rank 0's moves {plane_median:.3f} s", flush=True)
+                  f"{model / median / 1e9:.2f} GB/s into each engine (the engines' apply included); "
+                  f"rank 0's moves {plane_median:.3f} s (the data plane alone)", flush=True)
     if len(results) == 2 and results[0]["backend"] != results[1]["backend"]:
         print(f"shm over Gloo on loopback: {results[0]['median_s'] / results[1]['median_s']:.2f}x faster")
     if args.json:

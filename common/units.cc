@@ -74,6 +74,13 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
+std::string format_rate(double bytes_per_second) {
+  char buf[32];
+  if (bytes_per_second >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB/s", bytes_per_second / 1e9);
+  else std::snprintf(buf, sizeof buf, "%.2f MB/s", bytes_per_second / 1e6);
+  return buf;
+}
+
 std::string format_duration(std::chrono::nanoseconds d) {
   char buf[32];
   const double s = std::chrono::duration<double>(d).count();

@@ -16,6 +16,8 @@ std::optional<std::chrono::nanoseconds> parse_duration(std::string_view text);
 std::optional<uint64_t> parse_size(std::string_view text);
 
 std::string format_bytes(uint64_t bytes);                    // "1.50 GiB"
+// Every rate printed to a user, in decimal units: "2.35 GB/s", "248.74 MB/s".
+std::string format_rate(double bytes_per_second);
 std::string format_duration(std::chrono::nanoseconds d);     // "1.234 s"
 
 }  // namespace paramcast

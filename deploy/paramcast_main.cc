@@ -276,9 +276,14 @@ int keygen(const Flags& flags) {
   return 0;
 }
 
-// A member's receive figures: the update it is receiving now, else its last one.
+// A member's receive figures: the update it is receiving now, else its last
+// one; each rate labelled (what it received over the time it took, and its
+// inbound link's rate while it had bytes waiting).
 std::string transfer_column(proto::MemberStatus::Reader m) {
-  auto rate = [](uint64_t bytes, uint64_t ms) { return ms ? format_bytes(bytes * 1000 / ms) + "/s" : std::string("-"); };
+  auto rate = [](uint64_t bytes, uint64_t ms) {
+    return ms ? "received at " + format_rate(static_cast<double>(bytes) * 1000 / static_cast<double>(ms))
+              : std::string("-");
+  };
   if (m.getReceivingVersion())
     return "receiving v" + std::to_string(m.getReceivingVersion()) + ": " + format_bytes(m.getReceivedBytes()) + " in " +
            format_duration(std::chrono::milliseconds(m.getReceivingForMs())) + ", " +
@@ -287,7 +292,7 @@ std::string transfer_column(proto::MemberStatus::Reader m) {
   return "v" + std::to_string(m.getLastUpdateVersion()) + (m.getLastUpdateOk() ? " applied: " : " failed: ") +
          format_bytes(m.getLastUpdateBytes()) + " in " + format_duration(std::chrono::milliseconds(m.getLastUpdateMs())) +
          ", " + rate(m.getLastUpdateBytes(), m.getLastUpdateMs()) +
-         (m.getLastUpdateLinkRate() ? ", link " + format_bytes(m.getLastUpdateLinkRate()) + "/s" : "");
+         (m.getLastUpdateLinkRate() ? ", link " + format_rate(static_cast<double>(m.getLastUpdateLinkRate())) : "");
 }
 
 void print_status_json(const std::string& endpoint, proto::StatusReply::Reader r) {

@@ -158,8 +158,8 @@ void PublisherImpl::apply_shed(UpdateResult& r, const Status& data, Code& code) 
     what += "' was shed from update v";
     what += std::to_string(r.version);
     o.status = timeout_error(what + ": its inbound link ran below publisher.slow_member_floor (" +
-                             format_bytes(cfg_.publisher.slow_member_floor) +
-                             "/s); it is dirty until the next update (on_slow_member: shed)");
+                             format_rate(cfg_.publisher.slow_member_floor) +
+                             "); it is dirty until the next update (on_slow_member: shed)");
     r.shed.push_back(o.worker_id);
   }
   if (!data.ok()) return;

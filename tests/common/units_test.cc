@@ -32,6 +32,11 @@ TEST(UnitsTest, Sizes) {
 TEST(UnitsTest, Formatting) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(3ull << 29), "1.50 GiB");
+  // Rates: decimal, GB/s from 1 GB/s up, MB/s below.
+  EXPECT_EQ(format_rate(2.345e9), "2.35 GB/s");
+  EXPECT_EQ(format_rate(248.74e6), "248.74 MB/s");
+  EXPECT_EQ(format_rate(1048576), "1.05 MB/s");
+  EXPECT_EQ(format_rate(0), "0.00 MB/s");
   EXPECT_EQ(format_duration(milliseconds(1500)), "1.500 s");
 }
 

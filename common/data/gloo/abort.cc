@@ -130,8 +130,8 @@ Sentinels::Notice GlooCommunicator::next_notice() {
 Status GlooCommunicator::notice_status(const Sentinels::Notice& n) const {
   if (n.kind == kShed && n.blamed == options_.rank)
     return timeout_error(group() + "this rank was shed by " + who(n.from) +
-                         ": its inbound link ran below the floor of " + format_bytes(options_.shed_floor) +
-                         "/s (publisher.on_slow_member: shed); it is out of this update, the others go on");
+                         ": its inbound link ran below the floor of " + format_rate(options_.shed_floor) +
+                         " (publisher.on_slow_member: shed); it is out of this update, the others go on");
   if (n.kind == kStalled)
     return timeout_error(group() + who(n.from) + " saw no progress for " + format_duration(options_.stall_timeout) +
                          " (stall_timeout) sending to " + who(n.blamed));
@@ -147,8 +147,7 @@ std::pair<Status, int> GlooCommunicator::stalled_locked(Clock::time_point now) {
   const Flight::Child* slow = s.flight.slowest();
   if (slow && now - slow->last_progress > options_.stall_timeout + s.stall_grace) {
     const auto& link = links_[static_cast<size_t>(slow->rank)];
-    const std::string rate =
-        link.send_rate() > 0 ? format_bytes(static_cast<uint64_t>(link.send_rate())) + "/s" : "nothing yet";
+    const std::string rate = link.send_rate() > 0 ? format_rate(link.send_rate()) : "nothing yet";
     std::string waiting;
     if (auto op = find_locked(slow->pending.front().op)) waiting = " (a broadcast of " + format_bytes(op->bytes) + ")";
     return {timeout_error(group() + "no progress for " + format_duration(now - slow->last_progress) + " sending to " +

@@ -293,10 +293,10 @@ std::vector<int> GlooCommunicator::shed_locked(Clock::time_point now) {
     if (!v.shed) continue;
     s.flight.mark_shed(c);
     links_[static_cast<size_t>(c)].shed = true;
-    PC_WARN(group() << "shedding " << who(c) << ": its link ran at " << format_bytes(static_cast<uint64_t>(v.rate))
-                    << "/s over " << format_duration(v.over) << " of busy time, below the floor of "
-                    << format_bytes(options_.shed_floor)
-                    << "/s (publisher.on_slow_member: shed); the others go on without it");
+    PC_WARN(group() << "shedding " << who(c) << ": its link ran at " << format_rate(v.rate) << " over "
+                    << format_duration(v.over) << " of busy time, below the floor of "
+                    << format_rate(options_.shed_floor)
+                    << " (publisher.on_slow_member: shed); the others go on without it");
     out.push_back(c);
   }
   if (!out.empty()) {
