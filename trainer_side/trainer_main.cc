@@ -80,6 +80,38 @@ void print_members(const UpdateResult& r) {
     print_line("update v%llu members: %s\n", static_cast<unsigned long long>(r.version), line.c_str());
 }
 
+// How an update travelled: " as a delta", " dense (why)" with delta on.
+std::string delta_text(const UpdateResult& r) {
+  return r.delta ? " as a delta" : !r.dense_because.empty() ? " dense (" + r.dense_because + ")" : "";
+}
+
+// What crossed the data plane, labelled per engine and in total: "; on the
+// wire: worker-1 7.90 MiB, worker-2 7.89 MiB, 15.79 MiB in total". A
+// broadcast carries one copy of the (encoded) buckets to each subscriber;
+// a many-sender update each engine's own pieces, as each reported them
+// (trainer ranks receive nothing and are not listed). A broadcast with
+// delta off says nothing: its wire is its size.
+std::string wire_text(const UpdateResult& r, int ranks, bool sharded) {
+  if (!sharded && delta_text(r).empty()) return "";
+  std::vector<std::pair<std::string, uint64_t>> engines;
+  for (const auto& o : r.subscribers) {
+    bool trainer_rank = false;
+    for (int k = 1; k < ranks; ++k) trainer_rank |= o.worker_id == trainer_rank_id(k);
+    if (!trainer_rank && !o.shed) engines.emplace_back(o.worker_id, sharded ? o.bytes : r.wire_bytes);
+  }
+  uint64_t total = 0;
+  for (const auto& e : engines) total += e.second;
+  if (!sharded)
+    return "; on the wire: " + format_bytes(r.wire_bytes) + " to each of " + std::to_string(engines.size()) +
+           " subscribers, " + format_bytes(total) + " in total";
+  constexpr size_t kListed = 8;
+  std::string out = "; on the wire:";
+  for (size_t i = 0; i < engines.size() && i < kListed; ++i)
+    out += " " + engines[i].first + " " + format_bytes(engines[i].second) + ",";
+  if (engines.size() > kListed) out += " " + std::to_string(engines.size() - kListed) + " more engines,";
+  return out + " " + format_bytes(total) + " in total";
+}
+
 // Prints membership events (joined, lost, rejoined, left) as they happen: a
 // thread polls the publisher every 20 ms, so that a worker lost during a long
 // update is reported then, not after the update returns.
@@ -314,14 +346,11 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
     UpdateResult r = publisher.weight_update(model.views(), version);
     if (r.ok()) {
       t.add(r);
-      const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
-                               : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
-                                                          : "";
-      std::string shed = split_text(r);  // the shed list ends the line
+      std::string shed = wire_text(r, 1, false) + split_text(r);  // the shed list ends the line
       for (size_t i = 0; i < r.shed.size(); ++i) shed += (i ? ", " : "; shed: ") + r.shed[i];
       print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%.2f GB/s)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
-                 wire.c_str(), r.subscribers.size() - r.shed.size(),
+                 delta_text(r).c_str(), r.subscribers.size() - r.shed.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
                      .c_str(),
@@ -355,16 +384,14 @@ Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Conf
     UpdateResult r = publisher.weight_update_sharded(model.shards(), options);
     if (r.ok()) {
       t.add(r);
-      const std::string wire = r.delta ? " as a delta of " + format_bytes(r.wire_bytes)
-                               : !r.dense_because.empty() ? " dense (" + r.dense_because + ")"
-                                                          : "";
+      const std::string wire = wire_text(r, config.publisher.ranks, true) + split_text(r);
       print_line("update v%llu: %zu tensors, %s%s from %d trainer ranks to %zu members in %s (%.2f GB/s)%s\n",
-                 static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(), wire.c_str(),
-                 config.publisher.ranks, r.subscribers.size(),
+                 static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(),
+                 delta_text(r).c_str(), config.publisher.ranks, r.subscribers.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
                      .c_str(),
-                 r.gbps(), split_text(r).c_str());
+                 r.gbps(), wire.c_str());
     } else {
       ++t.failures;
       print_line("%s FAILED: %s\n", update_label(r.version).c_str(), r.status.to_string().c_str());

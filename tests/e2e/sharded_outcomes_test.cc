@@ -2,15 +2,19 @@
 // and rank 1 in this process, engines as paramcast-worker processes) whose
 // engines are gone fails as a single sender's does with no subscriber
 // (UNAVAILABLE), for every trainer rank, and the next engine to join gets
-// the next update.
+// the next update. paramcast-trainer's line for an update labels what
+// crossed the data plane per engine and in total.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/e2e/sharded_fixture.h"
+#include "tests/support/process.h"
 
 namespace paramcast {
 namespace {
@@ -67,6 +71,105 @@ TEST_F(ShardedNoEngineTest, AnUpdateThatReachesNoEngineFailsAsASingleSendersWith
   ASSERT_TRUE(a0.ok()) << a0.status.to_string() << outputs();
   ASSERT_TRUE(a1.ok()) << a1.status.to_string();
   EXPECT_TRUE(workers_["worker-1"]->wait_for_output("worker-1: v4 verified", 30s)) << outputs();
+}
+
+// A size as format_bytes prints it ("7.90 MiB"), in bytes.
+double parse_size(const std::string& text) {
+  std::istringstream in(text);
+  double n = 0;
+  std::string unit;
+  in >> n >> unit;
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  for (int i = 0; i < 4; ++i)
+    if (unit == units[i]) return n * static_cast<double>(uint64_t{1} << (10 * i));
+  ADD_FAILURE() << "not a size: '" << text << "'";
+  return 0;
+}
+
+// paramcast-trainer on `ranks` ranks (processes) and two engines, deltas
+// on, three updates in which a few elements change: rank 0's output.
+std::string run_trainer_with_deltas(const std::string& dir, int ranks) {
+  std::string yaml = test::test_config_yaml(2, "  ranks: " + std::to_string(ranks) + "\n  delta: auto\n");
+  yaml.replace(yaml.find("  updates: 3\n"), 13, "  updates: 3\n  changes: uneven\n");
+  const std::string path = test::write_file(dir, "deploy.yaml", yaml);
+  auto rank0 = test::Process::start(test::binary("paramcast-trainer"),
+                                    {"--config", path, "--endpoint-file", dir + "/endpoint"});
+  std::string endpoint;
+  for (int i = 0; i < 2000 && endpoint.empty(); ++i) {
+    std::ifstream in(dir + "/endpoint");
+    std::getline(in, endpoint);
+    if (endpoint.empty()) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_FALSE(endpoint.empty()) << rank0->output();
+  std::vector<std::unique_ptr<test::Process>> others;
+  for (int r = 1; r < ranks; ++r)
+    others.push_back(test::Process::start(test::binary("paramcast-trainer"),
+                                          {"--config", path, "--rank", std::to_string(r), "--endpoint", endpoint}));
+  for (const char* id : {"worker-1", "worker-2"})
+    others.push_back(test::Process::start(test::binary("paramcast-worker"),
+                                          {"--config", path, "--id", id, "--endpoint", endpoint, "--updates", "3"}));
+  EXPECT_EQ(rank0->wait_for(120s), 0) << rank0->output();
+  for (auto& p : others) EXPECT_EQ(p->wait_for(60s), 0) << p->output();
+  return rank0->output();
+}
+
+// The line of an update that went as a delta: "... ; on the wire: <what>".
+std::string wire_of_a_delta(const std::string& out) {
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(" as a delta") != std::string::npos) {
+      const auto at = line.find("; on the wire: ");
+      EXPECT_NE(at, std::string::npos) << line;
+      if (at == std::string::npos) return "";
+      const auto end = line.find(';', at + 1);
+      return line.substr(at + 15, end == std::string::npos ? std::string::npos : end - at - 15);
+    }
+  ADD_FAILURE() << "no update went as a delta:\n" << out;
+  return "";
+}
+
+// Two engines of a many-sender job: each one's wire bytes, named, and their
+// total, labelled; trainer ranks (which receive nothing) are not listed.
+// (Before: "as a delta of 15.79 MiB" for a 7.90 MiB update, the sum over
+// the engines, unlabelled.)
+TEST(UpdateLineTest, AManySenderDeltaListsEachEnginesWireBytesAndTheirTotal) {
+  const std::string dir = test::make_temp_dir("paramcast-wire");
+  const std::string wire = wire_of_a_delta(run_trainer_with_deltas(dir, 2));
+  test::remove_tree(dir);
+  // "worker-1 1.02 MiB, worker-2 1.01 MiB, 2.03 MiB in total"
+  std::vector<std::string> parts;
+  std::istringstream in(wire);
+  for (std::string part; std::getline(in, part, ',');) parts.push_back(part.substr(part.find_first_not_of(' ')));
+  ASSERT_EQ(parts.size(), 3u) << wire;
+  double sum = 0;
+  for (int i = 0; i < 2; ++i) {
+    const std::string id = "worker-" + std::to_string(i + 1) + " ";
+    ASSERT_EQ(parts[i].rfind(id, 0), 0u) << wire;
+    const double each = parse_size(parts[i].substr(id.size()));
+    EXPECT_GT(each, 0) << wire;
+    sum += each;
+  }
+  ASSERT_NE(parts[2].find(" in total"), std::string::npos) << wire;
+  const double total = parse_size(parts[2].substr(0, parts[2].find(" in total")));
+  EXPECT_NEAR(total, sum, 0.01 * sum + 16 * 1024) << wire;  // each printed to two decimals
+  EXPECT_EQ(wire.find("trainer-"), std::string::npos) << wire;
+}
+
+// One sender: one copy of the encoded buckets to each subscriber, and the
+// total, labelled. (Before: "as a delta of 1.02 MiB", unlabelled.)
+TEST(UpdateLineTest, ABroadcastDeltaSaysWhatEachSubscriberReceivedAndTheTotal) {
+  const std::string dir = test::make_temp_dir("paramcast-wire");
+  const std::string wire = wire_of_a_delta(run_trainer_with_deltas(dir, 1));
+  test::remove_tree(dir);
+  // "1.02 MiB to each of 2 subscribers, 2.03 MiB in total"
+  const auto each = wire.find(" to each of 2 subscribers, ");
+  ASSERT_NE(each, std::string::npos) << wire;
+  const auto total_at = each + std::string(" to each of 2 subscribers, ").size();
+  ASSERT_NE(wire.find(" in total", total_at), std::string::npos) << wire;
+  const double one = parse_size(wire.substr(0, each));
+  const double total = parse_size(wire.substr(total_at, wire.find(" in total") - total_at));
+  EXPECT_GT(one, 0) << wire;
+  EXPECT_NEAR(total, 2 * one, 0.01 * total + 16 * 1024) << wire;
 }
 
 }  // namespace
