@@ -137,6 +137,14 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // A sharded plan (many senders): this rank's transfers over point-to-point
   // moves (inference_side/subscriber_sharded.cc).
   Status move_sharded(const Job& job, Communicator* comm, bool& collective_done);
+  // Its steps, in order, over one move's state.
+  struct ShardedMove;
+  Status take_registrations(ShardedMove& m, Communicator* comm);
+  void find_held(ShardedMove& m);
+  Status find_wanted(ShardedMove& m, Communicator* comm);
+  Status check_registrations(ShardedMove& m, Communicator* comm);
+  Status run_moves(ShardedMove& m, Communicator* comm, bool& collective_done);
+  Status hand_over(ShardedMove& m);
   std::vector<Mismatch> check_sharded(const UpdatePlan& plan);
   // A delta plan's "<delta>" mismatch when this engine cannot apply it now
   // (broadcast and sharded alike); nullopt when it can or the plan is dense.

@@ -287,128 +287,169 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
   return out;
 }
 
-Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& collective_done) {
-  const UpdatePlan& plan = *job.plan;
-  int rank = -1, world = 0;
-  std::vector<std::string> names;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    rank = rank_;
-    world = world_;
-    names = rank_names_;
-  }
-  sharded_received_ = 0;
-  auto moves = sharded_cache_.moves(plan, world, names);  // the last update's, when of the same shape
-  if (!moves.ok()) {
-    // The publisher checked this plan; a rank that cannot follow it fails
-    // the update for all (its peers wait for it).
-    comm->abort(id_ + " cannot follow sharded plan v" + std::to_string(plan.version) + ": " + moves.status().message());
-    return moves.status();
-  }
+// One sharded move on this rank, shared by move_sharded's steps: the plan's
+// moves, the registrations taken for it, and where each tensor's pieces go.
+struct SubscriberImpl::ShardedMove {
+  explicit ShardedMove(const UpdatePlan& p) : plan(p) {}
+  const UpdatePlan& plan;
+  int rank = -1;
+  std::shared_ptr<const reshard::ShardedMoves> moves;
   reshard::RankBuffers buffers;
   std::vector<ShardView> holdings;
   std::map<std::string, TensorView> registry;
   std::map<std::string, ShardView> slices;
   std::map<std::string, std::vector<uint8_t>> handed;  // tensors for the callback, whole
-  bool kept_copy = false;  // those tensors are assembled in copy_
-  // A trainer rank sends only the shards of the call the plan was made
-  // from. That call may have ended between this rank's accept and the
-  // Commit (it timed out waiting), and the caller's next call may hold other
-  // bytes (the next step) in the same buffers: those never go out under
-  // this plan, whose hashes and replica digests rank 0 checked for the old.
+  bool kept_copy = false;                              // those tensors are assembled in copy_
+};
+
+Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& collective_done) {
+  ShardedMove m(*job.plan);
+  int world = 0;
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m.rank = rank_;
+    world = world_;
+    names = rank_names_;
+  }
+  sharded_received_ = 0;
+  auto moves = sharded_cache_.moves(m.plan, world, names);  // the last update's, when of the same shape
+  if (!moves.ok()) {
+    // The publisher checked this plan; a rank that cannot follow it fails
+    // the update for all (its peers wait for it).
+    comm->abort(id_ + " cannot follow sharded plan v" + std::to_string(m.plan.version) + ": " +
+                moves.status().message());
+    return moves.status();
+  }
+  m.moves = std::move(*moves);
+  if (Status s = take_registrations(m, comm); !s.ok()) return s;
+  if (source_) {
+    find_held(m);
+  } else {
+    if (Status s = find_wanted(m, comm); !s.ok()) return s;
+    if (Status s = check_registrations(m, comm); !s.ok()) return s;
+  }
+  if (Status s = run_moves(m, comm, collective_done); !s.ok()) return s;
+  return hand_over(m);
+}
+
+// The registrations as they are now, for this move. A trainer rank sends
+// only the shards of the call the plan was made from. That call may have
+// ended between this rank's accept and the Commit (it timed out waiting),
+// and the caller's next call may hold other bytes (the next step) in the
+// same buffers: those never go out under this plan, whose hashes and
+// replica digests rank 0 checked for the old.
+Status SubscriberImpl::take_registrations(ShardedMove& m, Communicator* comm) {
   uint64_t planned_seq = 0, active_seq = 0;
   if (source_)
-    for (const auto& h : plan.holders)
-      if (h.rank == rank) {
+    for (const auto& h : m.plan.holders)
+      if (h.rank == m.rank) {
         planned_seq = h.seq;
         break;
       }
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     active_seq = active_seq_;
-    holdings = holdings_;
-    registry = registry_;
-    slices = slices_;
+    m.holdings = holdings_;
+    m.registry = registry_;
+    m.slices = slices_;
   }
-  if (source_ && planned_seq && planned_seq != active_seq) {
-    std::string why = id_ + " cannot send its part of sharded plan v" + std::to_string(plan.version) +
-                      ": the plan took publish call " + std::to_string(planned_seq) + ", which ended before its commit (";
-    why += active_seq ? "call " + std::to_string(active_seq) + " holds the caller's next shards now"
-                      : "no call of this rank is under way";
-    why += "); no byte of it was sent";
-    comm->abort(why);
-    return aborted(why);
-  }
-  if (source_) {
-    buffers.find = [&](const TensorSpec& t, const reshard::Region& region) -> reshard::LocalBuffer {
-      for (const auto& s : holdings) {
-        if (s.local.spec.name != t.name) continue;
-        const reshard::Region box = box_of(s, t.shape);
-        if (reshard::intersect(box, region) == region) return {static_cast<uint8_t*>(s.local.data), box};
-      }
-      return {};
+  if (!source_ || !planned_seq || planned_seq == active_seq) return Status();
+  std::string why = id_ + " cannot send its part of sharded plan v" + std::to_string(m.plan.version) +
+                    ": the plan took publish call " + std::to_string(planned_seq) + ", which ended before its commit (";
+  why += active_seq ? "call " + std::to_string(active_seq) + " holds the caller's next shards now"
+                    : "no call of this rank is under way";
+  why += "); no byte of it was sent";
+  comm->abort(why);
+  return aborted(why);
+}
+
+// A trainer rank: each piece it sends from the shard that holds it.
+void SubscriberImpl::find_held(ShardedMove& m) {
+  m.buffers.find = [&m](const TensorSpec& t, const reshard::Region& region) -> reshard::LocalBuffer {
+    for (const auto& s : m.holdings) {
+      if (s.local.spec.name != t.name) continue;
+      const reshard::Region box = box_of(s, t.shape);
+      if (reshard::intersect(box, region) == region) return {static_cast<uint8_t*>(s.local.data), box};
+    }
+    return {};
+  };
+}
+
+// An engine: each tensor's pieces into its registered slice or buffer, or,
+// for tensors for the callback, assembled whole: in the engine's copy of the
+// last version when it keeps one (subscriber.delta_baseline: host; a delta
+// applies onto it), else in buffers of this update.
+Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
+  const UpdatePlan& plan = m.plan;
+  std::map<std::string, uint8_t*> copies;
+  if (keeps_copies()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      copy_version_ = 0;  // being written
+    }
+    auto handed_here = [&](size_t i) {
+      return !m.registry.count(plan.tensors[i].name) && !m.slices.count(plan.tensors[i].name);
     };
-  } else {
-    // Tensors for the callback are assembled whole: in the engine's copy of
-    // the last version when it keeps one (subscriber.delta_baseline: host;
-    // a delta applies onto it), else in buffers of this update.
-    std::map<std::string, uint8_t*> copies;
-    if (keeps_copies()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        copy_version_ = 0;  // being written
-      }
-      auto handed_here = [&](size_t i) { return !registry.count(plan.tensors[i].name) && !slices.count(plan.tensors[i].name); };
-      if (Status c = copy_.prepare(plan, handed_here); c.ok()) {
-        for (size_t i = 0; i < plan.tensors.size(); ++i)
-          if (handed_here(i)) copies[plan.tensors[i].name] = copy_.tensor(i);
-        kept_copy = true;
-      } else {
-        PC_WARN(id_ << ": " << c.message());
-      }
-    }
-    try {
-      for (const auto& t : plan.tensors)
-        if (!registry.count(t.name) && !slices.count(t.name) && !copies.count(t.name))
-          handed[t.name].resize(t.nbytes().ok() ? *t.nbytes() : 0);
-    } catch (const std::bad_alloc&) {
-      comm->abort(id_ + " has no host memory for the tensors its callback takes");
-      return unavailable("no host memory for the " + std::to_string(handed.size()) +
-                         " tensors handed to the callback (a sharded update assembles each whole first)");
-    }
-    buffers.find = [&, copies](const TensorSpec& t, const reshard::Region&) -> reshard::LocalBuffer {
-      if (auto s = slices.find(t.name); s != slices.end())
-        return {static_cast<uint8_t*>(s->second.local.data), box_of(s->second, t.shape)};
-      auto it = registry.find(t.name);
-      if (it != registry.end()) return {static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape)};
-      if (auto c = copies.find(t.name); c != copies.end()) return {c->second, reshard::Region::whole(t.shape)};
-      auto h = handed.find(t.name);
-      if (h != handed.end()) return {h->second.data(), reshard::Region::whole(t.shape)};
-      return {};
-    };
-  }
-  if (!source_) {
-    // The slices registered now are those the plan was checked against
-    // (a registration since would make a piece miss its buffer).
-    std::map<std::string, reshard::Region> planned;
-    for (const auto& w : plan.wanters)
-      if (w.rank == rank && w.tensor >= 0)
-        planned[plan.tensors[static_cast<size_t>(w.tensor)].name] = reshard::Region{w.offsets, w.lengths};
-    for (const auto& t : plan.tensors) {
-      auto sl = slices.find(t.name);
-      auto pl = planned.find(t.name);
-      const bool fits = sl == slices.end()
-                            ? pl == planned.end() || pl->second == reshard::Region::whole(t.shape)
-                            : pl != planned.end() && sl->second.local.spec.dtype == t.dtype &&
-                                  box_of(sl->second, t.shape) == pl->second;
-      if (!fits) {
-        comm->abort(id_ + ": its registration of '" + t.name + "' changed after it accepted plan v" +
-                    std::to_string(plan.version));
-        return invalid_argument("the registration of '" + t.name + "' changed after plan v" +
-                                std::to_string(plan.version) + " was accepted; nothing of it was written");
-      }
+    if (Status c = copy_.prepare(plan, handed_here); c.ok()) {
+      for (size_t i = 0; i < plan.tensors.size(); ++i)
+        if (handed_here(i)) copies[plan.tensors[i].name] = copy_.tensor(i);
+      m.kept_copy = true;
+    } else {
+      PC_WARN(id_ << ": " << c.message());
     }
   }
+  try {
+    for (const auto& t : plan.tensors)
+      if (!m.registry.count(t.name) && !m.slices.count(t.name) && !copies.count(t.name))
+        m.handed[t.name].resize(t.nbytes().ok() ? *t.nbytes() : 0);
+  } catch (const std::bad_alloc&) {
+    comm->abort(id_ + " has no host memory for the tensors its callback takes");
+    return unavailable("no host memory for the " + std::to_string(m.handed.size()) +
+                       " tensors handed to the callback (a sharded update assembles each whole first)");
+  }
+  m.buffers.find = [&m, copies](const TensorSpec& t, const reshard::Region&) -> reshard::LocalBuffer {
+    if (auto s = m.slices.find(t.name); s != m.slices.end())
+      return {static_cast<uint8_t*>(s->second.local.data), box_of(s->second, t.shape)};
+    auto it = m.registry.find(t.name);
+    if (it != m.registry.end()) return {static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape)};
+    if (auto c = copies.find(t.name); c != copies.end()) return {c->second, reshard::Region::whole(t.shape)};
+    auto h = m.handed.find(t.name);
+    if (h != m.handed.end()) return {h->second.data(), reshard::Region::whole(t.shape)};
+    return {};
+  };
+  return Status();
+}
+
+// An engine: the slices registered now are those the plan was checked
+// against (a registration since would make a piece miss its buffer).
+Status SubscriberImpl::check_registrations(ShardedMove& m, Communicator* comm) {
+  const UpdatePlan& plan = m.plan;
+  std::map<std::string, reshard::Region> planned;
+  for (const auto& w : plan.wanters)
+    if (w.rank == m.rank && w.tensor >= 0)
+      planned[plan.tensors[static_cast<size_t>(w.tensor)].name] = reshard::Region{w.offsets, w.lengths};
+  for (const auto& t : plan.tensors) {
+    auto sl = m.slices.find(t.name);
+    auto pl = planned.find(t.name);
+    const bool fits = sl == m.slices.end()
+                          ? pl == planned.end() || pl->second == reshard::Region::whole(t.shape)
+                          : pl != planned.end() && sl->second.local.spec.dtype == t.dtype &&
+                                box_of(sl->second, t.shape) == pl->second;
+    if (!fits) {
+      comm->abort(id_ + ": its registration of '" + t.name + "' changed after it accepted plan v" +
+                  std::to_string(plan.version));
+      return invalid_argument("the registration of '" + t.name + "' changed after plan v" +
+                              std::to_string(plan.version) + " was accepted; nothing of it was written");
+    }
+  }
+  return Status();
+}
+
+// This rank's transfers of the plan, round by round; a failure ends its
+// peers' wait for them.
+Status SubscriberImpl::run_moves(ShardedMove& m, Communicator* comm, bool& collective_done) {
+  const UpdatePlan& plan = m.plan;
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;
   run.received = &sharded_received_;
@@ -422,29 +463,32 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   run.staging_limit = 2 * cfg_.data_plane.bucket_bytes;  // a trainer rank's packed pieces and encodings
   bool unsettled = false;
   run.unsettled = &unsettled;
-  Status s = reshard::run_reshard((*moves)->plan, (*moves)->rounds, rank, *comm, buffers, deadline(), run);
+  Status s = reshard::run_reshard(m.moves->plan, m.moves->rounds, m.rank, *comm, m.buffers, deadline(), run);
   collective_done = s.ok();
-  if (!s.ok()) {
-    comm->abort(s.message());  // its peers stop waiting for this rank's transfers
-    // A receive that did not settle may still write into the callback's buffers.
-    if (unsettled) {
-      new std::map<std::string, std::vector<uint8_t>>(std::move(handed));  // deliberately leaked
-      if (kept_copy) copy_.abandon();  // the copy's buffers too; the next update starts a new one
-    }
-    return s;
+  if (s.ok()) return s;
+  comm->abort(s.message());  // its peers stop waiting for this rank's transfers
+  // A receive that did not settle may still write into the callback's buffers.
+  if (unsettled) {
+    new std::map<std::string, std::vector<uint8_t>>(std::move(m.handed));  // deliberately leaked
+    if (m.kept_copy) copy_.abandon();  // the copy's buffers too; the next update starts a new one
   }
-  // Every piece landed: the callback gets each of its tensors whole.
-  for (const auto& t : plan.tensors) {
-    if (source_ || registry.count(t.name) || slices.count(t.name)) continue;
-    const reshard::LocalBuffer whole = buffers.find(t, reshard::Region::whole(t.shape));
+  return s;
+}
+
+// Every piece landed: the callback gets each of its tensors whole, and the
+// engine's copy is of this version.
+Status SubscriberImpl::hand_over(ShardedMove& m) {
+  for (const auto& t : m.plan.tensors) {
+    if (source_ || m.registry.count(t.name) || m.slices.count(t.name)) continue;
+    const reshard::LocalBuffer whole = m.buffers.find(t, reshard::Region::whole(t.shape));
     if (!callback_) return internal_error("no callback for '" + t.name + "'");
     Status taken = callback_(TensorView{t, whole.data, Device{}});
     if (!taken.ok()) return taken.with_context("tensor callback for '" + t.name + "'");
   }
-  if (kept_copy) {
+  if (m.kept_copy) {
     std::lock_guard<std::mutex> lock(mu_);
-    copy_version_ = plan.version;
-    copy_manifest_ = plan.manifest_hash;
+    copy_version_ = m.plan.version;
+    copy_manifest_ = m.plan.manifest_hash;
   }
   return Status();
 }
