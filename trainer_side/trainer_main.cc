@@ -65,16 +65,16 @@ __attribute__((format(printf, 1, 2))) void print_line(const char* fmt, ...) {
 }
 
 // One line per update with what each member received and the rate of its
-// inbound link (as its parent measured it; its receive rate where the
-// backend shows no links), the slowest marked: where a slow update is slow.
+// inbound link (as its parent measured it: "link"; its receive rate where
+// the backend shows no links: "received at"), the slowest marked: where a
+// slow update is slow.
 void print_members(const UpdateResult& r) {
   std::string line;
   for (const auto& o : r.subscribers) {
     if (o.bytes == 0 && o.seconds == 0 && !o.shed) continue;
-    const double rate = o.link_rate > 0 ? o.link_rate : o.rate();
-    line += (line.empty() ? "" : ", ") + o.worker_id + " " + format_bytes(o.bytes) + " at " +
-            format_bytes(static_cast<uint64_t>(rate)) + "/s" + (o.worker_id == r.slowest ? " (slowest)" : "") +
-            (o.shed ? " (shed)" : "");
+    line += (line.empty() ? "" : ", ") + o.worker_id + " " + format_bytes(o.bytes) +
+            (o.link_rate > 0 ? ", link " + format_rate(o.link_rate) : ", received at " + format_rate(o.rate())) +
+            (o.worker_id == r.slowest ? " (slowest)" : "") + (o.shed ? " (shed)" : "");
   }
   if (!line.empty())
     print_line("update v%llu members: %s\n", static_cast<unsigned long long>(r.version), line.c_str());
@@ -324,9 +324,7 @@ std::string seconds_text(double s) {
 std::string split_text(const UpdateResult& r) {
   if (r.data_seconds <= 0) return "";
   std::string out = "; data plane " + seconds_text(r.data_seconds);
-  char rate[32];
-  std::snprintf(rate, sizeof rate, " (%.2f GB/s)", r.data_gbps());
-  out += rate;
+  out += " (" + format_rate(r.data_gbps() * 1e9) + ", the data plane alone)";
   if (r.apply_seconds > 0) {
     out += ", then ";
     out += seconds_text(r.apply_seconds);
@@ -348,13 +346,14 @@ Totals run_updates(Publisher& publisher, SyntheticModel& model, const TrainerJob
       t.add(r);
       std::string shed = wire_text(r, 1, false) + split_text(r);  // the shed list ends the line
       for (size_t i = 0; i < r.shed.size(); ++i) shed += (i ? ", " : "; shed: ") + r.shed[i];
-      print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%.2f GB/s)%s\n",
+      print_line("update v%llu: %zu tensors in %zu buckets, %s%s to %zu subscribers in %s (%s including the engines' "
+                 "apply)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, r.buckets, format_bytes(r.bytes).c_str(),
                  delta_text(r).c_str(), r.subscribers.size() - r.shed.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
                      .c_str(),
-                 r.gbps(), shed.c_str());
+                 format_rate(r.gbps() * 1e9).c_str(), shed.c_str());
     } else {
       ++t.failures;
       print_line("%s FAILED: %s\n", update_label(r.version).c_str(), r.status.to_string().c_str());
@@ -385,13 +384,14 @@ Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Conf
     if (r.ok()) {
       t.add(r);
       const std::string wire = wire_text(r, config.publisher.ranks, true) + split_text(r);
-      print_line("update v%llu: %zu tensors, %s%s from %d trainer ranks to %zu members in %s (%.2f GB/s)%s\n",
+      print_line("update v%llu: %zu tensors, %s%s from %d trainer ranks to %zu members in %s (%s including the "
+                 "engines' apply)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(),
                  delta_text(r).c_str(), config.publisher.ranks, r.subscribers.size(),
                  format_duration(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::duration<double>(r.seconds)))
                      .c_str(),
-                 r.gbps(), wire.c_str());
+                 format_rate(r.gbps() * 1e9).c_str(), wire.c_str());
     } else {
       ++t.failures;
       print_line("%s FAILED: %s\n", update_label(r.version).c_str(), r.status.to_string().c_str());
@@ -490,12 +490,13 @@ int main(int argc, char** argv) {
   print_progress_when_watched(publisher);
   const Totals t = run_updates(publisher, *model.value(), config.trainer);
   events.stop();  // before the summary line, and before shutdown() makes members leave
-  print_line("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%.2f GB/s); of that the data plane %.3f s "
-             "(%.2f GB/s: the rate ParamCast moved the bytes at), the engines' checks and on_update_end %.3f s after "
-             "it\n",
+  print_line("paramcast-trainer: %d updates, %d failed, %s in %.3f s (%s including the engines' apply); of that the "
+             "data plane %.3f s (%s, the data plane alone: the rate ParamCast moved the bytes at), the engines' checks "
+             "and on_update_end %.3f s after it\n",
              config.trainer.updates, t.failures, format_bytes(t.bytes).c_str(), t.seconds,
-             t.seconds > 0 ? static_cast<double>(t.bytes) / t.seconds / 1e9 : 0.0, t.data_seconds,
-             t.data_seconds > 0 ? static_cast<double>(t.bytes) / t.data_seconds / 1e9 : 0.0, t.apply_seconds);
+             format_rate(t.seconds > 0 ? static_cast<double>(t.bytes) / t.seconds : 0.0).c_str(), t.data_seconds,
+             format_rate(t.data_seconds > 0 ? static_cast<double>(t.bytes) / t.data_seconds : 0.0).c_str(),
+             t.apply_seconds);
   publisher.shutdown();
   return t.failures ? 1 : 0;
 }

@@ -90,22 +90,23 @@ TEST_F(NetnsTest, TrainerFramesDroppedForTwentySeconds) {
   cut_trainer_for(Ms(20000), true);
 }
 
-// "1.95 MiB/s" (format_bytes + "/s") at `at` in `text`, in bytes/s; -1 if none.
+// "1.95 MB/s" (format_rate) at `at` in `text`, in bytes/s; -1 if none.
 double rate_at(const std::string& text, size_t at) {
   double v = 0;
   char unit[8] = {};
   if (at == std::string::npos || std::sscanf(text.c_str() + at, "%lf %7[A-Za-z]/s", &v, unit) != 2) return -1;
   const std::string u = unit;
-  const double scale = u == "B" ? 1 : u == "KiB" ? 1024.0 : u == "MiB" ? 1048576.0 : u == "GiB" ? 1073741824.0 : -1;
+  const double scale = u == "MB" ? 1e6 : u == "GB" ? 1e9 : -1;
   return scale < 0 ? -1 : v * scale;
 }
 
-// A member's entry on a trainer "update vN members:" line: its rate.
+// A member's entry on a trainer "update vN members:" line ("worker-2
+// 15.37 MiB, link 1.95 MB/s"): its link's rate.
 double member_rate(const std::string& line, const std::string& id) {
   const size_t at = line.find(" " + id + " ");
   if (at == std::string::npos) return -1;
-  const size_t rate = line.find(" at ", at);
-  return rate == std::string::npos ? -1 : rate_at(line, rate + 4);
+  const size_t rate = line.find(", link ", at);
+  return rate == std::string::npos ? -1 : rate_at(line, rate + 7);
 }
 
 // The line of `text` that holds `needle`, from `from`; "" if none.
@@ -160,11 +161,12 @@ void NetnsTest::slow_link_case(int slow) {
   ASSERT_NE(bytes_at, std::string::npos) << update;
   const std::string sent = update.substr(bytes_at + 10, update.find(" to 3 subscribers") - bytes_at - 10);
   for (const char* w : {"worker-1", "worker-2", "worker-3"})
-    EXPECT_NE(members.find(std::string(w) + " " + sent + " at"), std::string::npos) << sent << " | " << members;
-  // The slow worker's own entry ("worker-2 15.37 MiB at 1.86 MiB/s (slowest)") is marked, and only it.
+    EXPECT_NE(members.find(std::string(w) + " " + sent + ", link "), std::string::npos) << sent << " | " << members;
+  // The slow worker's own entry ("worker-2 15.37 MiB, link 1.95 MB/s (slowest)") is marked, and only it.
   const size_t slow_at = members.find(id + " ");
   ASSERT_NE(slow_at, std::string::npos) << members;
-  const std::string entry = members.substr(slow_at, members.find(", ", slow_at) - slow_at);
+  const size_t next = members.find(", worker-", slow_at);  // the next member's entry
+  const std::string entry = members.substr(slow_at, next == std::string::npos ? std::string::npos : next - slow_at);
   EXPECT_NE(entry.find("/s (slowest)"), std::string::npos) << members;
   EXPECT_EQ(members.find("(slowest)"), members.rfind("(slowest)")) << members;
   EXPECT_GT(ws, 0.5e6) << members;
