@@ -126,6 +126,138 @@ float element(const TensorView& src, int64_t index, cudaStream_t stream) {
   }
 }
 
+// What apply refuses before anything runs on the device: no data, a shape or
+// dtype the rule does not take, a pointer not aligned to its elements.
+Status check_inputs(const TensorView& src, const Transform& t, uint64_t n, const void* out, const float* scales,
+                    const std::string& name) {
+  if (n > 0 && !src.data) return invalid_argument(name + " has no data pointer");
+  if (t.kind == Transform::Kind::kFp8 && src.spec.shape.size() != 2)
+    return invalid_argument(name + " " + src.spec.shape_string() + ": " + describe(t) + " takes a 2-D tensor");
+  if (t.kind != Transform::Kind::kNone && !float_kind(src.spec.dtype)) {
+    std::string msg = name + " (";
+    msg += dtype_name(src.spec.dtype);
+    msg += "): ";
+    msg += describe(t);
+    msg += " takes a float tensor (F32, F16, BF16)";
+    return invalid_argument(msg);
+  }
+  if (t.kind == Transform::Kind::kCast && !float_kind(t.to))
+    return invalid_argument(name + ": cast goes to bf16, fp16 or fp32");
+  if (t.kind != Transform::Kind::kNone) {  // the kernels read and write whole elements
+    PC_RETURN_IF_ERROR(check_aligned(src.data, dtype_size(src.spec.dtype), name, "its data",
+                                     dtype_name(src.spec.dtype)));
+    if (t.kind == Transform::Kind::kCast)
+      PC_RETURN_IF_ERROR(check_aligned(out, dtype_size(t.to), name, "the output buffer", dtype_name(t.to)));
+    else
+      PC_RETURN_IF_ERROR(check_aligned(scales, sizeof(float), name, "the scales buffer", "F32"));
+  }
+  return Status();
+}
+
+// Kind::kNone: the tensor's bytes as they are.
+Status copy_as_is(const TensorView& src, uint64_t n, void* out, cudaStream_t stream, const std::string& name) {
+  if (n)
+    PC_TRANSFORM_CUDA(cudaMemcpyAsync(out, src.data, n * dtype_size(src.spec.dtype), cudaMemcpyDeviceToDevice, stream),
+                      name);
+  PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
+  return Status();
+}
+
+// Kind::kCast: each element as t.to.
+Status cast(const TensorView& src, const Transform& t, uint64_t n, void* out, cudaStream_t stream,
+            const std::string& name) {
+  PC_TRANSFORM_CUDA(launch_cast(src.data, *float_kind(src.spec.dtype), n, out, *float_kind(t.to), stream), name);
+  PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
+  return Status();
+}
+
+// How many scales fp8 gives a rows x cols tensor: one per block, per row
+// (channel), or one for the tensor.
+int64_t scale_count(const Transform& t, int64_t rows, int64_t cols) {
+  return t.scaling == Fp8Scaling::kBlock     ? (rows + kBlock - 1) / kBlock * ((cols + kBlock - 1) / kBlock)
+         : t.scaling == Fp8Scaling::kChannel ? rows
+                                             : 1;
+}
+
+// An empty tensor has no codes; its rows (channel) or the tensor have amax
+// 0, scale 1, as on the host.
+Status unit_scales(float* scales, int64_t count, cudaStream_t stream, const std::string& name) {
+  if (count <= 0) return Status();
+  const std::vector<float> ones(static_cast<size_t>(count), 1.0f);
+  PC_TRANSFORM_CUDA(cudaMemcpyAsync(scales, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+                    name);
+  PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
+  return Status();
+}
+
+// One fp8 transform's scratch, `bytes` of it, stream-ordered; out of device
+// memory is kUnavailable.
+StatusOr<void*> allocate_scratch(size_t bytes, int device, const Transform& t, cudaStream_t stream,
+                                 const std::string& name) {
+  void* raw = nullptr;
+  if (const cudaError_t e = cudaMallocAsync(&raw, bytes, stream); e != cudaSuccess) {
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return unavailable(name + ": no device memory on cuda:" + std::to_string(device) + " for its " +
+                         std::to_string(bytes) + " bytes of scratch (" + describe(t) + ")");
+    }
+    return failure(e, "cudaMallocAsync(scratch)", name);
+  }
+  return raw;
+}
+
+// Kind::kFp8: codes into `out`, the scales into `scales`; the one wait is
+// for the first non-finite index, which refuses the tensor.
+Status quantize_fp8(const TensorView& src, const Transform& t, uint64_t n, void* out, float* scales, int device,
+                    cudaStream_t stream, const std::string& name) {
+  const int64_t rows = src.spec.shape[0], cols = src.spec.shape[1];
+  const int64_t count = scale_count(t, rows, cols);
+  if (n == 0) return unit_scales(scales, count, stream, name);
+  // Scratch: the first non-finite index, then (rows) the rows' amax bits.
+  const int64_t amax_count = t.scaling == Fp8Scaling::kBlock ? 0 : count;
+  const size_t scratch_bytes = sizeof(unsigned long long) + sizeof(uint32_t) * static_cast<size_t>(amax_count);
+  auto scratch = allocate_scratch(scratch_bytes, device, t, stream, name);
+  if (!scratch.ok()) return scratch.status();
+  void* raw = *scratch;
+  auto* first_bad = static_cast<unsigned long long*>(raw);
+  auto* amax = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(raw) + sizeof(unsigned long long));
+  const Float from = *float_kind(src.spec.dtype);
+  unsigned long long bad = ~0ull;
+  // Queues the work; the first failure's Status (the rest is not queued).
+  auto queue = [&]() -> Status {
+    PC_TRANSFORM_CUDA(cudaMemsetAsync(first_bad, 0xFF, sizeof(unsigned long long), stream), name);
+    if (amax_count)
+      PC_TRANSFORM_CUDA(cudaMemsetAsync(amax, 0, sizeof(uint32_t) * static_cast<size_t>(amax_count), stream), name);
+    auto* q = static_cast<uint8_t*>(out);
+    switch (t.scaling) {
+      case Fp8Scaling::kBlock:
+        PC_TRANSFORM_CUDA(launch_fp8_block(src.data, from, rows, cols, q, scales, first_bad, stream), name);
+        break;
+      case Fp8Scaling::kChannel:
+        PC_TRANSFORM_CUDA(launch_fp8_rows(src.data, from, rows, cols, q, scales, amax, first_bad, stream), name);
+        break;
+      default:  // the tensor as one row
+        PC_TRANSFORM_CUDA(launch_fp8_rows(src.data, from, 1, rows * cols, q, scales, amax, first_bad, stream), name);
+    }
+    PC_TRANSFORM_CUDA(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), name);
+    return Status();
+  };
+  const Status queued = queue();
+  // Freed after what was queued, whether or not all of it was.
+  const cudaError_t freed = cudaFreeAsync(raw, stream);
+  // The copy of `bad` lands in this frame: wait for it before any return.
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (!queued.ok()) {
+    (void)cudaGetLastError();
+    return queued;
+  }
+  PC_TRANSFORM_CUDA(freed, name);
+  PC_TRANSFORM_CUDA(synced, name);
+  if (bad == ~0ull) return Status();
+  const auto index = static_cast<int64_t>(bad);
+  return not_finite_error(src.spec, t, index, element(src, index, stream));
+}
+
 }  // namespace
 
 StatusOr<int> ordinal(const Device& device) {
@@ -173,110 +305,17 @@ Status apply(const TensorView& src, const Transform& t, void* out, float* scales
   auto numel = src.spec.numel();
   if (!numel.ok()) return numel.status();
   const uint64_t n = *numel;
-  if (n > 0 && !src.data) return invalid_argument(name + " has no data pointer");
-  if (t.kind == Transform::Kind::kFp8 && src.spec.shape.size() != 2)
-    return invalid_argument(name + " " + src.spec.shape_string() + ": " + describe(t) + " takes a 2-D tensor");
-  const auto from = float_kind(src.spec.dtype);
-  if (t.kind != Transform::Kind::kNone && !from) {
-    std::string msg = name + " (";
-    msg += dtype_name(src.spec.dtype);
-    msg += "): ";
-    msg += describe(t);
-    msg += " takes a float tensor (F32, F16, BF16)";
-    return invalid_argument(msg);
-  }
-  const auto to = float_kind(t.to);
-  if (t.kind == Transform::Kind::kCast && !to) return invalid_argument(name + ": cast goes to bf16, fp16 or fp32");
-  if (t.kind != Transform::Kind::kNone) {  // the kernels read and write whole elements
-    PC_RETURN_IF_ERROR(check_aligned(src.data, dtype_size(src.spec.dtype), name, "its data",
-                                     dtype_name(src.spec.dtype)));
-    if (t.kind == Transform::Kind::kCast)
-      PC_RETURN_IF_ERROR(check_aligned(out, dtype_size(t.to), name, "the output buffer", dtype_name(t.to)));
-    else
-      PC_RETURN_IF_ERROR(check_aligned(scales, sizeof(float), name, "the scales buffer", "F32"));
-  }
+  PC_RETURN_IF_ERROR(check_inputs(src, t, n, out, scales, name));
   auto device = ordinal(src.device);
   if (!device.ok()) return device.status().with_context(name);
   OnDevice on;
   if (Status s = on.enter(*device); !s.ok()) return s.with_context(name);
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-
-  if (t.kind == Transform::Kind::kNone) {
-    if (n)
-      PC_TRANSFORM_CUDA(cudaMemcpyAsync(out, src.data, n * dtype_size(src.spec.dtype), cudaMemcpyDeviceToDevice, stream),
-                        name);
-    PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
-    return Status();
+  switch (t.kind) {
+    case Transform::Kind::kNone: return copy_as_is(src, n, out, stream, name);
+    case Transform::Kind::kCast: return cast(src, t, n, out, stream, name);
+    default: return quantize_fp8(src, t, n, out, scales, *device, stream, name);
   }
-  if (t.kind == Transform::Kind::kCast) {
-    PC_TRANSFORM_CUDA(launch_cast(src.data, *from, n, out, *to, stream), name);
-    PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
-    return Status();
-  }
-
-  // fp8. An empty tensor has no codes; its rows (channel) or the tensor
-  // have amax 0, scale 1, as on the host.
-  const int64_t rows = src.spec.shape[0], cols = src.spec.shape[1];
-  const int64_t scale_count = t.scaling == Fp8Scaling::kBlock     ? (rows + kBlock - 1) / kBlock * ((cols + kBlock - 1) / kBlock)
-                              : t.scaling == Fp8Scaling::kChannel ? rows
-                                                                  : 1;
-  if (n == 0) {
-    if (scale_count > 0) {
-      const std::vector<float> ones(static_cast<size_t>(scale_count), 1.0f);
-      PC_TRANSFORM_CUDA(
-          cudaMemcpyAsync(scales, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream), name);
-      PC_TRANSFORM_CUDA(cudaStreamSynchronize(stream), name);
-    }
-    return Status();
-  }
-  // Scratch: the first non-finite index, then (rows) the rows' amax bits.
-  const int64_t amax_count = t.scaling == Fp8Scaling::kBlock ? 0 : scale_count;
-  const size_t scratch_bytes = sizeof(unsigned long long) + sizeof(uint32_t) * static_cast<size_t>(amax_count);
-  void* raw = nullptr;
-  if (const cudaError_t e = cudaMallocAsync(&raw, scratch_bytes, stream); e != cudaSuccess) {
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      return unavailable(name + ": no device memory on cuda:" + std::to_string(*device) + " for its " +
-                         std::to_string(scratch_bytes) + " bytes of scratch (" + describe(t) + ")");
-    }
-    return failure(e, "cudaMallocAsync(scratch)", name);
-  }
-  auto* first_bad = static_cast<unsigned long long*>(raw);
-  auto* amax = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(raw) + sizeof(unsigned long long));
-  unsigned long long bad = ~0ull;
-  // Queues the work; the first failure's Status (the rest is not queued).
-  auto queue = [&]() -> Status {
-    PC_TRANSFORM_CUDA(cudaMemsetAsync(first_bad, 0xFF, sizeof(unsigned long long), stream), name);
-    if (amax_count)
-      PC_TRANSFORM_CUDA(cudaMemsetAsync(amax, 0, sizeof(uint32_t) * static_cast<size_t>(amax_count), stream), name);
-    auto* q = static_cast<uint8_t*>(out);
-    switch (t.scaling) {
-      case Fp8Scaling::kBlock:
-        PC_TRANSFORM_CUDA(launch_fp8_block(src.data, *from, rows, cols, q, scales, first_bad, stream), name);
-        break;
-      case Fp8Scaling::kChannel:
-        PC_TRANSFORM_CUDA(launch_fp8_rows(src.data, *from, rows, cols, q, scales, amax, first_bad, stream), name);
-        break;
-      default:  // the tensor as one row
-        PC_TRANSFORM_CUDA(launch_fp8_rows(src.data, *from, 1, rows * cols, q, scales, amax, first_bad, stream), name);
-    }
-    PC_TRANSFORM_CUDA(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), name);
-    return Status();
-  };
-  const Status queued = queue();
-  // Freed after what was queued, whether or not all of it was.
-  const cudaError_t freed = cudaFreeAsync(raw, stream);
-  // The copy of `bad` lands in this frame: wait for it before any return.
-  const cudaError_t synced = cudaStreamSynchronize(stream);
-  if (!queued.ok()) {
-    (void)cudaGetLastError();
-    return queued;
-  }
-  PC_TRANSFORM_CUDA(freed, name);
-  PC_TRANSFORM_CUDA(synced, name);
-  if (bad == ~0ull) return Status();
-  const auto index = static_cast<int64_t>(bad);
-  return not_finite_error(src.spec, t, index, element(src, index, stream));
 }
 
 }  // namespace paramcast::transform::cuda
