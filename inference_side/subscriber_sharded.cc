@@ -366,14 +366,11 @@ Status SubscriberImpl::take_registrations(ShardedMove& m, Communicator* comm) {
 
 // A trainer rank: each piece it sends from the shard that holds it.
 void SubscriberImpl::find_held(ShardedMove& m) {
-  m.buffers.find = [&m](const TensorSpec& t, const reshard::Region& region) -> reshard::LocalBuffer {
-    for (const auto& s : m.holdings) {
-      if (s.local.spec.name != t.name) continue;
-      const reshard::Region box = box_of(s, t.shape);
-      if (reshard::intersect(box, region) == region) return {static_cast<uint8_t*>(s.local.data), box};
-    }
-    return {};
-  };
+  auto index = std::make_shared<reshard::BufferIndex>();
+  for (const auto& s : m.holdings)
+    index->add(s.local.spec.name, static_cast<uint8_t*>(s.local.data),
+               box_of(s, s.full_shape.empty() ? s.local.spec.shape : s.full_shape));
+  m.buffers.find = [index](const TensorSpec& t, const reshard::Region& region) { return index->find(t.name, region); };
 }
 
 // An engine: each tensor's pieces into its registered slice or buffer, or,

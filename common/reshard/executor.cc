@@ -6,7 +6,9 @@
 #include "common/xxhash.h"
 
 #include <cstring>
+#include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace paramcast::reshard {
 
@@ -14,6 +16,14 @@ void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Reg
                  size_t element) {
   for_each_run(from, to, region, element,
                [&](uint64_t f, uint64_t t, size_t bytes) { std::memcpy(dst + t, src + f, bytes); });
+}
+
+LocalBuffer BufferIndex::find(const std::string& tensor, const Region& region) const {
+  const auto it = by_name_.find(tensor);
+  if (it != by_name_.end())
+    for (const LocalBuffer& b : it->second)
+      if (intersect(b.box, region) == region) return b;
+  return {};
 }
 
 StatusOr<LocalBuffer> detail::buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x,
@@ -57,6 +67,11 @@ Status HostRun::choose() {
     static_cast<Chosen&>(p) = c;
     (transfer(c.transfer).from == rank ? sends_ : recvs_).push_back(std::move(p));
   }
+  std::vector<Bundle> bundles;
+  if (!delta_) {
+    bundles = plan_bundles(plan, rounds, rank);
+    gather_relays(bundles);
+  }
   for (auto& p : sends_) all_.push_back(&p);
   for (auto& p : recvs_) all_.push_back(&p);
   if (checked_) {
@@ -67,25 +82,58 @@ Status HostRun::choose() {
     }
     holder_sums_ = by_peer(sent);
   }
-  if (!delta_) bundle();
+  bundle(bundles);
   return Status();
 }
 
+// A relay this rank receives comes whole once every forward in it can have
+// come: its pieces are taken together, in the relay's order, at the place
+// of the last of them in the schedule (where its forwarder has received
+// them all), so no rank waits for a relay before what its forwarder waits for.
+void HostRun::gather_relays(const std::vector<Bundle>& bundles) {
+  std::unordered_map<size_t, size_t> place;  // a receive's transfer -> its index in recvs_
+  for (size_t k = 0; k < recvs_.size(); ++k) place[recvs_[k].transfer] = k;
+  std::unordered_map<size_t, const Bundle*> last;  // a relay's last piece here -> the relay
+  std::unordered_set<size_t> gathered;
+  for (const Bundle& b : bundles) {
+    if (!b.relay || transfer(b.transfers.front()).to != rank) continue;
+    size_t end = 0;
+    for (size_t i : b.transfers) end = std::max(end, place.at(i));
+    gathered.insert(b.transfers.begin(), b.transfers.end());
+    last[recvs_[end].transfer] = &b;
+  }
+  if (last.empty()) return;
+  std::vector<Posted> order;
+  order.reserve(recvs_.size());
+  for (Posted& p : recvs_) {
+    if (const auto it = last.find(p.transfer); it != last.end())
+      for (size_t i : it->second->transfers) order.push_back(std::move(recvs_[place.at(i)]));
+    else if (!gathered.count(p.transfer))
+      order.push_back(std::move(p));
+  }
+  recvs_ = std::move(order);
+}
+
 // A dense plan's small pieces between the same pair of ranks, as bundles
-// (plan_bundles): each piece points to its bundle's first, which lists them.
-void HostRun::bundle() {
-  const std::vector<Bundle> bundles = plan_bundles(plan, rounds, rank);
+// (plan_bundles): each piece points to its bundle's first, which lists
+// them; a received bundle whose pieces all go on to one rank points to the
+// relay that takes them.
+void HostRun::bundle(const std::vector<Bundle>& bundles) {
   if (bundles.empty()) return;
   std::unordered_map<size_t, Posted*> by_transfer;
   by_transfer.reserve(all_.size());
   for (Posted* p : all_) by_transfer[p->transfer] = p;
+  std::vector<Posted*> leads;
+  leads.reserve(bundles.size());
   for (const Bundle& b : bundles) {
-    Posted* lead = by_transfer.at(b.transfers.front());
+    Posted* lead = leads.emplace_back(by_transfer.at(b.transfers.front()));
+    lead->relayed = b.relay;
     for (size_t i : b.transfers) {
       Posted* p = by_transfer.at(i);
       p->lead = lead;
       lead->members.push_back(p);
     }
+    if (b.source >= 0 && transfer(lead->transfer).from == rank) leads[static_cast<size_t>(b.source)]->relay = lead;
   }
 }
 
@@ -115,7 +163,7 @@ Status HostRun::wait_moves(const Posted& p) {
 // holders' hashes; the baseline kept, the stats handed over.
 Status HostRun::account() {
   for (auto& p : sends_) {
-    if (!p.work && !p.head_work && !p.lead)  // a bundle's piece went with its first
+    if (!p.work && !p.head_work && (!p.lead || p.lead == &p))  // a bundle's piece went with its first
       return fail(p.transfer, internal_error("a forward whose bytes never came"));
     if (Status s = wait_moves(p); !s.ok()) return s;
   }

@@ -32,8 +32,13 @@
 // and unpacks each piece at its own place in the schedule (counting and
 // relaying it there). Both ends derive the bundles from the plan and
 // rounds, no message needed. A holder still keeps each bundled piece's own
-// hash for the ranks its chain reaches. Many small tensors then cost a
-// message per bundle, not two per piece.
+// hash for the ranks its chain reaches. A received bundle whose pieces are
+// each forwarded once, all to the same rank, goes on whole as a relay: its
+// bytes as they came, once its last piece is placed, taken by the next rank
+// at the place of the relay's last forward in the schedule, each piece
+// checked there against its holder's hash like any forward. Many small
+// tensors then cost a message per bundle, not two per piece and one per
+// forward.
 //
 // Deltas (RunOptions::delta_base): every transfer is announced by a header
 // of 32 bytes (tag: its index | kHeaderTag: the encoding, its wire bytes,
@@ -73,6 +78,7 @@
 
 #include <atomic>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "common/data/communicator.h"
@@ -94,6 +100,19 @@ struct RankBuffers {
   // The buffer holding (for a sender) or receiving (for a receiver) the
   // region of `tensor` that contains `region`; data null if none.
   std::function<LocalBuffer(const TensorSpec& tensor, const Region& region)> find;
+};
+
+// A rank's buffers by tensor name, for RankBuffers::find: a lookup by name,
+// then among that tensor's few boxes (the first that contains the region).
+// A scan of every buffer for each transfer costs tensors x transfers: at
+// 50,000 tensors, most of an update.
+class BufferIndex {
+ public:
+  void add(const std::string& tensor, uint8_t* data, const Region& box) { by_name_[tensor].push_back({data, box}); }
+  LocalBuffer find(const std::string& tensor, const Region& region) const;
+
+ private:
+  std::unordered_map<std::string, std::vector<LocalBuffer>> by_name_;
 };
 
 // Copies `region` (inside both boxes) from a row-major buffer of box `from`

@@ -44,6 +44,12 @@ struct Posted : Chosen {
   // staging. Null: the piece travels alone.
   Posted* lead = nullptr;
   std::vector<Posted*> members;  // the first piece's: the bundle's pieces, in order
+  // A relay's first piece: its bytes come as the forwarder received them,
+  // checked piece by piece against the holders' hashes (no hash of its own).
+  bool relayed = false;
+  // A received bundle's first piece, where its pieces all go on to one rank:
+  // the first piece of the relay that forwards them, sent once they are all placed.
+  Posted* relay = nullptr;
 };
 
 // The hashes of the pieces this rank holds whose chains reach one rank
@@ -71,7 +77,8 @@ class HostRun final : public RankRun {
   void settle(const Status& s) override;
   Status out_of_memory() override;
   Status wait_moves(const Posted& p);
-  void bundle();
+  void gather_relays(const std::vector<Bundle>& bundles);
+  void bundle(const std::vector<Bundle>& bundles);
   uint8_t* read(const Posted& p, std::vector<uint8_t>& into) const;
 
   // For each piece this rank holds (executor_send.cc): make room in the
@@ -99,6 +106,7 @@ class HostRun final : public RankRun {
   StatusOr<const uint8_t*> check_decode(Posted& p);
   void place(const Posted& p, const uint8_t* bytes) const;
   void relay(Posted& p);
+  void send_relay(Posted& source);
   Status end_batch(size_t, size_t) override { return Status(); }
   Status check_forwards() override;
   Status take_holder_sums();

@@ -73,7 +73,7 @@ void HostRun::post_bundle_receive(Posted& lead) {
   const uint32_t tag = static_cast<uint32_t>(lead.transfer);
   lead.work = comm.recv(lead.staging->data(), total, first.from, tag);
   ++stats.messages;
-  if (options.checksums) {
+  if (options.checksums && !lead.relayed) {
     lead.sum_work = comm.recv(lead.sum.get(), sizeof(uint64_t), first.from, tag | kChecksumTag);
     ++stats.messages;
   }
@@ -200,9 +200,12 @@ void HostRun::place(const Posted& p, const uint8_t* bytes) const {
 
 // A received piece goes on to the ranks it is forwarded to: in a delta
 // plan its header and wire bytes as they came (its receiver holds the same
-// base), else from where it was placed.
+// base), else from where it was placed; a bundle's pieces that all go on
+// to one rank, as one relay once the last of them is placed.
 void HostRun::relay(Posted& p) {
+  if (p.lead && p.lead->relay && &p == p.lead->members.back()) send_relay(*p.lead);
   for (Posted* f : forwards_[p.transfer]) {
+    if (f->lead) continue;  // in a relay
     if (delta_) {
       *f->head = *p.head;
       f->bytes = p.bytes;
@@ -213,6 +216,20 @@ void HostRun::relay(Posted& p) {
     }
     post(*f);
   }
+}
+
+// A received bundle's bytes go on whole, as they came (its first piece's
+// staging, kept while the relay reads it), tagged with the relay's first
+// forward; each piece is checked at the end against its holder's hash.
+void HostRun::send_relay(Posted& source) {
+  Posted& r = *source.relay;
+  r.staging = source.staging;
+  r.bytes = r.staging->data();
+  r.wire = r.staging->size();
+  r.work = comm.send(r.bytes, r.wire, transfer(r.transfer).to, static_cast<uint32_t>(r.transfer));
+  stats.wire_sent += r.wire;
+  stats.dense += r.members.size();
+  ++stats.messages;
 }
 
 // The forwards this rank received, as they are now in its buffers, against

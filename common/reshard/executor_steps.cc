@@ -1,16 +1,21 @@
 #include "common/reshard/executor_steps.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "common/xxhash.h"
 
 namespace paramcast::reshard::detail {
 
-std::vector<Bundle> plan_bundles(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank) {
+namespace {
+
+// Every pair's held bundles (plan_bundles' first half), in schedule order of
+// their first pieces.
+std::vector<Bundle> held_bundles(const ReshardPlan& plan, const std::vector<Round>& rounds) {
   struct Open {
     Bundle bundle;
-    size_t place = 0;  // its first transfer's place in the rank's schedule
+    size_t place = 0;  // its first transfer's place in the schedule
   };
   std::map<std::pair<int, int>, Open> open;  // by pair (from, to)
   std::vector<Open> done;
@@ -22,7 +27,6 @@ std::vector<Bundle> plan_bundles(const ReshardPlan& plan, const std::vector<Roun
   for (const Round& round : rounds)
     for (size_t i : round.transfers) {
       const Transfer& x = plan.transfers[i];
-      if (x.from != rank && x.to != rank) continue;
       Open& o = open[{x.from, x.to}];
       const bool small = x.after < 0 && x.bytes <= kBundlePieceMax;
       if (!small || o.bundle.bytes + x.bytes > kBundleMax) close(o);
@@ -39,6 +43,48 @@ std::vector<Bundle> plan_bundles(const ReshardPlan& plan, const std::vector<Roun
   bundles.reserve(done.size());
   for (auto& o : done) bundles.push_back(std::move(o.bundle));
   return bundles;
+}
+
+// The relays of `bundles` (appended to it): a bundle whose every piece has
+// exactly one forward, all to the same rank, is forwarded as one message.
+void add_relays(const ReshardPlan& plan, std::vector<Bundle>& bundles) {
+  constexpr size_t kNone = SIZE_MAX, kMany = SIZE_MAX - 1;
+  std::vector<size_t> forward(plan.transfers.size(), kNone);  // a transfer's only forward
+  for (size_t i = 0; i < plan.transfers.size(); ++i)
+    if (const int after = plan.transfers[i].after; after >= 0) {
+      size_t& f = forward[static_cast<size_t>(after)];
+      f = f == kNone ? i : kMany;
+    }
+  for (size_t b = 0; b < bundles.size(); ++b) {  // grows: a relay may be relayed on
+    Bundle relay{{}, bundles[b].bytes, true, static_cast<long>(b)};
+    for (size_t i : bundles[b].transfers) {
+      const size_t f = forward[i];  // the same piece, on along its chain
+      if (f >= kMany || plan.transfers[f].region != plan.transfers[i].region ||
+          plan.transfers[f].to != plan.transfers[forward[bundles[b].transfers.front()]].to)
+        break;
+      relay.transfers.push_back(f);
+    }
+    if (relay.transfers.size() == bundles[b].transfers.size()) bundles.push_back(std::move(relay));
+  }
+}
+
+}  // namespace
+
+std::vector<Bundle> plan_bundles(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank) {
+  std::vector<Bundle> all = held_bundles(plan, rounds);
+  add_relays(plan, all);
+  // This rank's, a relay's source index renumbered among them (-1 when the
+  // source is another pair's).
+  std::vector<long> kept(all.size(), -1);
+  std::vector<Bundle> mine;
+  for (size_t b = 0; b < all.size(); ++b) {
+    const Transfer& x = plan.transfers[all[b].transfers.front()];
+    if (x.from != rank && x.to != rank) continue;
+    kept[b] = static_cast<long>(mine.size());
+    Bundle& m = mine.emplace_back(std::move(all[b]));
+    if (m.source >= 0) m.source = kept[static_cast<size_t>(m.source)];
+  }
+  return mine;
 }
 
 bool unsettled(const std::shared_ptr<Work>& work) {

@@ -57,14 +57,24 @@ size_t round_end(const std::vector<Piece>& pieces, size_t begin) {
 inline constexpr uint64_t kBundlePieceMax = 256 << 10;  // a piece's bytes, at most
 inline constexpr uint64_t kBundleMax = 4 << 20;         // a bundle's bytes, at most
 struct Bundle {
-  std::vector<size_t> transfers;  // in schedule order; the first one's index is the bundle's tag
+  // A held bundle's: in schedule order. A relay's: its source's order (the
+  // bytes are the source's, as they came). The first one's index is the
+  // bundle's tag.
+  std::vector<size_t> transfers;
   uint64_t bytes = 0;
+  bool relay = false;  // forwards, not held pieces
+  // A relay's: the index (in the same list) of the bundle whose bytes it
+  // forwards, where that bundle is one of this rank's too; else -1.
+  long source = -1;
 };
-// The bundles of `rank`'s pairs: each pair's transfers (from, to), in
+// The bundles of `rank`'s pairs. Held: each pair's transfers (from, to), in
 // schedule order (the rounds', filtered to that pair), cut into maximal runs
 // of held pieces (after < 0) of at most kBundlePieceMax bytes each and
 // kBundleMax together; the runs of two or more, ordered by their first
-// transfer's place in the schedule. Both ends of a pair derive the same
+// transfer's place in the schedule. Relays: a bundle (held or a relay)
+// whose every piece is forwarded exactly once, all to the same rank, goes
+// on as one message too: its bytes as they came, the forwards in its order;
+// listed after the bundle they relay. Both ends of a pair derive the same
 // bundles of it from the same plan and rounds, without a message (pure).
 std::vector<Bundle> plan_bundles(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank);
 

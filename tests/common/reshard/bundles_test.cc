@@ -2,12 +2,15 @@
 // between a pair of ranks that travel as one message. Both ends derive
 // them from the plan and rounds alone, so each pair's bundles must come out
 // the same at either end; each a maximal run of the pair's held small
-// pieces, consecutive in the pair's schedule order, within the caps.
+// pieces, consecutive in the pair's schedule order, within the caps; a
+// relay, the forwards of a bundle whose pieces all go on to one rank, in
+// that bundle's order.
 // Pure: no process, no socket.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "common/reshard/executor_steps.h"
 
@@ -87,7 +90,9 @@ void check_bundles(const ReshardPlan& plan, int world, ByPair& out) {
     for (size_t k = 0; k < from.size(); ++k) {
       EXPECT_EQ(from[k].transfers, to[k].transfers);
       EXPECT_EQ(from[k].bytes, to[k].bytes);
+      EXPECT_EQ(from[k].relay, to[k].relay);
       const Bundle& b = from[k];
+      if (b.relay) continue;  // check_relays
       ASSERT_GE(b.transfers.size(), 2u);
       EXPECT_LE(b.bytes, kBundleMax);
       uint64_t bytes = 0;
@@ -112,24 +117,81 @@ void check_bundles(const ReshardPlan& plan, int world, ByPair& out) {
       if (pair.first == r && !list.empty()) out[pair] = list;
 }
 
-// 2,000 tensors of a few hundred bytes from 3 trainer ranks to 2 whole
-// engines with forwarding: every sender's pieces to an engine go in a
-// bundle or few; forwards (engine to engine) travel alone.
-TEST(BundlesTest, BothEndsDeriveTheSameBundlesOfManySmallPiecesWithForwards) {
+// Every relay, as its forwarder derived it: its source is a bundle the
+// forwarder received, and it holds the one forward of each of the source's
+// pieces, in the source's order, the same region, all to one rank; a
+// bundle whose pieces all go on to one rank has its relay. Returns the
+// forwards in relays.
+size_t check_relays(const ReshardPlan& plan, int world) {
+  const auto rounds = schedule_rounds(plan);
+  std::map<size_t, std::vector<size_t>> forwards;  // a transfer -> its forwards
+  for (size_t i = 0; i < plan.transfers.size(); ++i)
+    if (plan.transfers[i].after >= 0) forwards[static_cast<size_t>(plan.transfers[i].after)].push_back(i);
+  size_t relayed = 0;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<Bundle> mine = plan_bundles(plan, rounds, r);
+    std::set<long> sources;
+    for (const Bundle& b : mine) {
+      if (!b.relay || plan.transfers[b.transfers.front()].from != r) continue;
+      EXPECT_GE(b.source, 0);
+      if (b.source < 0) continue;
+      sources.insert(b.source);
+      const Bundle& source = mine[static_cast<size_t>(b.source)];
+      EXPECT_EQ(plan.transfers[source.transfers.front()].to, r);
+      EXPECT_EQ(b.bytes, source.bytes);
+      if (b.transfers.size() != source.transfers.size()) {
+        ADD_FAILURE() << "a relay of " << b.transfers.size() << " forwards, its source " << source.transfers.size();
+        continue;
+      }
+      for (size_t k = 0; k < b.transfers.size(); ++k) {
+        const Transfer& f = plan.transfers[b.transfers[k]];
+        EXPECT_EQ(f.after, static_cast<int>(source.transfers[k]));
+        EXPECT_EQ(forwards[source.transfers[k]].size(), 1u);
+        EXPECT_EQ(f.to, plan.transfers[b.transfers.front()].to);
+        EXPECT_EQ(f.region, plan.transfers[source.transfers[k]].region);
+      }
+      relayed += b.transfers.size();
+    }
+    for (size_t k = 0; k < mine.size(); ++k) {  // a bundle received here that could go on whole does
+      const Bundle& b = mine[k];
+      if (plan.transfers[b.transfers.front()].to != r || sources.count(static_cast<long>(k))) continue;
+      std::set<int> next;
+      bool once = true;
+      for (size_t i : b.transfers) {
+        once = once && forwards[i].size() == 1;
+        for (size_t f : forwards[i]) next.insert(plan.transfers[f].to);
+      }
+      EXPECT_FALSE(once && next.size() == 1) << "rank " << r << ": a bundle that could go on whole did not";
+    }
+  }
+  return relayed;
+}
+
+// 2,000 tensors of a few hundred bytes from 3 trainer ranks to 2 and 3
+// whole engines with forwarding: every sender's pieces to an engine go in
+// a bundle or few, and each engine forwards them on in as many relays.
+TEST(BundlesTest, BothEndsDeriveTheSameBundlesAndRelaysOfManySmallPiecesWithForwards) {
   std::vector<std::pair<int64_t, int64_t>> tensors;
   for (int i = 0; i < 2000; ++i) tensors.push_back({16 + i % 7, 8 + i % 5});
   tensors.push_back({1024, 1024});  // 2 MiB: shards of 683 KiB travel alone
-  const ReshardPlan plan = fsdp_plan(3, 2, tensors);
-  ByPair bundles;
-  check_bundles(plan, 5, bundles);
-  size_t bundled = 0, held = 0;
-  for (const auto& [pair, list] : bundles) {
-    EXPECT_LT(pair.first, 3) << "only trainer ranks hold pieces";
-    for (const Bundle& b : list) bundled += b.transfers.size();
+  for (int engines : {2, 3}) {
+    const ReshardPlan plan = fsdp_plan(3, engines, tensors);
+    ByPair bundles;
+    check_bundles(plan, 3 + engines, bundles);
+    size_t bundled = 0, held = 0, forwarded = 0;
+    for (const auto& [pair, list] : bundles)
+      for (const Bundle& b : list) {
+        EXPECT_EQ(b.relay, pair.first >= 3) << "trainer ranks hold, engines relay";
+        if (!b.relay) bundled += b.transfers.size();
+      }
+    for (const Transfer& x : plan.transfers) {
+      held += x.after < 0 && x.bytes <= kBundlePieceMax;
+      forwarded += x.after >= 0 && x.bytes <= kBundlePieceMax;
+    }
+    EXPECT_GT(bundled, held * 9 / 10);
+    EXPECT_GT(forwarded, 0u);
+    EXPECT_GT(check_relays(plan, 3 + engines), forwarded * 9 / 10) << engines << " engines";
   }
-  for (const Transfer& x : plan.transfers) held += x.after < 0 && x.bytes <= kBundlePieceMax;
-  EXPECT_GT(bundled, held * 9 / 10);
-  EXPECT_FALSE(bundles.empty());
 }
 
 // A pair's run of 128 KiB pieces is cut at 4 MiB: 100 pieces, 32 a bundle.

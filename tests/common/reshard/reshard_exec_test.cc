@@ -243,35 +243,46 @@ TEST(ReshardExecTest, ADeltaOntoBytesThatAreNotTheBaseIsCaughtByTheHash) {
 }
 
 // Many small tensors (2,002 of 32 to 4,096 bytes, FSDP shards of a third
-// of that) from 3 trainer ranks to 2 whole engines, forwarded along them,
-// with checksums: the small pieces between each pair of ranks travel in
-// bundles (one message and one checksum for up to 4 MiB), every byte
-// arrives bit-exact, and each rank posts far fewer messages than it has
-// transfers (two each without bundles, three for a forwarded piece's
-// holder; an engine's forwards still travel alone). A byte flipped in a
-// bundle is caught by the bundle's checksum, naming its sender.
-TEST(ReshardExecTest, ManySmallTensorsTravelInBundlesBitExactWithForwardsAndChecksums) {
+// of that) from 3 trainer ranks to 2 or 3 whole engines, forwarded along
+// them, with checksums: the small pieces between each pair of ranks travel
+// in bundles (one message and one checksum for up to 4 MiB), a bundle whose
+// pieces all go on to the next engine goes on whole as a relay (and on
+// again with 3), every byte arrives bit-exact, and each rank posts far
+// fewer messages than it has transfers (two each without bundles, three
+// for a forwarded piece's holder, one per forward). A byte flipped in a
+// bundle is caught by the bundle's checksum, naming its sender; one flipped
+// by an engine in a relay it forwards, by its holder's hash of that piece.
+// (Before relays, an engine's forwards travelled one message each.)
+TEST(ReshardExecTest, ManySmallTensorsTravelInBundlesAndRelaysBitExactWithForwardsAndChecksums) {
+  for (int engines : {2, 3}) {
+    Job job{"fsdp", 3, engines, 1};
+    job.layers = 400;
+    job.hidden = 16;
+    job.checksums = true;
+    auto out = run(job);
+    for (size_t r = 0; r < out.size(); ++r) {
+      if (r >= 3) {
+        auto [got, want] = received_wanted(out[r]);
+        EXPECT_EQ(got, want) << out[r];
+      }
+      const std::string line = "rank " + std::to_string(r) + ": ";
+      const uint64_t transfers = figure(out[r], line, ": ");
+      const uint64_t messages = figure(out[r], line + std::to_string(transfers) + " transfers", " in ");
+      ASSERT_NE(messages, ~0ull) << out[r];
+      EXPECT_GT(transfers, 1000u) << out[r];
+      EXPECT_LT(messages * 20, transfers) << engines << " engines: " << out[r];
+    }
+    // An engine: every piece it sends is a forward, most in relays. With 3
+    // engines the next one may relay the changed bytes on before its own
+    // check ends the run, and the last one names the hop it got them from.
+    job.forge_rank = 3;
+    expect_caught(job, {engines == 2 ? "as rank 3 forwarded them; rank " : " forwarded them; rank ",
+                        ", which holds them, sent xxh64 "});
+  }
   Job job{"fsdp", 3, 2, 1};
   job.layers = 400;
   job.hidden = 16;
   job.checksums = true;
-  auto out = run(job);
-  for (size_t r = 0; r < out.size(); ++r) {
-    if (r >= 3) {
-      auto [got, want] = received_wanted(out[r]);
-      EXPECT_EQ(got, want) << out[r];
-    }
-    const std::string line = "rank " + std::to_string(r) + ": ";
-    const uint64_t transfers = figure(out[r], line, ": ");
-    const uint64_t messages = figure(out[r], line + std::to_string(transfers) + " transfers", " in ");
-    ASSERT_NE(messages, ~0ull) << out[r];
-    EXPECT_GT(transfers, 1000u) << out[r];
-    if (r < 3) {
-      EXPECT_LT(messages * 20, transfers) << out[r];
-    } else {
-      EXPECT_LT(messages, transfers) << out[r];  // forwards travel alone: one message each
-    }
-  }
   job.corrupt_rank = 1;
   expect_caught(job, {"from rank 1", "arrived with xxh64"});
 }
