@@ -14,6 +14,11 @@
 #include "trainer_side/publisher_impl.h"
 
 namespace paramcast {
+
+std::string update_label(uint64_t version) {
+  return version ? "update v" + std::to_string(version) : std::string("update (refused before a version was assigned)");
+}
+
 std::string join_ids(const std::vector<std::string>& ids) {
   std::string s;
   for (const auto& id : ids) s += (s.empty() ? "" : ", ") + id;
@@ -160,6 +165,7 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     // A member that joins anew states its slices anew (Wants after Welcome):
     // none kept from before, and none kept for ids gone (bounded).
     wants_.erase(event.worker_id);
+    wants_refused_.erase(event.worker_id);
     const bool gone = event.kind == MemberEvent::Kind::kLost || event.kind == MemberEvent::Kind::kLeft;
     // The control thread tells us after it changed the membership, so the
     // last formation may already have read this change: it counted the

@@ -95,6 +95,11 @@ struct UpdateResult {
   // Alive but silent on Applied within apply_timeout (on_member_loss:
   // continue): dirty until an update reaches them; each named in `subscribers`.
   std::vector<std::string> unconfirmed;
+  // A many-sender update: engines left out of it because the update cannot
+  // use their Wants (a region past a tensor's end, two slices of one tensor,
+  // another shape, too many regions), each with why. The update goes on for
+  // the others; such an engine stays out until it states other Wants.
+  std::vector<std::pair<std::string, std::string>> left_out;
   // The plan went out without an accept round (publisher.reuse_validated_plan).
   bool precommitted = false;
   // The member whose inbound link was slowest (link_rate, followed down the
@@ -107,6 +112,12 @@ struct UpdateResult {
   bool ok() const { return status.ok(); }
 };
 
+
+// How an update is named in logs and tools: "update v5", or, for a call
+// refused before a version was assigned to it (a check before its plan),
+// "update (refused before a version was assigned)": never "v0", which no
+// update has.
+std::string update_label(uint64_t version);
 
 // The largest version an update may have. A member that claims a version
 // above this, or, once this publisher has published, above the last version

@@ -53,6 +53,10 @@ Status PublisherImpl::start() {
 // of Gloo's broadcast tree, so a slow link holds back no subtree.
 std::vector<std::string> PublisherImpl::wanted_members(std::map<std::string, std::string>* excluded) const {
   *excluded = groups_.excluded();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, why] : left_out_for_wants_locked()) excluded->emplace(id, why);
+  }
   std::vector<std::string> members;
   const auto live = server_.live_ids();
   for (const auto& id : live)

@@ -201,6 +201,23 @@ class PublisherImpl : public control::ControlServer::Listener {
   // A trainer rank's Holdings, an engine's Wants (control thread).
   void on_holdings(const std::string& id, proto::Holdings::Reader h);
   void on_wants(const std::string& id, proto::Holdings::Reader h);
+  // A sharded update's shape: every rank's holdings (an error refuses the
+  // update) and the engines' slices; an engine whose Wants it cannot use is
+  // put in `unusable` (id -> why) instead (publisher_sharded.cc).
+  Status sharded_shape(const std::vector<std::string>& group, const std::vector<TensorSpec>& own_specs,
+                       const std::vector<std::pair<uint32_t, reshard::Region>>& own_holds,
+                       const std::map<size_t, uint64_t>& own_digests,
+                       const std::map<std::string, SourceHoldings>& taken,
+                       const std::map<std::string, SourceHoldings>& wants, UpdatePlan& shape,
+                       std::map<std::string, std::string>& unusable) const;
+  // Leaves the engines in `unusable` out of the update in flight (the group
+  // forms again without them; `group` becomes the new one) and out of later
+  // formations until they state other Wants than those in `wants`
+  // (publisher_wants.cc).
+  Status leave_out_wants(const std::map<std::string, std::string>& unusable,
+                         const std::map<std::string, SourceHoldings>& wants, std::vector<std::string>& group);
+  // The live engines kept out for their Wants, each with why (mu_ held).
+  std::vector<std::pair<std::string, std::string>> left_out_for_wants_locked() const;
   bool is_trainer_rank(const std::string& id) const;
   bool is_job_source(const std::string& id) const;  // a trainer rank's id, and its member a source
   // Ends trainer rank `id`'s publish call `seq` with `why` (an Abandon of
@@ -312,6 +329,14 @@ class PublisherImpl : public control::ControlServer::Listener {
   std::map<uint64_t, RefusedStep> refused_steps_;
   uint64_t sharded_calls_ = 0;  // weight_update_sharded calls without a version (update thread)
   std::map<std::string, SourceHoldings> wants_;  // each engine's slices (tensor parallelism), mu_
+  // Engines whose Wants an update could not use (mu_): the seq of those
+  // Wants, and why. Kept out of formations until they state other Wants
+  // (publisher_wants.cc).
+  struct RefusedWants {
+    uint64_t seq = 0;
+    std::string why;
+  };
+  std::map<std::string, RefusedWants> wants_refused_;
   SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
   transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)

@@ -203,19 +203,6 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
   cv_.notify_all();
 }
 
-// An engine's slices (tensor parallelism): kept until it sends others or
-// leaves; one entry per member.
-void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
-  if (!server_.member(id) || is_job_source(id)) return;
-  SourceHoldings out = read_holdings(id, h);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = wants_.find(id);
-  if (it != wants_.end() && it->second.seq > out.seq) return;  // an older snapshot, overtaken
-  // An empty one (it serves every tensor whole again) is kept too, for its
-  // seq: an older snapshot that arrives after it must not come back.
-  wants_[id] = std::move(out);
-}
-
 PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id, proto::Holdings::Reader h) const {
   SourceHoldings out;
   out.seq = h.getSeq();
@@ -280,6 +267,10 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   cap_ = t0 + cfg_.publisher.update_timeout;
   auto done = [&](UpdateResult& res) -> UpdateResult {
     res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      res.left_out = left_out_for_wants_locked();
+    }
     log_result(res);
     return std::move(res);
   };
@@ -463,29 +454,23 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     for (const auto& id : group_)
       if (auto it = wants_.find(id); it != wants_.end() && it->second.slices()) wants[id] = it->second;
   }
-  // One plan from every rank's holdings; checked whole before anything moves.
+  // One plan from every rank's holdings; checked whole before anything
+  // moves. An engine whose Wants it cannot use is left out of the update
+  // (the others form again without it), not the update.
   UpdatePlan shape;
-  std::map<std::string, std::pair<size_t, std::string>> index;
+  std::map<std::string, std::string> unusable;
+  Status held = sharded_shape(group, own_specs, own_holds, own_digests, taken, wants, shape, unusable);
+  if (held.ok() && !unusable.empty()) {
+    held = leave_out_wants(unusable, wants, group);
+    shape = UpdatePlan();
+    unusable.clear();
+    if (held.ok()) held = sharded_shape(group, own_specs, own_holds, own_digests, taken, wants, shape, unusable);
+    if (held.ok() && !unusable.empty())
+      held = invalid_argument("sharded update refused before any byte moved: " + unusable.begin()->second);
+  }
+  if (!held.ok()) return refuse(held);
   std::vector<std::string> names = {"publisher"};
   names.insert(names.end(), group.begin(), group.end());
-  Status held = add_holdings("publisher", 0, 0, own_specs, own_holds, own_digests, shape, index);
-  for (size_t i = 0; i < group.size() && held.ok(); ++i) {
-    auto it = taken.find(group[i]);
-    if (it == taken.end()) continue;
-    if (!it->second.error.empty()) held = invalid_argument(it->second.error);
-    else
-      held = add_holdings(group[i], static_cast<int>(i + 1), it->second.seq, it->second.tensors, it->second.holds,
-                          it->second.digests, shape, index);
-  }
-  if (!held.ok()) return refuse(held.with_context("sharded update refused before any byte moved"));
-  // The engines' slices (tensor parallelism): each wants exactly its regions
-  // of every tensor it names, and the others whole.
-  for (size_t i = 0; i < group.size() && held.ok(); ++i) {
-    auto it = wants.find(group[i]);
-    if (it == wants.end() || taken.count(group[i])) continue;
-    held = add_wants(group[i], static_cast<int>(i + 1), it->second, shape, index);
-  }
-  if (!held.ok()) return refuse(held.with_context("sharded update refused before any byte moved"));
   // Laid out as a streamed plan (no buckets: none is needed, and a hostile
   // size costs nothing), then marked sharded.
   auto plan = make_plan(shape.tensors, options, true, r);
@@ -525,6 +510,34 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (!r.status.ok())
     for (const auto& [id, h] : taken) end_trainer_call(id, h.seq, r.status.message());
   return done(r);
+}
+
+Status PublisherImpl::sharded_shape(const std::vector<std::string>& group, const std::vector<TensorSpec>& own_specs,
+                                    const std::vector<std::pair<uint32_t, reshard::Region>>& own_holds,
+                                    const std::map<size_t, uint64_t>& own_digests,
+                                    const std::map<std::string, SourceHoldings>& taken,
+                                    const std::map<std::string, SourceHoldings>& wants, UpdatePlan& shape,
+                                    std::map<std::string, std::string>& unusable) const {
+  std::map<std::string, std::pair<size_t, std::string>> index;
+  Status held = add_holdings("publisher", 0, 0, own_specs, own_holds, own_digests, shape, index);
+  for (size_t i = 0; i < group.size() && held.ok(); ++i) {
+    auto it = taken.find(group[i]);
+    if (it == taken.end()) continue;
+    if (!it->second.error.empty()) held = invalid_argument(it->second.error);
+    else
+      held = add_holdings(group[i], static_cast<int>(i + 1), it->second.seq, it->second.tensors, it->second.holds,
+                          it->second.digests, shape, index);
+  }
+  if (!held.ok()) return held.with_context("sharded update refused before any byte moved");
+  // The engines' slices (tensor parallelism): each wants exactly its regions
+  // of every tensor it names, and the others whole.
+  for (size_t i = 0; i < group.size(); ++i) {
+    auto it = wants.find(group[i]);
+    if (it == wants.end() || taken.count(group[i])) continue;
+    if (Status s = add_wants(group[i], static_cast<int>(i + 1), it->second, shape, index); !s.ok())
+      unusable[group[i]] = s.message();
+  }
+  return Status();
 }
 
 // Rank 0's transfers of a sharded update (its shards to the engines).

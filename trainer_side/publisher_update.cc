@@ -114,8 +114,11 @@ void PublisherImpl::log_result(const UpdateResult& r) {
                              r.bytes, r.wire_bytes});
   counters_.record(r.status, r.seconds, r.bytes, r.wire_bytes, r.data_seconds, r.apply_seconds);
   if (!r.ok()) {
-    PC_WARN("publisher: update v" << r.version << " failed: " << r.status.to_string());
-  } else if (!r.missing.empty() || !r.shed.empty() || !r.unconfirmed.empty()) {
+    PC_WARN("publisher: " << update_label(r.version) << " failed: " << r.status.to_string());
+  }
+  for (const auto& [id, why] : r.left_out)
+    PC_WARN("publisher: " << update_label(r.version) << ": " << id << " left out: " << why);
+  if (r.ok() && (!r.missing.empty() || !r.shed.empty() || !r.unconfirmed.empty())) {
     PC_WARN("publisher: update v" << r.version << " applied to "
                                   << r.subscribers.size() - r.shed.size() - r.unconfirmed.size() << " of "
                                   << cfg_.expected_count() << " subscribers"

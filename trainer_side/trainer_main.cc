@@ -22,13 +22,6 @@ using namespace paramcast;
 
 namespace {
 
-// "update v5", or, for a call refused before the publisher assigned it a
-// version (a check before the plan), "update (refused before a version was
-// assigned)": never "v0", which no update has.
-std::string update_label(uint64_t version) {
-  return version ? "update v" + std::to_string(version) : std::string("update (refused before a version was assigned)");
-}
-
 const Tool kTool{
     .name = "paramcast-trainer",
     .usage = "usage: paramcast-trainer --config FILE.yaml [--endpoint tcp://H:P] [--endpoint-file F]\n"

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <future>
 #include <map>
 
@@ -27,7 +28,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
                      std::vector<std::vector<std::string>> engines = {{}, {"--mode", "callback"}},
                      const std::string& backend = "gloo", const std::string& sections = "") {
     WorkerClusterTest::SetUp();
-    std::string yaml = test::test_config_yaml(2, publisher_extra) + sections;
+    std::string yaml = test::test_config_yaml(2 + extra_engines_, publisher_extra) + sections;
     yaml.replace(yaml.find("backend: gloo"), 13, "backend: " + backend);
     make_publisher(yaml);
     Config cfg = config_;
@@ -42,6 +43,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     for (size_t i = 0; i < engines.size(); ++i)
       spawn_worker("worker-" + std::to_string(i + 1), i < engine_env_.size() ? engine_env_[i] : std::vector<std::string>{},
                    engines[i]);
+    if (before_start_) before_start_();
     Status s = pub_->start();
     ASSERT_TRUE(s.ok()) << s.to_string() << outputs();
     model_ = test::make_tensors(
@@ -120,6 +122,8 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
   }
 
   std::unique_ptr<PublisherRank> rank1_;
+  int extra_engines_ = 0;              // engines a test runs in this process, beside the two paramcast-workers
+  std::function<void()> before_start_;  // starts them (the publisher's endpoint is known, start() not called)
   Millis rank1_update_timeout_{0};  // rank 1's own publisher.update_timeout, when set
   std::vector<std::vector<std::string>> engine_env_;  // each engine's environment, when set
   std::map<std::string, std::string> rank1_env_;       // rank 1's test hooks (PARAMCAST_FAULT_*)

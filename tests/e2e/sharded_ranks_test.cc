@@ -290,6 +290,34 @@ TEST(ShardedMissingRankTest, ARankNotInTheGroupIsNamedAsTheCause) {
   test::remove_tree(dir);
 }
 
+// The same refusal through paramcast-trainer (rank 0 alone, trainer-1
+// never started): its own line and the publisher's log name the update as
+// refused before a version was assigned, never "v0", which no update has.
+TEST(ShardedMissingRankTest, ARefusalBeforeAnyVersionIsNotCalledV0) {
+  const std::string dir = test::make_temp_dir("paramcast-missing-rank-label");
+  std::string yaml = test::test_config_yaml(1, "  ranks: 2\n  on_missing_at_start: start_with_present\n");
+  yaml.replace(yaml.find("join_timeout: 30s"), 17, "join_timeout: 2s");
+  const std::string path = test::write_file(dir, "deploy.yaml", yaml);
+  auto rank0 = test::Process::start(test::binary("paramcast-trainer"),
+                                    {"--config", path, "--endpoint-file", dir + "/endpoint", "--updates", "1"});
+  std::string endpoint;
+  for (int i = 0; i < 2000 && endpoint.empty(); ++i) {
+    std::ifstream in(dir + "/endpoint");
+    std::getline(in, endpoint);
+    if (endpoint.empty()) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_FALSE(endpoint.empty()) << rank0->output();
+  auto w1 = test::Process::start(test::binary("paramcast-worker"),
+                                 {"--config", path, "--id", "worker-1", "--endpoint", endpoint, "--updates", "0"});
+  EXPECT_NE(rank0->wait_for(120s), 0) << rank0->output();
+  const std::string out = rank0->output();
+  EXPECT_NE(out.find("trainer-1 (not joined)"), std::string::npos) << out;
+  EXPECT_NE(out.find("update (refused before a version was assigned) FAILED"), std::string::npos) << out;
+  EXPECT_NE(out.find("publisher: update (refused before a version was assigned) failed"), std::string::npos) << out;
+  EXPECT_EQ(out.find("update v0"), std::string::npos) << out;
+  test::remove_tree(dir);
+}
+
 // Count mode (any worker ids): the trainer ranks' slots are their own. An
 // extra engine that joins first takes no trainer rank's place.
 TEST(ShardedSlotsTest, AnExtraEngineCannotTakeATrainerRanksSlot) {

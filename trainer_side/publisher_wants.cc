@@ -1,0 +1,62 @@
+// An engine's Wants on rank 0 (tensor parallelism: the slices it serves):
+// kept per engine, taken at update boundaries (the Wants in force when a
+// plan is made are those it is checked against; a newer one waits for the
+// next update), and, where an update cannot use them, the engine left out
+// of that update and of later formations until it states others, never
+// the update itself (publisher_sharded.cc plans with them).
+#include <algorithm>
+
+#include "common/control/messages.h"
+#include "common/log.h"
+#include "trainer_side/publisher_impl.h"
+
+namespace paramcast {
+
+// An engine's slices: kept until it sends others or leaves; one entry per
+// member.
+void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
+  if (!server_.member(id) || is_job_source(id)) return;
+  SourceHoldings out = read_holdings(id, h);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = wants_.find(id);
+  if (it != wants_.end() && it->second.seq > out.seq) return;  // an older snapshot, overtaken
+  // An empty one (it serves every tensor whole again) is kept too, for its
+  // seq: an older snapshot that arrives after it must not come back.
+  wants_[id] = std::move(out);
+}
+
+std::vector<std::pair<std::string, std::string>> PublisherImpl::left_out_for_wants_locked() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [id, refused] : wants_refused_) {
+    auto it = wants_.find(id);
+    if (it == wants_.end() || it->second.seq != refused.seq || !server_.is_live(id)) continue;  // stated others
+    out.emplace_back(id, "its Wants cannot be used (" + refused.why + "); it is left out until it states others");
+  }
+  return out;
+}
+
+Status PublisherImpl::leave_out_wants(const std::map<std::string, std::string>& unusable,
+                                      const std::map<std::string, SourceHoldings>& wants,
+                                      std::vector<std::string>& group) {
+  std::vector<std::string> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, why] : unusable)
+      if (auto it = wants.find(id); it != wants.end()) wants_refused_[id] = {it->second.seq, why};
+    for (const auto& id : group_)
+      if (!unusable.count(id)) rest.push_back(id);
+  }
+  for (const auto& [id, why] : unusable)
+    PC_WARN("publisher: leaving " << id << " out of this update, and of the next ones until it states other Wants: "
+                                  << why);
+  // The others form again at once, within the update's deadline: one
+  // engine's Wants cost this update a formation, not the update.
+  if (Status s = form_group(cap_, 3, &rest); !s.ok()) return s;
+  if (Status s = every_trainer_rank_in_group(); !s.ok()) return s;
+  if (Status s = some_engine_in_group(); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  group = group_;
+  return Status();
+}
+
+}  // namespace paramcast
