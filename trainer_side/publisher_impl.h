@@ -127,7 +127,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   StatusOr<UpdatePlan> make_plan(const std::vector<TensorSpec>& specs, const UpdateOptions& options, bool streamed,
                                  UpdateResult& r);
   Status check_tensors(const std::vector<TensorView>& tensors) const;
-  void log_result(const UpdateResult& r);
+  // Logs `r` (and names in it the engines kept out for their Wants).
+  void log_result(UpdateResult& r);
   // metrics.listen: the page /metrics serves (trainer_side/publisher_metrics.cc).
   Status start_metrics();
   std::string render_metrics() const;
@@ -218,6 +219,9 @@ class PublisherImpl : public control::ControlServer::Listener {
                          const std::map<std::string, SourceHoldings>& wants, std::vector<std::string>& group);
   // The live engines kept out for their Wants, each with why (mu_ held).
   std::vector<std::pair<std::string, std::string>> left_out_for_wants_locked() const;
+  // Every engine's Wants are unusable: the update's refusal, naming why.
+  static Status no_engine_takes(const std::map<std::string, std::string>& unusable);
+  bool wants_refused_locked(const std::string& id) const;  // its Wants in force were refused (mu_ held)
   bool is_trainer_rank(const std::string& id) const;
   bool is_job_source(const std::string& id) const;  // a trainer rank's id, and its member a source
   // Ends trainer rank `id`'s publish call `seq` with `why` (an Abandon of

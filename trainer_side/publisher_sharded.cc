@@ -130,11 +130,11 @@ void PublisherImpl::end_unplanned(uint64_t version, bool reserved, const Status&
   abandon_unplanned(version, reserved, why.message());
 }
 
-// An engine that serves slices (its last Wants cut a tensor): the first
-// one's id, or "" (mu_ held).
+// An engine that serves slices (its last Wants cut a tensor), of those not
+// left out for them: the first one's id, or "" (mu_ held).
 std::string PublisherImpl::slicing_engine_locked() const {
   for (const auto& [id, w] : wants_)
-    if (w.slices()) return id;
+    if (w.slices() && !wants_refused_locked(id)) return id;
   return "";
 }
 
@@ -267,10 +267,6 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   cap_ = t0 + cfg_.publisher.update_timeout;
   auto done = [&](UpdateResult& res) -> UpdateResult {
     res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      res.left_out = left_out_for_wants_locked();
-    }
     log_result(res);
     return std::move(res);
   };

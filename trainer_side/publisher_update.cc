@@ -105,7 +105,12 @@ UpdateResult PublisherImpl::weight_update(const std::vector<TensorView>& tensors
   return r;
 }
 
-void PublisherImpl::log_result(const UpdateResult& r) {
+void PublisherImpl::log_result(UpdateResult& r) {
+  {
+    // Every update names the engines kept out of it for their Wants.
+    std::lock_guard<std::mutex> lock(mu_);
+    r.left_out = left_out_for_wants_locked();
+  }
   static const char* kModes[] = {"off", "auto", "always"};
   // A many-sender job's rank 0 keeps the pieces it sends, not the model.
   const bool sharded = cfg_.publisher.ranks > 1 || sent_.bytes() > 0;

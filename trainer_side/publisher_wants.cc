@@ -20,16 +20,30 @@ void PublisherImpl::on_wants(const std::string& id, proto::Holdings::Reader h) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = wants_.find(id);
   if (it != wants_.end() && it->second.seq > out.seq) return;  // an older snapshot, overtaken
+  // Regions no plan can use (outside their tensor, too many): left out at
+  // the next formation, without a plan to find it.
+  if (!out.error.empty()) {
+    const bool again = wants_refused_locked(id);  // said once per run of refused Wants
+    wants_refused_[id] = {out.seq, out.error};
+    if (!again)
+      PC_WARN("publisher: leaving " << id << " out of the next updates until it states other Wants: " << out.error);
+  }
   // An empty one (it serves every tensor whole again) is kept too, for its
   // seq: an older snapshot that arrives after it must not come back.
   wants_[id] = std::move(out);
 }
 
+// Its Wants in force are those refused (it stated no others since).
+bool PublisherImpl::wants_refused_locked(const std::string& id) const {
+  auto refused = wants_refused_.find(id);
+  auto it = wants_.find(id);
+  return refused != wants_refused_.end() && it != wants_.end() && it->second.seq == refused->second.seq;
+}
+
 std::vector<std::pair<std::string, std::string>> PublisherImpl::left_out_for_wants_locked() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [id, refused] : wants_refused_) {
-    auto it = wants_.find(id);
-    if (it == wants_.end() || it->second.seq != refused.seq || !server_.is_live(id)) continue;  // stated others
+    if (!wants_refused_locked(id) || !server_.is_live(id)) continue;
     out.emplace_back(id, "its Wants cannot be used (" + refused.why + "); it is left out until it states others");
   }
   return out;
@@ -39,12 +53,20 @@ Status PublisherImpl::leave_out_wants(const std::map<std::string, std::string>& 
                                       const std::map<std::string, SourceHoldings>& wants,
                                       std::vector<std::string>& group) {
   std::vector<std::string> rest;
+  bool engine_left = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& id : group_)
+      if (!unusable.count(id)) {
+        rest.push_back(id);
+        engine_left = engine_left || !is_job_source(id);
+      }
+    // No engine can take this plan: the trainer's tensors disagree with all
+    // of them (a dtype changed), so the update is refused, naming why, and
+    // no engine is held out of the next one.
+    if (!engine_left) return no_engine_takes(unusable);
     for (const auto& [id, why] : unusable)
       if (auto it = wants.find(id); it != wants.end()) wants_refused_[id] = {it->second.seq, why};
-    for (const auto& id : group_)
-      if (!unusable.count(id)) rest.push_back(id);
   }
   for (const auto& [id, why] : unusable)
     PC_WARN("publisher: leaving " << id << " out of this update, and of the next ones until it states other Wants: "
@@ -57,6 +79,18 @@ Status PublisherImpl::leave_out_wants(const std::map<std::string, std::string>& 
   std::lock_guard<std::mutex> lock(mu_);
   group = group_;
   return Status();
+}
+
+Status PublisherImpl::no_engine_takes(const std::map<std::string, std::string>& unusable) {
+  std::string what;
+  size_t shown = 0;
+  for (const auto& [id, why] : unusable) {
+    if (++shown > 3) break;
+    what += (what.empty() ? "" : "; ") + id + ": " + why;
+  }
+  if (unusable.size() > 3) what += "; and " + std::to_string(unusable.size() - 3) + " more";
+  return invalid_argument("sharded update refused before any byte moved: no engine can take its plan (" + what +
+                          "); correct the trainer's tensors or the engines' Wants");
 }
 
 }  // namespace paramcast

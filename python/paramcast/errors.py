@@ -62,7 +62,8 @@ class UpdateError(Error):
     def __init__(self, result):
         self.result = result
         self.code = result.code
-        lines = [f"update v{result.version} failed: {result.error}"]
+        label = f"update v{result.version}" if result.version else "update (refused before a version was assigned)"
+        lines = [f"{label} failed: {result.error}"]
         for outcome in result.subscribers:
             if outcome.mismatches:
                 lines.append(f"  {outcome.worker_id}: {len(outcome.mismatches)} mismatches")

@@ -258,6 +258,45 @@ TEST(ShardedWantsTest, AnEngineThatRegistersTheWholeTensorAgainIsPlannedWhole) {
   test::remove_tree(dir);
 }
 
+// One trainer rank (publisher.ranks: 1): an engine whose Wants no plan can
+// use (a slice of the first tensor under another dtype and shape) is left
+// out and named in every update's result; the honest paramcast-worker
+// verifies every version. Before, its Wants turned every update sharded
+// and rank 0 refused each one.
+class WantsLeftOutTest : public test::WorkerClusterTest {};
+
+TEST_F(WantsLeftOutTest, OneRankAnEngineWhoseWantsNoPlanCanUseIsLeftOutAndTheOtherGetsEveryUpdate) {
+  make_publisher(test::test_config_yaml(2));
+  spawn_worker("worker-1");
+  Config cfg = config_;
+  cfg.control.endpoint = pub_->endpoint();
+  auto hostile = Subscriber::create(cfg, "worker-2");
+  ASSERT_TRUE(hostile.ok()) << hostile.status().to_string();
+  const std::string first =
+      synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype)[0].name;
+  std::vector<float> cell(1);
+  ASSERT_TRUE(hostile.value()
+                  ->register_slice(ShardView{TensorView{TensorSpec{first, DType::kF32, {1, 1}}, cell.data(), Device::cpu()},
+                                             {1, 1}, {0, 0}})
+                  .ok());
+  ASSERT_TRUE(hostile.value()->start().ok());  // its Wants come before its answer to the start-up formation
+  ASSERT_TRUE(pub_->start().ok()) << outputs();
+  for (uint64_t v = 1; v <= 3; ++v) {
+    const UpdateResult r = publish(v);
+    ASSERT_TRUE(r.ok()) << r.status.to_string() << outputs();
+    ASSERT_EQ(r.left_out.size(), 1u) << "v" << v;
+    EXPECT_EQ(r.left_out[0].first, "worker-2");
+    EXPECT_NE(r.left_out[0].second.find(first), std::string::npos) << r.left_out[0].second;
+    ASSERT_EQ(r.subscribers.size(), 1u);
+    EXPECT_EQ(r.subscribers[0].worker_id, "worker-1");
+    std::string verified = std::to_string(v);
+    verified.insert(verified.begin(), 'v');
+    verified += " verified";
+    EXPECT_TRUE(workers_["worker-1"]->wait_for_output(verified, 20s)) << outputs();
+  }
+  hostile.value()->stop();
+}
+
 // A trainer rank that never joined is the cause of the update's failure,
 // named as such ("trainer-1 (not joined)"), not the engine wants that no
 // other rank holds; nothing is planned, no byte moves, no version is spent.
