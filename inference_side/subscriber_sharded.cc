@@ -460,6 +460,7 @@ Status SubscriberImpl::run_moves(ShardedMove& m, Communicator* comm, bool& colle
   run.staging_limit = 2 * cfg_.data_plane.bucket_bytes;  // a trainer rank's packed pieces and encodings
   bool unsettled = false;
   run.unsettled = &unsettled;
+  run.schedule = &m.moves->schedule;  // kept with the moves for the next update of the same shape
   Status s = reshard::run_reshard(m.moves->plan, m.moves->rounds, m.rank, *comm, m.buffers, deadline(), run);
   collective_done = s.ok();
   if (s.ok()) return s;

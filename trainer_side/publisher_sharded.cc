@@ -560,6 +560,7 @@ Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::Sharde
   if (run.memory) data = comm_->order_after(after_stream);
   reshard::RunOptions::Stats stats;
   run.stats = &stats;
+  run.schedule = &moves.schedule;  // kept with the moves for the next update of the same shape
   if (data.ok()) data = reshard::run_reshard(moves.plan, moves.rounds, 0, *comm_, buffers, cap_, run);
   m.sent = stats.wire_sent;
   r.delta = plan.delta_base != 0;

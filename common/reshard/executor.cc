@@ -52,66 +52,103 @@ StatusOr<uint64_t> holding_digest(const void* data, uint64_t bytes, const Device
 
 namespace detail {
 
-// This rank's transfers split into its sends and its receives, and the
-// forwards whose holder's hash it sends; the baseline's run begins (a
-// failure here ends it: the next run goes dense).
+// This rank's transfers split into its sends and its receives, each with
+// its buffer, and the forwards whose holder's hash it sends, from its
+// schedule of the plan; the baseline's run begins (a failure here ends it:
+// the next run goes dense).
 Status HostRun::choose() {
   if (options.sent) options.sent->begin_run();
-  auto chosen = choose_transfers();
-  if (!chosen.ok()) {
+  schedule_ = schedule();
+  auto with_buffers = [&](const std::vector<Chosen>& chosen, std::vector<Posted>& into) -> Status {
+    into.reserve(chosen.size());
+    for (const Chosen& c : chosen) {
+      auto at = buffer_of(plan, buffers, transfer(c.transfer), rank);
+      if (!at.ok()) return at.status();
+      Posted& p = into.emplace_back();
+      static_cast<Chosen&>(p) = c;
+      p.at = *at;
+    }
+    return Status();
+  };
+  Status s = with_buffers(schedule_->sends, sends_);
+  if (s.ok()) s = with_buffers(schedule_->recvs, recvs_);
+  if (!s.ok()) {
     if (options.sent) options.sent->end_run(false);
-    return chosen.status();
-  }
-  for (const Chosen& c : *chosen) {
-    Posted p;
-    static_cast<Chosen&>(p) = c;
-    (transfer(c.transfer).from == rank ? sends_ : recvs_).push_back(std::move(p));
-  }
-  std::vector<Bundle> bundles;
-  if (!delta_) {
-    bundles = plan_bundles(plan, rounds, rank);
-    gather_relays(bundles);
+    return s;
   }
   for (auto& p : sends_) all_.push_back(&p);
   for (auto& p : recvs_) all_.push_back(&p);
-  if (checked_) {
-    std::vector<std::pair<int, size_t>> sent;  // (the forward's receiver, the forward)
-    for (size_t i : hashed_forwards(/*sends=*/true, /*takes=*/false)) {
-      sent.emplace_back(transfer(i).to, i);
-      chained_.insert(chain_start(plan, i));
-    }
-    holder_sums_ = by_peer(sent);
-  }
-  bundle(bundles);
+  holder_sums_ = by_peer(schedule_->sums_sent);
+  chained_ = schedule_->chained;
+  bundle(schedule_->bundles);
   return Status();
+}
+
+// The schedule kept for this plan (RunOptions::schedule), or a new one.
+std::shared_ptr<const RankSchedule> HostRun::schedule() const {
+  if (options.schedule && *options.schedule) {
+    const RankSchedule& kept = **options.schedule;
+    if (kept.plan == &plan && kept.transfers == plan.transfers.size() && kept.rank == rank &&
+        kept.delta == delta_ && kept.checked == checked_)
+      return *options.schedule;
+  }
+  std::shared_ptr<const RankSchedule> s = derive_schedule();
+  if (options.schedule) *options.schedule = s;
+  return s;
+}
+
+// Walks the plan: this rank's transfers in schedule order, the forwards
+// whose holder's hash it sends, a dense plan's bundles and relays.
+std::shared_ptr<RankSchedule> HostRun::derive_schedule() const {
+  auto s = std::make_shared<RankSchedule>();
+  s->plan = &plan;
+  s->transfers = plan.transfers.size();
+  s->rank = rank;
+  s->delta = delta_;
+  s->checked = checked_;
+  for (size_t k = 0; k < rounds.size(); ++k)
+    for (size_t i : rounds[k].transfers) {
+      const Transfer& x = plan.transfers[i];
+      if (x.from == rank || x.to == rank) (x.from == rank ? s->sends : s->recvs).push_back(Chosen{i, k, {}});
+    }
+  if (checked_)
+    for (size_t i : hashed_forwards(/*sends=*/true, /*takes=*/false)) {
+      s->sums_sent.emplace_back(transfer(i).to, i);
+      s->chained.insert(chain_start(plan, i));
+    }
+  if (!delta_) {
+    s->bundles = plan_bundles(plan, rounds, rank);
+    gather_relays(*s);
+  }
+  return s;
 }
 
 // A relay this rank receives comes whole once every forward in it can have
 // come: its pieces are taken together, in the relay's order, at the place
 // of the last of them in the schedule (where its forwarder has received
 // them all), so no rank waits for a relay before what its forwarder waits for.
-void HostRun::gather_relays(const std::vector<Bundle>& bundles) {
-  std::unordered_map<size_t, size_t> place;  // a receive's transfer -> its index in recvs_
-  for (size_t k = 0; k < recvs_.size(); ++k) place[recvs_[k].transfer] = k;
+void HostRun::gather_relays(RankSchedule& s) const {
+  std::unordered_map<size_t, size_t> place;  // a receive's transfer -> its index in s.recvs
+  for (size_t k = 0; k < s.recvs.size(); ++k) place[s.recvs[k].transfer] = k;
   std::unordered_map<size_t, const Bundle*> last;  // a relay's last piece here -> the relay
   std::unordered_set<size_t> gathered;
-  for (const Bundle& b : bundles) {
+  for (const Bundle& b : s.bundles) {
     if (!b.relay || transfer(b.transfers.front()).to != rank) continue;
     size_t end = 0;
     for (size_t i : b.transfers) end = std::max(end, place.at(i));
     gathered.insert(b.transfers.begin(), b.transfers.end());
-    last[recvs_[end].transfer] = &b;
+    last[s.recvs[end].transfer] = &b;
   }
   if (last.empty()) return;
-  std::vector<Posted> order;
-  order.reserve(recvs_.size());
-  for (Posted& p : recvs_) {
-    if (const auto it = last.find(p.transfer); it != last.end())
-      for (size_t i : it->second->transfers) order.push_back(std::move(recvs_[place.at(i)]));
-    else if (!gathered.count(p.transfer))
-      order.push_back(std::move(p));
+  std::vector<Chosen> order;
+  order.reserve(s.recvs.size());
+  for (const Chosen& c : s.recvs) {
+    if (const auto it = last.find(c.transfer); it != last.end())
+      for (size_t i : it->second->transfers) order.push_back(s.recvs[place.at(i)]);
+    else if (!gathered.count(c.transfer))
+      order.push_back(c);
   }
-  recvs_ = std::move(order);
+  s.recvs = std::move(order);
 }
 
 // A dense plan's small pieces between the same pair of ranks, as bundles

@@ -79,6 +79,7 @@
 #include <atomic>
 #include <functional>
 #include <unordered_map>
+#include <memory>
 #include <vector>
 
 #include "common/data/communicator.h"
@@ -120,6 +121,10 @@ class BufferIndex {
 void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Region& to, const Region& region,
                  size_t element);
 
+namespace detail {
+struct RankSchedule;
+}
+
 struct RunOptions {
   // Each transfer is followed by the xxh64 of its bytes (tag: its index |
   // kChecksumTag), which its receiver checks before it writes them on or
@@ -159,6 +164,13 @@ struct RunOptions {
   // buffers (DeviceMemory::order_after, Communicator::order_after): packing
   // and checksums read them on the memory's copy stream.
   DeviceMemory* memory = nullptr;
+  // Host memory: where this rank keeps its schedule of this plan (its moves
+  // in the order it takes them, bundles and relays, whose hashes it sends:
+  // a walk of the whole plan, most of a run's cost at 50,000 tensors) for
+  // the next run of the same plan object, with the same rank, delta and
+  // checksums; anything else derives it afresh. The slot must live with the
+  // plan (ShardedMoves::schedule). Null: derived for this run only.
+  std::shared_ptr<const detail::RankSchedule>* schedule = nullptr;
   // What the run did (may be null).
   struct Stats {
     uint64_t wire_sent = 0, wire_received = 0;  // bytes on this rank's links, headers and checksums aside

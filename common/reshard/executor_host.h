@@ -63,6 +63,20 @@ struct HolderSums {
   std::shared_ptr<Work> work;
 };
 
+// HostRun's schedule of a plan: all choose() derives from the plan and
+// rounds alone (no buffer, no byte), kept for the next run of the same
+// plan (RunOptions::schedule).
+struct RankSchedule {
+  const ReshardPlan* plan = nullptr;
+  size_t transfers = 0;
+  int rank = -1;
+  bool delta = false, checked = false;
+  std::vector<Chosen> sends, recvs;  // no buffer yet; receives in the order taken (relays gathered)
+  std::vector<Bundle> bundles;       // dense plans (plan_bundles)
+  std::vector<std::pair<int, size_t>> sums_sent;  // checked: (a forward's receiver, the forward) whose holder this rank is
+  std::set<size_t> chained;                       // the pieces this rank holds whose chains go on
+};
+
 class HostRun final : public RankRun {
  public:
   using RankRun::RankRun;
@@ -77,7 +91,9 @@ class HostRun final : public RankRun {
   void settle(const Status& s) override;
   Status out_of_memory() override;
   Status wait_moves(const Posted& p);
-  void gather_relays(const std::vector<Bundle>& bundles);
+  std::shared_ptr<const RankSchedule> schedule() const;
+  std::shared_ptr<RankSchedule> derive_schedule() const;
+  void gather_relays(RankSchedule& s) const;
   void bundle(const std::vector<Bundle>& bundles);
   uint8_t* read(const Posted& p, std::vector<uint8_t>& into) const;
 
@@ -119,6 +135,7 @@ class HostRun final : public RankRun {
   // for a forward (chain_start): a rank that forwards a piece relays its
   // bytes, never its hash, so it cannot change them unseen.
   const bool checked_ = delta_ || options.checksums;
+  std::shared_ptr<const RankSchedule> schedule_;  // this run's (its bundles and order)
   // This rank's transfers, in schedule order; neither grows after choose(),
   // so pointers into them stay.
   std::vector<Posted> sends_, recvs_;

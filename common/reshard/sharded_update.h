@@ -23,10 +23,18 @@
 
 namespace paramcast::reshard {
 
+namespace detail {
+struct RankSchedule;
+}
+
 struct ShardedMoves {
   ReshardPlan plan;
   std::vector<Round> rounds;
   std::vector<int> receivers;  // the ranks that receive (every rank but the holders)
+  // This process's rank's schedule of these moves (RunOptions::schedule),
+  // kept with them while the cache keeps them: set by the run that derives
+  // it (one owner, as the cache).
+  mutable std::shared_ptr<const detail::RankSchedule> schedule;
 };
 
 // `names[r]` names rank r in messages ("publisher", worker ids); ranks

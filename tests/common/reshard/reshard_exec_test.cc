@@ -30,6 +30,7 @@ struct Job {
   int corrupt_rank = -1;  // its first piece leaves with a byte flipped
   int forge_rank = -1;    // the same, with a checksum that matches the flipped bytes
   int layers = 2, hidden = 64;  // the model: 5 tensors a layer, 2 more
+  int repeats = 0;              // whole versions after the first, the rank's schedule kept (RunOptions::schedule)
 };
 
 std::string hex_of(const std::string& bytes) {
@@ -66,7 +67,8 @@ std::vector<std::pair<std::string, int>> run_raw(const Job& job) {
                                      std::to_string(job.staging_limit), "--memory", job.memory, "--checksums",
                                      job.checksums ? "1" : "0", "--corrupt-rank", std::to_string(job.corrupt_rank),
                                      "--forge-rank", std::to_string(job.forge_rank), "--layers",
-                                     std::to_string(job.layers), "--hidden", std::to_string(job.hidden)};
+                                     std::to_string(job.layers), "--hidden", std::to_string(job.hidden),
+                                     "--repeats", std::to_string(job.repeats)};
     std::vector<std::string> env;
     if (cuda) {
       args.insert(args.end(), {"--bootstrap-hex", nccl_id, "--device", "cuda:" + std::to_string(r % gpus)});
@@ -285,6 +287,23 @@ TEST(ReshardExecTest, ManySmallTensorsTravelInBundlesAndRelaysBitExactWithForwar
   job.checksums = true;
   job.corrupt_rank = 1;
   expect_caught(job, {"from rank 1", "arrived with xxh64"});
+}
+
+// A rank keeps its schedule of a plan (RunOptions::schedule) for the next
+// run of the same plan: later versions use it as it is and land bit-exact;
+// a run with other options (checksums now on) derives its own.
+TEST(ReshardExecTest, ARanksScheduleIsKeptForTheNextRunOfThePlanAndDerivedAgainWhenItsOptionsChange) {
+  Job job{"fsdp", 3, 2, 1};
+  job.layers = 100;
+  job.hidden = 16;
+  job.repeats = 3;
+  auto out = run(job);
+  for (size_t r = 0; r < out.size(); ++r) {
+    const std::string rank = "rank " + std::to_string(r) + ": repeat v";
+    EXPECT_NE(out[r].find(rank + "2: schedule new"), std::string::npos) << out[r];
+    EXPECT_NE(out[r].find(rank + "3: schedule kept"), std::string::npos) << out[r];
+    EXPECT_NE(out[r].find(rank + "4: schedule derived again"), std::string::npos) << out[r];
+  }
 }
 
 // The device path's logic (RunOptions::memory: round by round, each round
