@@ -22,6 +22,7 @@ packages=(
   clang libclang-rt-14-dev   # libFuzzer and sanitizers for the fuzz target
   python3-dev pybind11-dev   # the paramcast Python package (python/)
   python3-torch python3-numpy python3-pytest   # its tests and examples
+  python3-yaml               # tests/docs/check_docs.py reads the docs' YAML blocks
   python3-prometheus-client  # the metrics tests parse the page with it
   python3-venv python3-pip   # pip install . (tests/python/test_install.py)
 )
