@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #include "tests/support/cluster.h"
@@ -56,14 +55,11 @@ TEST(DemoTest, AWorkerOutlivingTheTrainerLogsItsAnnouncedLeaveWithoutAWarning) {
   worker->kill(SIGTERM);
   worker->wait_for(std::chrono::seconds(30));
   const std::string out = worker->output();
-  const std::regex log_line(R"(^([DIWE]) (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) worker-1: )");
-  std::istringstream lines(out);
   int logged = 0;
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (!std::regex_search(line, m, log_line)) continue;
+  for (const auto& l : test::log_lines(out)) {
+    if (l.member != "worker-1") continue;
     ++logged;
-    EXPECT_TRUE(m[1] == "D" || m[1] == "I") << "a normal end warns nobody: " << line << "\n" << out;
+    EXPECT_TRUE(l.level == 'D' || l.level == 'I') << "a normal end warns nobody: " << l.message << "\n" << out;
   }
   EXPECT_GE(logged, 3) << "joined, publisher left, keeping weights: each an ISO 8601 line:\n" << out;
   EXPECT_NE(out.find("publisher left (publisher shutting down)"), std::string::npos) << out;

@@ -139,6 +139,41 @@ size_t count(const std::string& text, const std::string& needle) {
   return n;
 }
 
+namespace {
+bool iso8601_millis(const std::string& t) {  // YYYY-MM-DDTHH:MM:SS.mmmZ
+  static const std::string shape = "dddd-dd-ddTdd:dd:dd.dddZ";
+  if (t.size() != shape.size()) return false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const bool digit = t[i] >= '0' && t[i] <= '9';
+    if (shape[i] == 'd' ? !digit : t[i] != shape[i]) return false;
+  }
+  return true;
+}
+}  // namespace
+
+std::optional<LogLine> parse_log_line(const std::string& line) {
+  if (line.size() < 2 || std::string("DIWE").find(line[0]) == std::string::npos || line[1] != ' ') return std::nullopt;
+  const auto time_end = line.find(' ', 2);
+  const auto member_end = line.find(": ", time_end == std::string::npos ? line.size() : time_end);
+  if (time_end == std::string::npos || member_end == std::string::npos) return std::nullopt;
+  LogLine l{line[0], line.substr(2, time_end - 2), line.substr(time_end + 1, member_end - time_end - 1),
+            line.substr(member_end + 2)};
+  if (!iso8601_millis(l.time) || l.member.empty() || l.member.find(' ') != std::string::npos) return std::nullopt;
+  return l;
+}
+
+std::vector<LogLine> log_lines(const std::string& output) {
+  std::vector<LogLine> out;
+  size_t at = 0;
+  while (at < output.size()) {
+    auto end = output.find('\n', at);
+    if (end == std::string::npos) end = output.size();
+    if (auto l = parse_log_line(output.substr(at, end - at))) out.push_back(std::move(*l));
+    at = end + 1;
+  }
+  return out;
+}
+
 int cuda_devices() {
 #if PARAMCAST_HAVE_NCCL
   return nccl_backend::cuda_device_count();

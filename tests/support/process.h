@@ -42,6 +42,16 @@ std::string make_temp_dir(const std::string& prefix);
 void remove_tree(const std::string& dir);
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
 size_t count(const std::string& text, const std::string& needle);  // occurrences, overlapping ones included
+
+// One line of a tool's log: "L YYYY-MM-DDTHH:MM:SS.mmmZ member: message".
+struct LogLine {
+  char level = 0;  // D, I, W or E
+  std::string time, member, message;
+};
+// The line parsed, or nullopt where it is not a log line.
+std::optional<LogLine> parse_log_line(const std::string& line);
+// Every log line of a tool's output, in order.
+std::vector<LogLine> log_lines(const std::string& output);
 int cuda_devices();
 
 }  // namespace paramcast::test
