@@ -284,7 +284,9 @@ void parse_publisher(const Loader& L, const YAML::Node& n, const std::string& p,
       {"update_timeout", [&](N v, P q) { c.publisher.update_timeout = L.duration(v, q); }},
       {"plan_timeout", [&](N v, P q) { c.publisher.plan_timeout = L.duration(v, q); }},
       {"quarantine_backoff", [&](N v, P q) { c.publisher.quarantine_backoff = L.duration(v, q); }},
-      {"apply_timeout", [&](N v, P q) { c.publisher.apply_timeout = L.duration(v, q); }},
+      {"apply_timeout", [&](N v, P q) {  // auto (0): trainer_side/apply_deadline.h
+        c.publisher.apply_timeout = v.IsScalar() && v.Scalar() == "auto" ? Millis{0} : L.duration(v, q);
+      }},
       {"on_slow_member", [&](N v, P q) {
         c.publisher.on_slow_member =
             L.choice<SlowMemberPolicy>(v, q, {{"wait", SlowMemberPolicy::kWait}, {"shed", SlowMemberPolicy::kShed}});

@@ -62,6 +62,7 @@
 #include "common/transfer/bucket_sender.h"
 #include "trainer_side/publisher.h"
 #include "trainer_side/update_gate.h"
+#include "trainer_side/apply_deadline.h"
 #include "trainer_side/update_round.h"
 
 namespace paramcast {
@@ -165,6 +166,15 @@ class PublisherImpl : public control::ControlServer::Listener {
   void ready_baseline(const UpdatePlan& plan);
   bool keeps_baseline() const;
   void collect_applied(const UpdatePlan& plan, const Status& data, UpdateResult& r);
+  // Step 5's wait (data plane ok): until every member waited for reported
+  // Applied or publisher.apply_timeout ends (auto: apply_deadline.h, from
+  // `start`). Returns the deadline's text for a silent member. mu_ held.
+  // `waiting()`: who is waited for now (live, not shed).
+  using Waiting = std::function<UpdateRound::IsLive()>;
+  std::string wait_applied_locked(std::unique_lock<std::mutex>& lock, Clock::time_point start,
+                                  const Waiting& waiting);
+  // auto apply_timeout for the members still silent. mu_ held.
+  ApplyBound auto_apply_bound_locked(Clock::time_point start, const UpdateRound::IsLive& waited_for) const;
   // "; slowest member: 'id' (N received)" from the members' heartbeats, or "".
   std::string slowest_receiver(uint64_t version) const;
   Deadline cap_;  // of the update in progress (update thread)
@@ -341,6 +351,7 @@ class PublisherImpl : public control::ControlServer::Listener {
     std::string why;
   };
   std::map<std::string, RefusedWants> wants_refused_;
+  ApplyHistory apply_history_;  // each member's recent Applied times (auto apply_timeout); mu_
   SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
   transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)

@@ -12,6 +12,46 @@
 
 namespace paramcast {
 
+// After the data plane finished, Applied is due within apply_timeout (the
+// engines' on_update_end included), and within the cap. auto: recomputed at
+// each report, as this update's own Applied times come in.
+std::string PublisherImpl::wait_applied_locked(std::unique_lock<std::mutex>& lock, Clock::time_point start,
+                                               const Waiting& waiting) {
+  const Millis fixed = cfg_.publisher.apply_timeout;
+  std::string why;
+  for (;;) {
+    const auto waited_for = waiting();
+    if (round_.applied(waited_for) || stopped_) break;
+    Deadline until = cap_;
+    if (fixed.count() > 0) {
+      until = std::min(cap_, start + fixed);
+      why = waited("apply_timeout", fixed, until);
+    } else {
+      const ApplyBound b = auto_apply_bound_locked(start, waited_for);
+      until = std::min(cap_, start + b.bound);
+      why = until >= cap_ ? waited("apply_timeout", b.bound, until) : "within apply_timeout (" + b.why + ")";
+    }
+    if (Clock::now() >= until) break;
+    cv_.wait_until(lock, until);  // a report (or stop) wakes it; the bound is derived again
+  }
+  for (const auto& [id, at] : round_.applied_ok_times())
+    apply_history_.record(id, std::max(Millis{0}, std::chrono::duration_cast<Millis>(at - start)));
+  return why;
+}
+
+ApplyBound PublisherImpl::auto_apply_bound_locked(Clock::time_point start,
+                                                  const UpdateRound::IsLive& waited_for) const {
+  std::optional<ApplyMillis> own, peers;
+  for (const auto& id : round_.group())
+    if (waited_for(id) && round_.silent_on_applied(id))
+      if (auto s = apply_history_.slowest(id); s && (!own || *s > *own)) own = s;
+  for (const auto& [id, at] : round_.applied_ok_times()) {
+    const auto took = std::max(Millis{0}, std::chrono::duration_cast<Millis>(at - start));
+    if (!peers || took > *peers) peers = took;
+  }
+  return auto_apply_bound(own, peers);
+}
+
 // 5. Applied: waits for every member's report. After a data failure, waits
 // at most one heartbeat timeout more so that the members that died are named:
 // the verdict comes within timeout + one interval of their last heartbeat,
@@ -20,15 +60,18 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   std::unique_lock<std::mutex> lock(mu_);
   const auto live = [this](const std::string& id) { return is_live(id); };
   const auto extra = cfg_.control.heartbeat_timeout + 3 * cfg_.control.heartbeat_interval;
-  // After the data plane finished, Applied is due within apply_timeout
-  // (the engines' on_update_end included), and within the cap.
-  const auto until = data.ok() ? std::min(cap_, Clock::now() + cfg_.publisher.apply_timeout) : Clock::now() + extra;
   // A shed member is not waited for: it reports when it learns it was shed.
   const bool shedding = cfg_.publisher.on_slow_member == SlowMemberPolicy::kShed;
-  cv_.wait_until(lock, until, [&] {
-    const auto shed = shedding ? shed_members() : std::set<std::string>();
-    return round_.applied([&](const std::string& id) { return is_live(id) && !shed.count(id); }) || stopped_;
-  });
+  const Waiting waiting = [&] {  // live and not shed, at this moment
+    auto shed = shedding ? shed_members() : std::set<std::string>();
+    return UpdateRound::IsLive([this, shed](const std::string& id) { return is_live(id) && !shed.count(id); });
+  };
+  std::string deadline = "before update_timeout (" + format_duration(cfg_.publisher.update_timeout) + ")";
+  if (data.ok()) {
+    deadline = wait_applied_locked(lock, Clock::now(), waiting);
+  } else {
+    cv_.wait_until(lock, Clock::now() + extra, [&] { return round_.applied(waiting()) || stopped_; });
+  }
   if (move_ended_ != Clock::time_point{}) {
     r.data_seconds = std::chrono::duration<double>(move_ended_ - move_started_).count();
     const auto [last, at] = round_.last_applied();
@@ -38,9 +81,7 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
     }
   }
   Code code;
-  r.subscribers = round_.applied_outcomes(live, silence(), data, code,
-                                          waited("apply_timeout", cfg_.publisher.apply_timeout, until) +
-                                              " after the data plane finished");
+  r.subscribers = round_.applied_outcomes(live, silence(), data, code, deadline + " after the data plane finished");
   if (shedding) apply_shed(r, data, code);
   if (data.ok() && cfg_.publisher.on_member_loss == MemberLossPolicy::kContinue) apply_unconfirmed(r, code);
   const auto strike = apply_delta_refusals(plan, r, data, code);

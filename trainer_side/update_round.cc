@@ -142,6 +142,13 @@ bool UpdateRound::applied(const IsLive& live) const {
   return true;
 }
 
+std::map<std::string, Clock::time_point> UpdateRound::applied_ok_times() const {
+  std::map<std::string, Clock::time_point> out;
+  for (const auto& [id, a] : applied_)
+    if (a.status.ok() && a.at != Clock::time_point{}) out[id] = a.at;
+  return out;
+}
+
 std::pair<std::string, Clock::time_point> UpdateRound::last_applied() const {
   std::pair<std::string, Clock::time_point> out;
   for (const auto& [id, a] : applied_)

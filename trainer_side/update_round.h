@@ -72,6 +72,8 @@ class UpdateRound {
   bool plan_answered(const IsLive& live) const;
   bool applied(const IsLive& live) const;
   bool applied_ok(const std::string& id) const;
+  // When each member's successful Applied arrived.
+  std::map<std::string, Clock::time_point> applied_ok_times() const;
   // The member whose Applied came last, and when (empty: none came).
   std::pair<std::string, Clock::time_point> last_applied() const;
   // Said nothing of its Applied: no report, and no heartbeat telling of one.

@@ -80,6 +80,19 @@ TEST(ConfigTest, StallTimeoutAndItsOldName) {
   EXPECT_EQ(old->data_plane.stall_timeout, std::chrono::seconds(90));
 }
 
+// publisher.apply_timeout: auto (0) by default and when said; a duration fixes it.
+TEST(ConfigTest, ApplyTimeoutIsAutoUnlessADurationIsGiven) {
+  auto d = load_config_string("");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->publisher.apply_timeout, std::chrono::milliseconds(0));
+  auto a = load_config_string("publisher:\n  apply_timeout: auto\n");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->publisher.apply_timeout, std::chrono::milliseconds(0));
+  auto f = load_config_string("publisher:\n  apply_timeout: 90s\n");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->publisher.apply_timeout, std::chrono::seconds(90));
+}
+
 TEST(ConfigTest, MissingFileNamesIt) {
   auto c = load_config_file("/nonexistent/paramcast.yaml");
   ASSERT_FALSE(c.ok());
@@ -113,6 +126,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"duration_without_unit", "control:\n  join_timeout: 30\n",
                 "key 'control.join_timeout': bad value '30': expected a duration"},
         BadCase{"zero_duration", "control:\n  heartbeat_timeout: 0s\n", "expected a positive duration"},
+        BadCase{"zero_apply_timeout", "publisher:\n  apply_timeout: 0s\n",
+                "key 'publisher.apply_timeout': bad value '0s': expected a positive duration"},
         BadCase{"timeout_not_above_interval", "control:\n  heartbeat_interval: 2s\n  heartbeat_timeout: 1s\n",
                 "key 'control.heartbeat_timeout': must be longer than heartbeat_interval"},
         BadCase{"bad_size", "data_plane:\n  bucket_size: 12 parsecs\n",

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tests/support/worker_cluster.h"
+#include "trainer_side/apply_deadline.h"
 
 namespace paramcast {
 namespace {
@@ -163,6 +164,25 @@ TEST_F(FailFastTest, MemberSilentOnAppliedIsNamedAtApplyTimeout) {
   int applied = 0;
   for (const auto& o : r.subscribers) applied += o.status.ok();
   EXPECT_EQ(applied, 2) << r.status.to_string();
+  EXPECT_TRUE(publish(3).ok()) << outputs();
+}
+
+// apply_timeout's default, auto: once the others applied in milliseconds, a
+// member that never reports Applied is named at the floor (15 s), not a
+// minute later, and the message says how the bound was derived.
+TEST_F(FailFastTest, MemberSilentOnAppliedIsNamedAtTheAutoBoundDerivedFromItsPeers) {
+  start_three("worker-3", "PARAMCAST_FAULT_LOSE=mute-applied:2", "fail");
+  ASSERT_TRUE(publish(1).ok());
+  UpdateResult r = publish(2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status.code(), Code::kTimeout) << r.status.to_string();
+  EXPECT_NE(r.status.message().find("subscriber 'worker-3' did not report applied v2 within apply_timeout (auto: "
+                                    "15.000 s, the floor; 8 x "),
+            std::string::npos)
+      << r.status.message();
+  const double floor = std::chrono::duration<double>(ApplyRule::kFloor).count();
+  EXPECT_GE(r.seconds, floor);
+  EXPECT_LT(r.seconds, floor + 8.0) << "the floor and a loaded machine's margin, well under the 60 s ceiling";
   EXPECT_TRUE(publish(3).ok()) << outputs();
 }
 
