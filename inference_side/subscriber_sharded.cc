@@ -405,16 +405,20 @@ Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
     return unavailable("no host memory for the " + std::to_string(m.handed.size()) +
                        " tensors handed to the callback (a sharded update assembles each whole first)");
   }
-  m.buffers.find = [&m, copies](const TensorSpec& t, const reshard::Region&) -> reshard::LocalBuffer {
-    if (auto s = m.slices.find(t.name); s != m.slices.end())
-      return {static_cast<uint8_t*>(s->second.local.data), box_of(s->second, t.shape)};
-    auto it = m.registry.find(t.name);
-    if (it != m.registry.end()) return {static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape)};
-    if (auto c = copies.find(t.name); c != copies.end()) return {c->second, reshard::Region::whole(t.shape)};
-    auto h = m.handed.find(t.name);
-    if (h != m.handed.end()) return {h->second.data(), reshard::Region::whole(t.shape)};
-    return {};
-  };
+  // Each tensor's buffer, found once by name (not per piece): its slice,
+  // its registration, the kept copy, or the buffer handed to the callback.
+  auto index = std::make_shared<reshard::BufferIndex>();
+  for (const auto& t : plan.tensors) {
+    if (auto sl = m.slices.find(t.name); sl != m.slices.end())
+      index->add(t.name, static_cast<uint8_t*>(sl->second.local.data), box_of(sl->second, t.shape));
+    else if (auto it = m.registry.find(t.name); it != m.registry.end())
+      index->add(t.name, static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape));
+    else if (auto c = copies.find(t.name); c != copies.end())
+      index->add(t.name, c->second, reshard::Region::whole(t.shape));
+    else if (auto h = m.handed.find(t.name); h != m.handed.end())
+      index->add(t.name, h->second.data(), reshard::Region::whole(t.shape));
+  }
+  m.buffers.find = [index](const TensorSpec& t, const reshard::Region& region) { return index->find(t.name, region); };
   return Status();
 }
 

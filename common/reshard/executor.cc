@@ -22,14 +22,14 @@ LocalBuffer BufferIndex::find(const std::string& tensor, const Region& region) c
   const auto it = by_name_.find(tensor);
   if (it != by_name_.end())
     for (const LocalBuffer& b : it->second)
-      if (intersect(b.box, region) == region) return b;
+      if (contains(b.box, region)) return b;
   return {};
 }
 
 StatusOr<LocalBuffer> detail::buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x,
                                         int rank) {
   LocalBuffer at = buffers.find(plan.tensors[x.tensor], x.region);
-  if (!at.data || intersect(at.box, x.region) != x.region)
+  if (!at.data || !contains(at.box, x.region))
     return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" +
                           plan.tensors[x.tensor].name + "' " + x.region.to_string());
   return at;

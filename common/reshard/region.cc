@@ -67,6 +67,16 @@ std::string Region::to_string() const {
   return s + "]";
 }
 
+bool contains(const Region& box, const Region& inner) {
+  if (box.rank() != inner.rank() || box.offsets.size() != box.rank() || inner.offsets.size() != inner.rank())
+    return false;
+  for (size_t d = 0; d < box.rank(); ++d)
+    if (inner.lengths[d] <= 0 || inner.offsets[d] < box.offsets[d] ||
+        inner.offsets[d] + inner.lengths[d] > box.offsets[d] + box.lengths[d])
+      return false;
+  return true;
+}
+
 std::optional<Region> intersect(const Region& a, const Region& b) {
   if (a.rank() != b.rank()) return std::nullopt;
   Region r;

@@ -41,6 +41,9 @@ struct Region {
 
 // The common part of two regions of the same rank, or nullopt if empty.
 std::optional<Region> intersect(const Region& a, const Region& b);
+// `inner` is not empty and lies in `box` (same rank): intersect(box, inner)
+// == inner, allocating nothing (the per-move buffer lookup).
+bool contains(const Region& box, const Region& inner);
 // `a` less `b`: disjoint boxes covering exactly the elements of a not in b
 // (at most two per dimension).
 std::vector<Region> subtract(const Region& a, const Region& b);

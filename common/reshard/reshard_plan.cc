@@ -332,7 +332,7 @@ Status validate_plan(const ReshardPlan& plan, const std::vector<RankManifest>& r
             plan.transfers[a].region == x.region;
     } else {
       for (const Region* h : of(holds, x.from, t.name))
-        if (intersect(*h, x.region) == x.region) has = true;
+        if (contains(*h, x.region)) has = true;
     }
     if (!has) bad.push_back(what + ": rank " + std::to_string(x.from) + " does not have '" + t.name + "' " +
                             x.region.to_string() + " to send");

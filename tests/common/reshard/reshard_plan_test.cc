@@ -69,6 +69,26 @@ TEST(RegionTest, IntersectSubtractAndBounds) {
   EXPECT_FALSE(b.contiguous_in(shape));
 }
 
+// contains(box, inner) says what intersect(box, inner) == inner says, over
+// random boxes of rank 0-3 (empty ones and scalars included).
+TEST(RegionTest, ContainsAgreesWithIntersect) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> at(0, 6), len(0, 4);
+  for (int i = 0; i < 20000; ++i) {
+    const size_t rank = static_cast<size_t>(i % 4);
+    Region box, inner;
+    for (size_t d = 0; d < rank; ++d) {
+      box.offsets.push_back(at(rng));
+      box.lengths.push_back(len(rng));
+      inner.offsets.push_back(at(rng));
+      inner.lengths.push_back(len(rng));
+    }
+    const auto common = intersect(box, inner);
+    EXPECT_EQ(contains(box, inner), common && *common == inner) << box.to_string() << " " << inner.to_string();
+  }
+  EXPECT_FALSE(contains(Region::whole({4, 4}), Region::whole({4})));
+}
+
 // A region whose offsets and lengths disagree in rank is refused with words,
 // never read past its end.
 TEST(RegionTest, AMalformedRegionIsRefusedNotRead) {
