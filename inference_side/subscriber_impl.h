@@ -183,6 +183,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   uint64_t delta_base_locked() const;
   const transfer::FaultInjection faults_;
   ControlFaults lost_;  // test hook: control messages to lose
+  zmq::message_t replayed_holdings_;  // PARAMCAST_FAULT_REPLAY_HOLDINGS: the last call's (reg_mu_)
   std::thread data_thread_;
   std::atomic<bool> stopping_{false};
   // Link checks the publisher asks for while this member is out of its

@@ -111,12 +111,20 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
     seq = ++publish_seq_;
     active_seq_ = seq;
   }
-  client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
+  auto message = control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
     auto h = b.initHoldings();
     h.setSeq(seq);
     h.setStep(step);
     shards_to_proto(shards, h, digests);
-  }));
+  });
+  zmq::message_t replay;  // test hook: the last call's Holdings, sent again after this one's
+  if (lost_.replays_holdings()) {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    replay.swap(replayed_holdings_);
+    replayed_holdings_.copy(message);
+  }
+  client_->send(std::move(message));
+  if (replay.size()) client_->send(std::move(replay));
   return Status();
 }
 

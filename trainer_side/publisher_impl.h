@@ -328,6 +328,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Each trainer rank's part of the next sharded update, until it is taken
   // (guarded by mu_; one entry per trainer rank).
   std::map<std::string, SourceHoldings> holdings_;
+  std::map<std::string, uint64_t> holdings_seq_;  // each trainer rank's last call heard of (Holdings.seq)
   // The last sharded update's moves, reused while the shape holds (the
   // update thread's, under the update lock).
   reshard::ShardedMovesCache sharded_cache_;
@@ -352,6 +353,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   };
   std::map<std::string, RefusedWants> wants_refused_;
   ApplyHistory apply_history_;  // each member's recent Applied times (auto apply_timeout); mu_
+  // Whether a trainer rank's Holdings name a call newer than any it sent
+  // before (else dropped and logged). Takes mu_.
+  bool newer_holdings(const std::string& id, uint64_t seq, uint64_t step);
   SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
   transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)

@@ -182,6 +182,7 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
                                                std::to_string(cfg_.publisher.ranks) + "), ignored");
     return;
   }
+  if (!h.getWithdrawn() && !newer_holdings(id, h.getSeq(), h.getStep())) return;
   SourceHoldings out = read_holdings(id, h);
   std::string refused;
   {
@@ -201,6 +202,27 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
   }
   if (!refused.empty()) return end_trainer_call(id, h.getSeq(), refused);
   cv_.notify_all();
+}
+
+// A rank's calls count up (Holdings.seq): a part counts only for the call
+// it names, and one of a call this rank has already heard of (a delayed
+// duplicate, a replay) is dropped, logged, never put in place of the part
+// pending: the update in flight waits for none and ends none for it.
+bool PublisherImpl::newer_holdings(const std::string& id, uint64_t seq, uint64_t step) {
+  uint64_t last = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t& seen = holdings_seq_[id];
+    if (seq > seen) {
+      seen = seq;
+      return true;
+    }
+    last = seen;
+  }
+  server_.log_peer("stale holdings", id + "'s Holdings of its call " + std::to_string(seq) + " (step " +
+                                         std::to_string(step) + ") dropped: its call " + std::to_string(last) +
+                                         " came already, and a part counts only for the call it names");
+  return false;
 }
 
 PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id, proto::Holdings::Reader h) const {

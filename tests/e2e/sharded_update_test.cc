@@ -471,6 +471,29 @@ TEST_F(ShardedLostCommitTest, ATrainerRankWhoseCommitWasLostEndsItsCallWithTheUp
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v2 verified", 20s)) << id << p->output();
 }
 
+// trainer-1 sends each call's Holdings, then its previous call's again (a
+// delayed duplicate: an older seq and step). The stale part is dropped, not
+// put in place of the pending one: before, rank 0 took it as a late call of
+// the last step, ended it, and waited out update_timeout for a part already
+// replaced, so every update after the first failed.
+class ShardedReplayedHoldingsTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    rank1_env_ = {{"PARAMCAST_FAULT_REPLAY_HOLDINGS", "1"}};
+    start_cluster("  ranks: 2\n  update_timeout: 10s\n");
+  }
+};
+
+TEST_F(ShardedReplayedHoldingsTest, AnOlderCallsHoldingsNeverReplaceThePendingPart) {
+  for (uint64_t v = 1; v <= 4; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+    EXPECT_LT(r0.seconds, 8.0) << "v" << v << " waited for a part it had";
+  }
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v4 verified", 20s)) << id << p->output();
+}
+
 // A broadcast (weight_update, begin_update) has no place in a many-sender job.
 TEST_F(ShardedUpdateTest, ABroadcastUpdateIsRefusedInAManySenderJob) {
   model_.fill(1, config_.trainer.seed, config_.trainer.changes);
