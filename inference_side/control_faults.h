@@ -19,6 +19,9 @@
 //   PARAMCAST_FAULT_CLAIM_VERSION=+1       once it holds a version, claim one above it
 //   PARAMCAST_FAULT_CLAIM_SHED=a,b         report in every Applied that it shed members a and b
 //                                          (forged link claims; the publisher must check them)
+//   PARAMCAST_FAULT_REFUSE_SLICES=1        refuse every sharded plan, naming its first slice, although
+//                                          the plan gives it exactly the slices its Wants asked for
+//                                          (a lying engine)
 //   PARAMCAST_FAULT_REPLAY_HOLDINGS=1      a trainer rank sends, right after each call's Holdings,
 //                                          its previous call's Holdings again (an older seq and
 //                                          step, as a delayed duplicate would arrive)
@@ -46,6 +49,8 @@ class ControlFaults {
       if (colon == std::string::npos) continue;
       f.lose_.insert({item.substr(0, colon), std::strtoull(item.c_str() + colon + 1, nullptr, 10)});
     }
+    const char* slices = std::getenv("PARAMCAST_FAULT_REFUSE_SLICES");
+    f.refuse_slices_ = slices && std::string(slices) == "1";
     const char* replay = std::getenv("PARAMCAST_FAULT_REPLAY_HOLDINGS");
     f.replay_holdings_ = replay && std::string(replay) == "1";
     const char* refuse = std::getenv("PARAMCAST_FAULT_REFUSE_DELTA");
@@ -66,6 +71,7 @@ class ControlFaults {
       : lose_(o.lose_),
         refuse_delta_(o.refuse_delta_),
         replay_holdings_(o.replay_holdings_),
+        refuse_slices_(o.refuse_slices_),
         claim_(o.claim_),
         claim_relative_(o.claim_relative_),
         claim_shed_(o.claim_shed_) {}
@@ -80,6 +86,8 @@ class ControlFaults {
   bool refuses_delta() const { return refuse_delta_; }
   // Whether to send each call's Holdings again after the next (PARAMCAST_FAULT_REPLAY_HOLDINGS=1).
   bool replays_holdings() const { return replay_holdings_; }
+  // Whether to refuse every sharded plan over its slices (PARAMCAST_FAULT_REFUSE_SLICES=1).
+  bool refuses_slices() const { return refuse_slices_; }
   // The members this one claims it shed (PARAMCAST_FAULT_CLAIM_SHED).
   const std::set<std::string>& claimed_shed() const { return claim_shed_; }
   // The version to claim instead of `held` (PARAMCAST_FAULT_CLAIM_VERSION).
@@ -94,6 +102,7 @@ class ControlFaults {
   std::set<std::pair<std::string, uint64_t>> lose_;
   bool refuse_delta_ = false;
   bool replay_holdings_ = false;
+  bool refuse_slices_ = false;
   uint64_t claim_ = 0;
   bool claim_relative_ = false;
   std::set<std::string> claim_shed_;

@@ -217,6 +217,11 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
                      "a broadcast plan, which carries the whole tensor"});
     return out;
   }
+  if (lost_.refuses_slices()) {  // test hook: a lying engine
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    if (!slices_.empty())
+      out.push_back({Mismatch::Kind::kOther, slices_.begin()->first, "its slice", "PARAMCAST_FAULT_REFUSE_SLICES"});
+  }
   // A trainer rank takes a delta plan as any: it sends a delta of each
   // piece it sent as the base version, the rest dense.
   if (!source_)

@@ -35,7 +35,7 @@ namespace paramcast {
 struct SubscriberOutcome {
   std::string worker_id;
   Status status;                     // OK when applied
-  std::vector<Mismatch> mismatches;  // when the plan was rejected
+  std::vector<Mismatch> mismatches;  // when the plan was rejected: the first 64 it named
   // What it received of this update (also when it failed) and how long its
   // receive took: rate() is the pace of its link as the group ran it. Zero
   // for a member that never reported (lost, or silent past update_timeout).

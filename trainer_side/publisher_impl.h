@@ -229,6 +229,10 @@ class PublisherImpl : public control::ControlServer::Listener {
                          const std::map<std::string, SourceHoldings>& wants, std::vector<std::string>& group);
   // The live engines kept out for their Wants, each with why (mu_ held).
   std::vector<std::pair<std::string, std::string>> left_out_for_wants_locked() const;
+  // Quarantines each engine whose refusal of `plan` contradicts the Wants
+  // it was planned from (`wants`), unchanged since (publisher_wants.cc).
+  void strike_wants_contradicted(const UpdatePlan& plan, const std::map<std::string, SourceHoldings>& wants,
+                                 const UpdateResult& r);
   // Every engine's Wants are unusable: the update's refusal, naming why.
   static Status no_engine_takes(const std::map<std::string, std::string>& unusable);
   bool wants_refused_locked(const std::string& id) const;  // its Wants in force were refused (mu_ held)

@@ -515,6 +515,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
     for (const auto& o : r.subscribers)
       if (!is_job_source(o.worker_id)) r.wire_bytes += o.bytes;
   } else {
+    strike_wants_contradicted(*plan, wants, r);
     // Where its plan did not go out (a member left the group since it
     // formed), the engines hear of its end, as of a refusal above; where it
     // went out, they end with its round and end_unplanned does nothing.

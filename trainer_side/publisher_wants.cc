@@ -5,6 +5,7 @@
 // of that update and of later formations until it states others, never
 // the update itself (publisher_sharded.cc plans with them).
 #include <algorithm>
+#include <set>
 
 #include "common/control/messages.h"
 #include "common/log.h"
@@ -91,6 +92,38 @@ Status PublisherImpl::no_engine_takes(const std::map<std::string, std::string>& 
   if (unusable.size() > 3) what += "; and " + std::to_string(unusable.size() - 3) + " more";
   return invalid_argument("sharded update refused before any byte moved: no engine can take its plan (" + what +
                           "); correct the trainer's tensors or the engines' Wants");
+}
+
+// An engine that refused a sharded plan over the slices its Wants asked
+// for, Wants it has not changed since (an honest engine whose registration
+// changed sends new Wants first: one connection keeps its messages in
+// order), contradicts itself: quarantined, as a delta liar is, so that it
+// costs the others this update only. A refusal naming any other tensor is
+// no lie (a registration the trainer's tensors do not match).
+void PublisherImpl::strike_wants_contradicted(const UpdatePlan& plan, const std::map<std::string, SourceHoldings>& wants,
+                                              const UpdateResult& r) {
+  std::vector<std::pair<std::string, std::string>> strike;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& o : r.subscribers) {
+      const auto planned = wants.find(o.worker_id);
+      const auto now = wants_.find(o.worker_id);
+      if (o.status.code() != Code::kRejected || o.mismatches.empty() || planned == wants.end() ||
+          now == wants_.end() || now->second.seq != planned->second.seq)
+        continue;
+      std::set<std::string> sliced;
+      for (const auto& [tensor, region] : planned->second.holds)
+        if (tensor < planned->second.tensors.size()) sliced.insert(planned->second.tensors[tensor].name);
+      bool only_its_slices = true;
+      for (const auto& m : o.mismatches) only_its_slices &= sliced.count(m.name) > 0;
+      if (only_its_slices)
+        strike.emplace_back(o.worker_id, "refused sharded plan v" + std::to_string(plan.version) +
+                                             ", which gave it exactly the slices its Wants (seq " +
+                                             std::to_string(planned->second.seq) + ") asked for (" +
+                                             o.mismatches.front().to_string() + ")");
+    }
+  }
+  for (const auto& [id, why] : strike) groups_.quarantine(id, why);
 }
 
 }  // namespace paramcast

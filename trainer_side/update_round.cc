@@ -66,9 +66,14 @@ bool UpdateRound::record(const std::string& id, proto::Envelope::Reader env) {
       auto pr = body.getPlanReject();
       if (pr.getVersion() != version_) return false;
       PlanAnswer a;
-      for (auto m : pr.getMismatches())
+      for (auto m : pr.getMismatches()) {
+        if (a.mismatches.size() == kKeptMismatches) {
+          a.more = pr.getMismatches().size() - kKeptMismatches;
+          break;
+        }
         a.mismatches.push_back(Mismatch{mismatch_kind_from_proto(m.getKind()), m.getName().cStr(),
                                         m.getExpected().cStr(), m.getGot().cStr()});
+      }
       plan_[id] = std::move(a);
       return true;
     }
@@ -181,7 +186,10 @@ std::vector<SubscriberOutcome> UpdateRound::plan_outcomes(const IsLive& live, co
     } else if (!answer->second.accepted) {
       o.mismatches = answer->second.mismatches;
       std::string text;
-      for (const auto& m : o.mismatches) text += (text.empty() ? "" : "; ") + m.to_string();
+      for (size_t i = 0; i < o.mismatches.size() && i < kNamedMismatches; ++i)
+        text += (text.empty() ? "" : "; ") + o.mismatches[i].to_string();
+      if (const size_t rest = o.mismatches.size() + answer->second.more - std::min(o.mismatches.size(), kNamedMismatches))
+        text += "; and " + std::to_string(rest) + " more";
       o.status = rejected("subscriber '" + id + "' rejected the plan: " + text);
       rejected_any = true;
     }

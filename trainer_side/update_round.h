@@ -23,6 +23,10 @@ namespace paramcast {
 
 class UpdateRound {
  public:
+  // Of a member's PlanReject the publisher keeps this many mismatches and
+  // counts the rest (a refusal costs no more than that, whatever it lists);
+  // a failure's text names the first kNamedMismatches.
+  static constexpr size_t kKeptMismatches = 64, kNamedMismatches = 4;
   using IsLive = std::function<bool(const std::string& id)>;
 
   // What a member's heartbeats said of its control messages (the highest
@@ -99,7 +103,8 @@ class UpdateRound {
  private:
   struct PlanAnswer {
     bool accepted = false;
-    std::vector<Mismatch> mismatches;
+    std::vector<Mismatch> mismatches;  // the first kKeptMismatches
+    size_t more = 0;                   // the count of those not kept
   };
   struct AppliedAnswer {
     uint64_t bytes = 0;

@@ -106,5 +106,37 @@ TEST(UpdateRoundMarkersTest, AMarkerLeftByAnEarlierAttemptAtTheVersionIsNoEviden
   EXPECT_EQ(retry.observe("a", hb), "");
 }
 
+// A PlanReject listing 1,000 mismatches costs the publisher the first 64
+// (the rest counted), and the failure names the first four and counts the
+// rest, instead of a message of every one.
+TEST(UpdateRoundRejectTest, AHugeRefusalIsKeptInPartAndCounted) {
+  UpdateRound round;
+  round.begin(kEpoch, kVersion, {"a"}, kTotal);
+  capnp::MallocMessageBuilder builder;
+  auto env = builder.initRoot<proto::Envelope>();
+  env.setEpoch(kEpoch);
+  auto pr = env.initBody().initPlanReject();
+  pr.setVersion(kVersion);
+  auto list = pr.initMismatches(1000);
+  for (unsigned i = 0; i < 1000; ++i) {
+    std::string name = "t";
+    name += std::to_string(i);
+    list[i].setName(name);
+    list[i].setExpected("x");
+    list[i].setGot("y");
+  }
+  ASSERT_TRUE(round.record("a", env.asReader()));
+  Code code;
+  const auto out = round.plan_outcomes([](const std::string&) { return true; }, "", code);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(code, Code::kRejected);
+  EXPECT_EQ(out[0].mismatches.size(), UpdateRound::kKeptMismatches);
+  const std::string& text = out[0].status.message();
+  EXPECT_NE(text.find("'t3'"), std::string::npos) << text;
+  EXPECT_EQ(text.find("'t4'"), std::string::npos) << text;
+  EXPECT_NE(text.find("; and 996 more"), std::string::npos) << text;
+  EXPECT_LT(text.size(), 400u) << text;
+}
+
 }  // namespace
 }  // namespace paramcast

@@ -1,0 +1,160 @@
+// Many-sender updates beside one hostile or broken member: an engine whose
+// Wants no plan can use, an engine that refuses the very slices it asked
+// for, a trainer rank whose older Holdings arrive again. Each costs the
+// others at most the update in flight; the honest engines (paramcast-worker
+// processes verifying every byte) get every later version.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "common/synthetic_model.h"
+#include "inference_side/subscriber.h"
+#include "tests/e2e/sharded_fixture.h"
+#include "tests/support/worker_cluster.h"
+
+namespace paramcast {
+namespace {
+
+using namespace std::chrono_literals;
+using sharded_test::ShardedUpdateTest;
+
+// One engine's Wants that no plan can use (a slice of the first tensor
+// under another dtype and shape, as a hostile or broken engine states it)
+// cost the others nothing: it is left out of every update and named with
+// why, and the honest engines (paramcast-worker, checking every byte)
+// verify every version. Before, rank 0 refused every update for every
+// engine ("serves a slice of it as ...").
+class ShardedHostileWantsTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    extra_engines_ = 1;
+    before_start_ = [this] {
+      Config cfg = config_;
+      cfg.control.endpoint = pub_->endpoint();
+      auto sub = Subscriber::create(cfg, "worker-3");
+      ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+      hostile_ = std::move(sub.value());
+      first_ = synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype)[0].name;
+      ShardView slice{TensorView{TensorSpec{first_, DType::kF32, {1, 1}}, cell_.data(), Device::cpu()}, {1, 1}, {0, 0}};
+      ASSERT_TRUE(hostile_->register_slice(slice).ok());
+      // Its Wants go out after its Welcome, before its answer to the
+      // start-up formation: rank 0 holds them once start() returns.
+      ASSERT_TRUE(hostile_->start().ok());
+    };
+    ShardedUpdateTest::SetUp();
+  }
+  void TearDown() override {
+    if (hostile_) hostile_->stop();
+    ShardedUpdateTest::TearDown();
+  }
+  std::unique_ptr<Subscriber> hostile_;
+  std::string first_;
+  std::vector<float> cell_ = std::vector<float>(1);
+};
+
+TEST_F(ShardedHostileWantsTest, AnEngineWhoseWantsNoPlanCanUseIsLeftOutAndNamedAndTheOthersGetEveryUpdate) {
+  for (uint64_t v = 1; v <= 3; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+    EXPECT_EQ(r0.version, v);
+    ASSERT_EQ(r0.left_out.size(), 1u) << "v" << v;
+    EXPECT_EQ(r0.left_out[0].first, "worker-3");
+    EXPECT_NE(r0.left_out[0].second.find("'" + first_ + "'"), std::string::npos) << r0.left_out[0].second;
+    EXPECT_NE(r0.left_out[0].second.find("F32[1,1]"), std::string::npos) << r0.left_out[0].second;
+    // Trainer rank 1 and the two honest engines applied it; worker-3 was not asked.
+    EXPECT_EQ(r0.subscribers.size(), 3u);
+    for (const auto& o : r0.subscribers) EXPECT_NE(o.worker_id, "worker-3");
+    std::string needle = "v";
+    needle += std::to_string(v);
+    needle += " verified";
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(needle, 20s)) << id << p->output();
+  }
+}
+
+// worker-3 serves the first rows of the first tensor (a valid slice, its
+// Wants usable) and refuses every plan over that slice, although each gives
+// it exactly what its Wants asked for (PARAMCAST_FAULT_REFUSE_SLICES). Its
+// first refusal fails that update, naming it, and quarantines it (a plan
+// that contradicts nothing it said cannot be refused honestly); with
+// on_member_loss: continue the next updates form without it and land on
+// the honest engines. Before, every update failed on its refusal.
+class ShardedLyingSliceTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    extra_engines_ = 1;
+    before_start_ = [this] {
+      Config cfg = config_;
+      cfg.control.endpoint = pub_->endpoint();
+      ::setenv("PARAMCAST_FAULT_REFUSE_SLICES", "1", 1);  // read when the subscriber is made
+      auto sub = Subscriber::create(cfg, "worker-3");
+      ::unsetenv("PARAMCAST_FAULT_REFUSE_SLICES");
+      ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+      liar_ = std::move(sub.value());
+      const auto layout = synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype);
+      const TensorSpec& first = layout[0];
+      ASSERT_GE(first.shape.size(), 1u);
+      // Every other tensor whole: a plan contradicts nothing it registered.
+      for (size_t i = 1; i < layout.size(); ++i) {
+        whole_.emplace_back(*layout[i].nbytes());
+        ASSERT_TRUE(liar_->register_tensor(TensorView{layout[i], whole_.back().data(), Device::cpu()}).ok());
+      }
+      std::vector<int64_t> rows = first.shape;
+      rows[0] = std::max<int64_t>(1, rows[0] / 2);
+      TensorSpec local{first.name, first.dtype, rows};
+      cell_.resize(*local.nbytes());
+      std::vector<int64_t> at(first.shape.size(), 0);
+      ShardView slice{TensorView{local, cell_.data(), Device::cpu()}, first.shape, at};
+      ASSERT_TRUE(liar_->register_slice(slice).ok());
+      ASSERT_TRUE(liar_->start().ok());
+    };
+    start_cluster("  ranks: 2\n  on_member_loss: continue\n");  // fail: a member in quarantine fails each update
+  }
+  void TearDown() override {
+    if (liar_) liar_->stop();
+    ShardedUpdateTest::TearDown();
+  }
+  std::unique_ptr<Subscriber> liar_;
+  std::vector<uint8_t> cell_;
+  std::vector<std::vector<uint8_t>> whole_;
+};
+
+TEST_F(ShardedLyingSliceTest, AnEngineRefusingTheSlicesItAskedForIsStruckAndTheOthersGetEveryLaterUpdate) {
+  auto [f0, f1] = publish_both(1);
+  ASSERT_FALSE(f0.ok()) << outputs();
+  EXPECT_EQ(f0.status.code(), Code::kRejected) << f0.status.to_string();
+  EXPECT_NE(f0.status.message().find("worker-3"), std::string::npos) << f0.status.to_string();
+  for (uint64_t v = 2; v <= 4; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+    for (const auto& o : r0.subscribers) EXPECT_NE(o.worker_id, "worker-3") << "v" << v;
+  }
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v4 verified", 20s)) << id << p->output();
+}
+
+// trainer-1 sends each call's Holdings, then its previous call's again (a
+// delayed duplicate: an older seq and step). The stale part is dropped, not
+// put in place of the pending one: before, rank 0 took it as a late call of
+// the last step, ended it, and waited out update_timeout for a part already
+// replaced, so every update after the first failed.
+class ShardedReplayedHoldingsTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    rank1_env_ = {{"PARAMCAST_FAULT_REPLAY_HOLDINGS", "1"}};
+    start_cluster("  ranks: 2\n  update_timeout: 10s\n");
+  }
+};
+
+TEST_F(ShardedReplayedHoldingsTest, AnOlderCallsHoldingsNeverReplaceThePendingPart) {
+  for (uint64_t v = 1; v <= 4; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+    EXPECT_LT(r0.seconds, 8.0) << "v" << v << " waited for a part it had";
+  }
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v4 verified", 20s)) << id << p->output();
+}
+
+}  // namespace
+}  // namespace paramcast
