@@ -56,6 +56,7 @@ control::ClientOptions client_options(const Config& cfg, const std::string& id, 
   // callback (host memory only; kept only when configured).
   if (delta_capable(cfg, device, callback) && !source) o.capabilities.push_back("delta");
   if (source) o.capabilities.push_back("source");  // a trainer rank (PublisherRank): it sends, never receives
+  o.wait_out_duplicate_id = source;                 // its id is its rank's: it comes back to it
   o.capabilities.push_back("link_check");           // it answers LinkCheck (common/group/link_check.h)
   // data_plane.local: this member may read the publisher's shared memory.
   if (cfg.data_plane.local && !device.is_cuda()) o.host_identity = shm_backend::host_identity();

@@ -111,6 +111,10 @@ void ControlClient::loop() {
     poll_once();
     const auto now = Clock::now();
     if (refused_) continue;  // refused for good: the owner reports it and decides
+    if (fresh_probe_) {
+      fresh_probe_ = false;
+      probe_.reset();
+    }
     if (phase_ != Phase::kMember && now >= next_hello_) {
       if (phase_ == Phase::kProbing && !probe_) probe_ = make_socket(identity("probe", opt_.worker_id));
       send_on(phase_ == Phase::kProbing ? *probe_ : *dealer_, hello_message());
@@ -260,6 +264,17 @@ void ControlClient::dispatch(proto::Envelope::Reader env) {
         if (phase_ != Phase::kMember) return;  // already joining again
         PC_WARN(opt_.worker_id << ": publisher says: " << printable(r.getText().cStr(), 256) << "; rejoining");
         lose_membership("expelled by the publisher");
+        return;
+      }
+      if (r.getCode() == proto::RejectCode::DUPLICATE_ID && opt_.wait_out_duplicate_id) {
+        if (phase_ == Phase::kMember) return;
+        phase_ = Phase::kProbing;
+        if (const auto now = Clock::now(); now - duplicate_warned_ >= std::chrono::seconds(30)) {
+          duplicate_warned_ = now;
+          PC_WARN(opt_.worker_id << ": publisher says: " << printable(r.getText().cStr(), 256)
+                                 << "; trying again until that member is gone (warned every 30 s)");
+        }
+        fresh_probe_ = true;  // at the next hello (backoff), not under this socket's read
         return;
       }
       refused_ = true;

@@ -49,6 +49,12 @@ struct ClientOptions {
   ClientAuth auth;  // curve: this worker's key pair and the publisher's public key
   // Hello's hostIdentity (empty: this member never reads shared memory).
   std::string host_identity;
+  // A Reject for an id a live member holds: false, refused for good (an
+  // engine's id is the deployment's to fix); true, a warning and the probe
+  // again with backoff, so the member joins once the other is gone (a
+  // trainer rank, whose id its rank fixes: in plain mode ids are not owned,
+  // and one squatted by another process must come back to its rank).
+  bool wait_out_duplicate_id = false;
 };
 
 // What Hello and heartbeats say about the subscriber's weights.
@@ -136,6 +142,8 @@ class ControlClient {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> joined_{false};
   std::atomic<bool> refused_{false};
+  Clock::time_point duplicate_warned_{};  // the last warning of a held id (wait_out_duplicate_id)
+  bool fresh_probe_ = false;              // the control thread's: probe on a new socket next time
   std::atomic<uint64_t> epoch_{0};
 
   // Control thread only.

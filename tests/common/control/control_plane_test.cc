@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "common/control/control_client.h"
 #include "common/control/control_server.h"
@@ -100,11 +101,13 @@ class ControlPlaneTest : public ::testing::Test {
     EXPECT_TRUE(st.ok()) << st.to_string();
     return s;
   }
-  std::unique_ptr<ControlClient> start_client(ClientSide& listener, const std::string& id, const std::string& endpoint) {
+  std::unique_ptr<ControlClient> start_client(ClientSide& listener, const std::string& id, const std::string& endpoint,
+                                              bool wait_out_duplicate_id = false) {
     ClientOptions o;
     o.control = fast_options();
     o.control.endpoint = endpoint;
     o.worker_id = id;
+    o.wait_out_duplicate_id = wait_out_duplicate_id;
     auto c = std::make_unique<ControlClient>(o, &listener);
     c->start();
     return c;
@@ -203,6 +206,25 @@ TEST_F(ControlPlaneTest, DuplicateIdIsRefusedAndTheFirstMemberStays) {
   EXPECT_TRUE(first->joined());
   EXPECT_TRUE(server->is_live("worker-1"));
   EXPECT_FALSE(server_events.get([&] { return server_events.has(MemberEvent::Kind::kRejoined, "worker-1"); }));
+}
+
+// A trainer rank (wait_out_duplicate_id) whose id another live member holds
+// (in plain mode ids are not owned: a squatter) is not refused for good: it
+// stays out while the other is live and joins once it is gone.
+TEST_F(ControlPlaneTest, AnIdWaitedOutJoinsOnceTheMemberHoldingItIsGone) {
+  ServerSide server_events;
+  auto server = start_server(server_events, 2);
+  ClientSide squatter_events, rank_events;
+  auto squatter = start_client(squatter_events, "trainer-1", server->endpoint());
+  ASSERT_TRUE(squatter_events.wait([&] { return squatter_events.joins == 1; }));
+  auto rank = start_client(rank_events, "trainer-1", server->endpoint(), true);
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // several probes, each refused
+  EXPECT_TRUE(rank_events.get([&] { return rank_events.refused.ok(); })) << "refused for good";
+  EXPECT_EQ(rank_events.get([&] { return rank_events.joins; }), 0);
+  EXPECT_TRUE(squatter->joined());
+  squatter->stop();
+  ASSERT_TRUE(rank_events.wait([&] { return rank_events.joins == 1; })) << "never came back to its id";
+  EXPECT_TRUE(server->is_live("trainer-1"));
 }
 
 TEST_F(ControlPlaneTest, SilentMemberIsDeclaredLostWithinItsBound) {
