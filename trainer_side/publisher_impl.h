@@ -24,7 +24,8 @@
 // holdings instead of registered buffers); publisher_metrics.cc (the
 // /metrics page); update_gate.h (the update lock); update_round (what each
 // member answered for the update in flight, the control messages its
-// heartbeats show it lost, the outcomes); slowest_link (where a slow update
+// heartbeats show it lost, the outcomes); apply_deadline (apply_timeout:
+// auto, from the members' own Applied times); slowest_link (where a slow update
 // is slow: the slowest inbound link, followed down the tree, or the parent
 // whose every outbound link was as slow); trainer_main.cc
 // (paramcast-trainer).
