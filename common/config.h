@@ -124,8 +124,8 @@ struct PublisherOptions {
   // How long every member has to report Applied once the publisher's data
   // plane finished (its on_update_end hook included). 0 is auto, the
   // default: 8x the member's own slowest recent Applied or this update's
-  // slowest so far, within [15 s, 60 s]; 60 s before either is known
-  // (trainer_side/apply_deadline.h).
+  // slowest so far, within [15 s, 60 s]; 60 s on the member's first
+  // update (trainer_side/apply_deadline.h).
   Millis apply_timeout{0};
   // What a slow member costs the others (Gloo). wait: the broadcast moves at
   // the pace of its slowest link. shed: a member at a leaf of the broadcast

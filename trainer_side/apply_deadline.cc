@@ -10,9 +10,9 @@ namespace paramcast {
 ApplyBound auto_apply_bound(std::optional<ApplyMillis> own, std::optional<ApplyMillis> peers) {
   using R = ApplyRule;
   ApplyBound out;
-  if (!own && !peers) {
+  if (!own) {  // its first: an engine slower than its peers by nature is not failed for it
     out.bound = R::kCeiling;
-    out.why = "auto: " + format_duration(out.bound) + ", the ceiling: no Applied of this member or this update yet";
+    out.why = "auto: " + format_duration(out.bound) + ", the ceiling: no Applied of this member yet";
     return out;
   }
   const bool from_own = own && (!peers || *own >= *peers);

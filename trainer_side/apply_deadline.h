@@ -6,12 +6,12 @@
 // A member's bound is kFactor times the longer of (a) its own slowest
 // Applied over its last kHistory updates and (b) the slowest Applied of this
 // update so far (its peers applied the same bytes), at least kFloor and at
-// most kCeiling; with neither known (the first update, nobody reported yet)
-// it is kCeiling. So among engines that apply in 0.1 s one that stays silent
-// is named kFloor (15 s) after the data plane ended; one whose apply has
-// always taken 5 s has 40 s. An engine slower than kFactor times its peers
-// on its first update, and more than kFloor, is the case an explicit
-// apply_timeout is for. Pure: no clock, no lock.
+// most kCeiling. Before its own first Applied is known it is kCeiling: an
+// engine slower than its peers by nature (another kind of engine, a longer
+// on_update_end) is not failed on its first update. So among engines that
+// apply in 0.1 s, one that stops reporting is named kFloor (15 s) after the
+// data plane ended; one whose apply has always taken 5 s has 40 s. Pure: no
+// clock, no lock.
 #pragma once
 
 #include <chrono>

@@ -9,14 +9,18 @@ namespace {
 
 using std::chrono::milliseconds;
 
-TEST(AutoApplyBoundTest, NothingKnownWaitsTheCeiling) {
-  const ApplyBound b = auto_apply_bound(std::nullopt, std::nullopt);
-  EXPECT_EQ(b.bound, ApplyRule::kCeiling);
-  EXPECT_NE(b.why.find("the ceiling: no Applied of this member or this update yet"), std::string::npos) << b.why;
+// Its first update: the ceiling, however fast its peers were (an engine of
+// another kind may apply 100x slower than they do, honestly).
+TEST(AutoApplyBoundTest, AMembersFirstApplyWaitsTheCeiling) {
+  for (auto peers : {std::optional<milliseconds>{}, std::optional<milliseconds>{milliseconds(120)}}) {
+    const ApplyBound b = auto_apply_bound(std::nullopt, peers);
+    EXPECT_EQ(b.bound, ApplyRule::kCeiling);
+    EXPECT_NE(b.why.find("the ceiling: no Applied of this member yet"), std::string::npos) << b.why;
+  }
 }
 
-TEST(AutoApplyBoundTest, FastPeersGiveTheFloor) {
-  const ApplyBound b = auto_apply_bound(std::nullopt, milliseconds(120));
+TEST(AutoApplyBoundTest, FastPeersAndAFastRecordGiveTheFloor) {
+  const ApplyBound b = auto_apply_bound(milliseconds(40), milliseconds(120));
   EXPECT_EQ(b.bound, ApplyRule::kFloor);
   EXPECT_EQ(b.why, "auto: 15.000 s, the floor; 8 x the slowest Applied of this update (120.000 ms)");
 }
