@@ -167,7 +167,7 @@ void PublisherImpl::on_member_event(const MemberEvent& event, int rank) {
     wants_.erase(event.worker_id);
     wants_refused_.erase(event.worker_id);
     apply_history_.forget(event.worker_id);
-    holdings_seq_.erase(event.worker_id);  // a rank that joins anew counts its calls from 1
+    wants_contradicted_.erase(event.worker_id);
     const bool gone = event.kind == MemberEvent::Kind::kLost || event.kind == MemberEvent::Kind::kLeft;
     // The control thread tells us after it changed the membership, so the
     // last formation may already have read this change: it counted the

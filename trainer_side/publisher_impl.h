@@ -230,8 +230,9 @@ class PublisherImpl : public control::ControlServer::Listener {
                          const std::map<std::string, SourceHoldings>& wants, std::vector<std::string>& group);
   // The live engines kept out for their Wants, each with why (mu_ held).
   std::vector<std::pair<std::string, std::string>> left_out_for_wants_locked() const;
-  // Quarantines each engine whose refusal of `plan` contradicts the Wants
-  // it was planned from (`wants`), unchanged since (publisher_wants.cc).
+  // Quarantines each engine whose refusal of `plan` contradicts, a second
+  // time, the Wants it was planned from (`wants`), unchanged since
+  // (publisher_wants.cc).
   void strike_wants_contradicted(const UpdatePlan& plan, const std::map<std::string, SourceHoldings>& wants,
                                  const UpdateResult& r);
   // Every engine's Wants are unusable: the update's refusal, naming why.
@@ -333,7 +334,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Each trainer rank's part of the next sharded update, until it is taken
   // (guarded by mu_; one entry per trainer rank).
   std::map<std::string, SourceHoldings> holdings_;
-  std::map<std::string, uint64_t> holdings_seq_;  // each trainer rank's last call heard of (Holdings.seq)
+  // Each trainer rank's last call heard of (Holdings.seq), and of which
+  // process (its control incarnation).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> holdings_seq_;
   // The last sharded update's moves, reused while the shape holds (the
   // update thread's, under the update lock).
   reshard::ShardedMovesCache sharded_cache_;
@@ -357,6 +360,9 @@ class PublisherImpl : public control::ControlServer::Listener {
     std::string why;
   };
   std::map<std::string, RefusedWants> wants_refused_;
+  // An engine's refusal of the slices its Wants of this seq asked for,
+  // noted once (the second is a strike: strike_wants_contradicted).
+  std::map<std::string, uint64_t> wants_contradicted_;
   ApplyHistory apply_history_;  // each member's recent Applied times (auto apply_timeout); mu_
   // Whether a trainer rank's Holdings name a call newer than any it sent
   // before (else dropped and logged). Takes mu_.

@@ -21,7 +21,6 @@ std::string PublisherImpl::wait_applied_locked(std::unique_lock<std::mutex>& loc
   std::string why;
   for (;;) {
     const auto waited_for = waiting();
-    if (round_.applied(waited_for) || stopped_) break;
     Deadline until = cap_;
     if (fixed.count() > 0) {
       until = std::min(cap_, start + fixed);
@@ -31,7 +30,7 @@ std::string PublisherImpl::wait_applied_locked(std::unique_lock<std::mutex>& loc
       until = std::min(cap_, start + b.bound);
       why = until >= cap_ ? waited("apply_timeout", b.bound, until) : "within apply_timeout (" + b.why + ")";
     }
-    if (Clock::now() >= until) break;
+    if (round_.applied(waited_for) || stopped_ || Clock::now() >= until) break;
     cv_.wait_until(lock, until);  // a report (or stop) wakes it; the bound is derived again
   }
   for (const auto& [id, at] : round_.applied_ok_times())
@@ -42,9 +41,14 @@ std::string PublisherImpl::wait_applied_locked(std::unique_lock<std::mutex>& loc
 ApplyBound PublisherImpl::auto_apply_bound_locked(Clock::time_point start,
                                                   const UpdateRound::IsLive& waited_for) const {
   std::optional<ApplyMillis> own, peers;
+  bool first = false;  // a silent member with no Applied on record: the ceiling for all
   for (const auto& id : round_.group())
-    if (waited_for(id) && round_.silent_on_applied(id))
-      if (auto s = apply_history_.slowest(id); s && (!own || *s > *own)) own = s;
+    if (waited_for(id) && round_.silent_on_applied(id)) {
+      const auto s = apply_history_.slowest(id);
+      first |= !s;
+      if (s && (!own || *s > *own)) own = s;
+    }
+  if (first) own.reset();
   for (const auto& [id, at] : round_.applied_ok_times()) {
     const auto took = std::max(Millis{0}, std::chrono::duration_cast<Millis>(at - start));
     if (!peers || took > *peers) peers = took;

@@ -207,12 +207,18 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
 // A rank's calls count up (Holdings.seq): a part counts only for the call
 // it names, and one of a call this rank has already heard of (a delayed
 // duplicate, a replay) is dropped, logged, never put in place of the part
-// pending: the update in flight waits for none and ends none for it.
+// pending: the update in flight waits for none and ends none for it. The
+// count is the process's (its control incarnation): a restarted rank
+// counts from 1 again, one that rejoins goes on counting.
 bool PublisherImpl::newer_holdings(const std::string& id, uint64_t seq, uint64_t step) {
+  const auto m = server_.member(id);
+  const uint64_t incarnation = m ? m->incarnation : 0;
   uint64_t last = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    uint64_t& seen = holdings_seq_[id];
+    auto& [of, seen] = holdings_seq_[id];  // one entry per trainer rank (is_job_source)
+    if (of != incarnation) seen = 0;        // another process: its calls count from 1
+    of = incarnation;
     if (seq > seen) {
       seen = seq;
       return true;

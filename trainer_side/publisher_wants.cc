@@ -6,6 +6,7 @@
 // the update itself (publisher_sharded.cc plans with them).
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "common/control/messages.h"
 #include "common/log.h"
@@ -95,13 +96,17 @@ Status PublisherImpl::no_engine_takes(const std::map<std::string, std::string>& 
 }
 
 // An engine that refused a sharded plan over the slices its Wants asked
-// for, Wants it has not changed since (an honest engine whose registration
-// changed sends new Wants first: one connection keeps its messages in
-// order), contradicts itself: quarantined, as a delta liar is, so that it
-// costs the others this update only. A refusal naming any other tensor is
-// no lie (a registration the trainer's tensors do not match).
+// for, Wants it has not changed since, contradicts itself. Once can be a
+// race (a registration the control thread checked a moment before the
+// Wants it causes went out); twice over the same Wants cannot: an honest
+// engine's next plan is made from its newer Wants. So the second such
+// refusal quarantines it, as a delta liar's second refusal does, and it
+// costs the others two updates. A refusal naming a tensor the plan lacks,
+// or one it does not slice, is no lie (the trainer's tensors do not match).
 void PublisherImpl::strike_wants_contradicted(const UpdatePlan& plan, const std::map<std::string, SourceHoldings>& wants,
                                               const UpdateResult& r) {
+  std::set<std::string> in_plan;
+  for (const auto& t : plan.tensors) in_plan.insert(t.name);
   std::vector<std::pair<std::string, std::string>> strike;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -114,13 +119,16 @@ void PublisherImpl::strike_wants_contradicted(const UpdatePlan& plan, const std:
       std::set<std::string> sliced;
       for (const auto& [tensor, region] : planned->second.holds)
         if (tensor < planned->second.tensors.size()) sliced.insert(planned->second.tensors[tensor].name);
-      bool only_its_slices = true;
-      for (const auto& m : o.mismatches) only_its_slices &= sliced.count(m.name) > 0;
-      if (only_its_slices)
-        strike.emplace_back(o.worker_id, "refused sharded plan v" + std::to_string(plan.version) +
-                                             ", which gave it exactly the slices its Wants (seq " +
-                                             std::to_string(planned->second.seq) + ") asked for (" +
-                                             o.mismatches.front().to_string() + ")");
+      bool contradicts = true;
+      for (const auto& m : o.mismatches)
+        contradicts &= m.kind != Mismatch::Kind::kMissingName && sliced.count(m.name) && in_plan.count(m.name);
+      if (!contradicts) continue;
+      const uint64_t seq = planned->second.seq;
+      if (std::exchange(wants_contradicted_[o.worker_id], seq) != seq) continue;  // the first: noted
+      wants_contradicted_.erase(o.worker_id);
+      strike.emplace_back(o.worker_id, "refused sharded plan v" + std::to_string(plan.version) +
+                                           " and the one before it, which gave it exactly the slices its Wants (seq " +
+                                           std::to_string(seq) + ") asked for (" + o.mismatches.front().to_string() + ")");
     }
   }
   for (const auto& [id, why] : strike) groups_.quarantine(id, why);

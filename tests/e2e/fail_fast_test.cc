@@ -176,8 +176,8 @@ TEST_F(FailFastTest, MemberSilentOnAppliedIsNamedAtTheAutoBoundDerivedFromItsPee
   UpdateResult r = publish(2);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status.code(), Code::kTimeout) << r.status.to_string();
-  EXPECT_NE(r.status.message().find("subscriber 'worker-3' did not report applied v2 within apply_timeout (auto: "
-                                    "15.000 s, the floor; 8 x "),
+  // 15 s, the floor, unless the peers' Applied took over 1.9 s (8 x) on a loaded machine.
+  EXPECT_NE(r.status.message().find("subscriber 'worker-3' did not report applied v2 within apply_timeout (auto: "),
             std::string::npos)
       << r.status.message();
   const double floor = std::chrono::duration<double>(ApplyRule::kFloor).count();

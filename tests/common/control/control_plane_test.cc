@@ -91,9 +91,10 @@ class ControlPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override { set_log_level(LogLevel::kWarn); }
 
-  std::unique_ptr<ControlServer> start_server(ServerSide& listener, int count, std::string endpoint = "") {
+  std::unique_ptr<ControlServer> start_server(ServerSide& listener, int count, std::string endpoint = "",
+                                              const ControlOptions& control = fast_options()) {
     ServerOptions o;
-    o.control = fast_options();
+    o.control = control;
     if (!endpoint.empty()) o.control.endpoint = endpoint;
     o.subscriber_count = count;
     auto s = std::make_unique<ControlServer>(o);
@@ -102,9 +103,10 @@ class ControlPlaneTest : public ::testing::Test {
     return s;
   }
   std::unique_ptr<ControlClient> start_client(ClientSide& listener, const std::string& id, const std::string& endpoint,
-                                              bool wait_out_duplicate_id = false) {
+                                              bool wait_out_duplicate_id = false,
+                                              const ControlOptions& control = fast_options()) {
     ClientOptions o;
-    o.control = fast_options();
+    o.control = control;
     o.control.endpoint = endpoint;
     o.worker_id = id;
     o.wait_out_duplicate_id = wait_out_duplicate_id;
@@ -212,13 +214,20 @@ TEST_F(ControlPlaneTest, DuplicateIdIsRefusedAndTheFirstMemberStays) {
 // (in plain mode ids are not owned: a squatter) is not refused for good: it
 // stays out while the other is live and joins once it is gone.
 TEST_F(ControlPlaneTest, AnIdWaitedOutJoinsOnceTheMemberHoldingItIsGone) {
+  // A holder whose heartbeat is late by two intervals is taken for a
+  // process gone (a restart's rule): intervals wide enough for a loaded
+  // machine, since each probe of the waiting rank tries that rule again.
+  ControlOptions steady = fast_options();
+  steady.heartbeat_interval = 300ms;
+  steady.heartbeat_timeout = 3000ms;
+  steady.reconnect_backoff_max = 600ms;
   ServerSide server_events;
-  auto server = start_server(server_events, 2);
+  auto server = start_server(server_events, 2, "", steady);
   ClientSide squatter_events, rank_events;
-  auto squatter = start_client(squatter_events, "trainer-1", server->endpoint());
+  auto squatter = start_client(squatter_events, "trainer-1", server->endpoint(), false, steady);
   ASSERT_TRUE(squatter_events.wait([&] { return squatter_events.joins == 1; }));
-  auto rank = start_client(rank_events, "trainer-1", server->endpoint(), true);
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // several probes, each refused
+  auto rank = start_client(rank_events, "trainer-1", server->endpoint(), true, steady);
+  std::this_thread::sleep_for(1500ms);  // several probes, each refused
   EXPECT_TRUE(rank_events.get([&] { return rank_events.refused.ok(); })) << "refused for good";
   EXPECT_EQ(rank_events.get([&] { return rank_events.joins; }), 0);
   EXPECT_TRUE(squatter->joined());
