@@ -97,6 +97,9 @@ TEST_F(ChurnTest, JoinLeaveCyclesDuringUpdatesCostTheHonestMembersNothing) {
   std::string yaml =
       test::test_config_yaml(10, "  on_member_loss: continue\n  on_missing_at_start: start_with_present\n");
   yaml.replace(yaml.find("join_timeout: 30s"), 17, "join_timeout: 2s");
+  // The honest members must outlast a stalled machine (CI runs this beside a
+  // sanitizer build: a 2-s stall once made both rejoin, and they were named).
+  yaml.replace(yaml.find("heartbeat_timeout: 1500ms"), 25, "heartbeat_timeout: 6000ms");
   make_publisher(yaml);
   spawn_worker("worker-1");
   spawn_worker("worker-2");
