@@ -102,4 +102,15 @@ std::string TensorSpec::shape_string() const {
   return s + "]";
 }
 
+std::string TensorSpec::type_string() const {
+  std::string s(dtype_name(dtype));
+  s += "[";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (d) s += ",";
+    s += std::to_string(shape[d]);
+  }
+  s += "]";
+  return s;
+}
+
 }  // namespace paramcast

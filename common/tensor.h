@@ -58,6 +58,7 @@ struct TensorSpec {
   StatusOr<uint64_t> numel() const;
   StatusOr<uint64_t> nbytes() const;
   std::string shape_string() const;  // "[4096, 11008]"
+  std::string type_string() const;   // "BF16[4096,11008]": dtype and shape, as a refusal names them
   bool operator==(const TensorSpec&) const = default;
 };
 

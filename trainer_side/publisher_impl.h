@@ -18,8 +18,10 @@
 // stall); publisher_stream.cc (Update: begin, send, finish, abort over the
 // same steps); publisher_delta.cc (whether an update can go as a delta, its
 // baseline, each bucket's BucketDelta); publisher_sharded.cc (many senders
-// on rank 0: the ranks' Holdings, one plan checked before any byte moves,
-// rank 0's own transfers); publisher_rank.cc (PublisherRank: trainer rank
+// on rank 0: one call as named steps, one plan checked before any byte
+// moves, rank 0's own transfers); publisher_holdings.cc (the other ranks'
+// Holdings as they arrive, and the plan's shape from them and the engines'
+// Wants); publisher_wants.cc (engines whose Wants are left out or struck); publisher_rank.cc (PublisherRank: trainer rank
 // r > 0, a member built from the inference side's member machinery with
 // holdings instead of registered buffers); publisher_metrics.cc (the
 // /metrics page); update_gate.h (the update lock); update_round (what each
@@ -60,6 +62,7 @@
 #include "common/reshard/sent_baseline.h"
 #include "common/reshard/sharded_update.h"
 #include "common/stream/stream_sender.h"
+#include "common/transform/transform.h"
 #include "common/transfer/bucket_sender.h"
 #include "trainer_side/publisher.h"
 #include "trainer_side/update_gate.h"
@@ -106,6 +109,35 @@ class PublisherImpl : public control::ControlServer::Listener {
   UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
   // Many-sender updates (publisher_sharded.cc).
   UpdateResult weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options);
+  // This rank's shards as the plan states them: each shard's full tensor,
+  // its box, and (with checksums) the box's xxh64.
+  struct OwnPart {
+    std::vector<TensorSpec> specs;
+    std::vector<std::pair<uint32_t, reshard::Region>> holds;  // shard index, its box
+    std::map<size_t, uint64_t> digests;                       // index in holds -> xxh64
+  };
+  // One weight_update_sharded call, as its steps pass it on.
+  struct ShardedCall {
+    ShardedCall(const UpdateOptions& o, Clock::time_point start) : options(o), t0(start) {}
+    const UpdateOptions& options;
+    Clock::time_point t0;
+    uint64_t step = 0;  // the step every partner call publishes
+    OwnPart own;
+    std::vector<std::string> group;               // the group the update runs on, rank 1 first
+    std::map<std::string, SourceHoldings> taken;  // the partner ranks' parts
+    std::map<std::string, SourceHoldings> wants;  // the group's engines' slices
+    UpdateResult r;
+  };
+  Status sharded_precondition(const UpdateOptions& options);
+  Status transform_own(const std::vector<ShardView>& shards, const std::vector<transform::Rule>& rules,
+                       const UpdateOptions& options, transform::TransformedShards& wire, UpdateResult& r);
+  Status state_own_part(const std::vector<ShardView>& sent, OwnPart& own);
+  Status take_parts(ShardedCall& c);
+  StatusOr<UpdatePlan> sharded_plan(ShardedCall& c);
+  void run_sharded(ShardedCall& c, UpdatePlan& plan, const reshard::ShardedMoves& moves,
+                   const std::vector<ShardView>& sent);
+  UpdateResult refuse_sharded(ShardedCall& c, const Status& why);
+  UpdateResult finish_sharded(ShardedCall& c, const Status& status);
   // Streamed updates (publisher_stream.cc): the update lock is held from
   // begin_stream until stream_finish or stream_abort.
   std::unique_ptr<StreamState> begin_stream(const std::vector<TensorSpec>& manifest, const UpdateOptions& options);
@@ -215,13 +247,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   void on_wants(const std::string& id, proto::Holdings::Reader h);
   // A sharded update's shape: every rank's holdings (an error refuses the
   // update) and the engines' slices; an engine whose Wants it cannot use is
-  // put in `unusable` (id -> why) instead (publisher_sharded.cc).
-  Status sharded_shape(const std::vector<std::string>& group, const std::vector<TensorSpec>& own_specs,
-                       const std::vector<std::pair<uint32_t, reshard::Region>>& own_holds,
-                       const std::map<size_t, uint64_t>& own_digests,
-                       const std::map<std::string, SourceHoldings>& taken,
-                       const std::map<std::string, SourceHoldings>& wants, UpdatePlan& shape,
-                       std::map<std::string, std::string>& unusable) const;
+  // put in `unusable` (id -> why) instead (publisher_holdings.cc).
+  Status sharded_shape(const ShardedCall& c, UpdatePlan& shape, std::map<std::string, std::string>& unusable) const;
   // Leaves the engines in `unusable` out of the update in flight (the group
   // forms again without them; `group` becomes the new one) and out of later
   // formations until they state other Wants than those in `wants`

@@ -107,9 +107,12 @@ void ControlClient::loop() {
   probe_ = make_socket(identity("probe", opt_.worker_id));
   phase_ = Phase::kProbing;
   next_hello_ = next_beat_ = last_heard_ = Clock::now();
+  const auto interval = opt_.control.heartbeat_interval;
+  LoopPause pause(interval / 4, interval);
   while (!stopping_) {
     poll_once();
     const auto now = Clock::now();
+    last_heard_ = excuse(last_heard_, pause.away(now), now);  // this thread's pause is not the publisher's silence
     if (refused_) continue;  // refused for good: the owner reports it and decides
     if (fresh_probe_) {
       fresh_probe_ = false;

@@ -30,6 +30,7 @@
 #include "common/config.h"
 #include "common/control/auth.h"
 #include "common/control/codec.h"
+#include "common/control/loop_pause.h"
 #include "common/control/wakeup.h"
 #include "common/status.h"
 #include "common/tensor.h"

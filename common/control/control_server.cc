@@ -251,6 +251,7 @@ bool ControlServer::has_free_slot_locked(const std::string& id) const {
 void ControlServer::loop() {
   const auto& c = opt_.control;
   auto next_beat = Clock::now();
+  LoopPause pause(c.heartbeat_interval / 4, c.heartbeat_interval);
   for (;;) {
     zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_.fd(), ZMQ_POLLIN, 0}};
     try {
@@ -263,6 +264,7 @@ void ControlServer::loop() {
     if (stopping_) return;  // the Leaves queued by stop() went out above
     receive_burst();
     const auto now = Clock::now();
+    if (const auto paused = pause.away(now); paused > Clock::duration::zero()) excuse_pause(paused, now);
     settle_probes();
     if (now >= next_beat) {
       next_beat = now + c.heartbeat_interval;
@@ -453,6 +455,20 @@ void ControlServer::prune_locked(Clock::time_point now) {
   if (departed.size() <= kMaxDeparted) return;
   std::sort(departed.begin(), departed.end());
   for (size_t i = 0; i + kMaxDeparted < departed.size(); ++i) members_.erase(departed[i].second);
+}
+
+// This thread was away (see LoopPause): its members' silence in that time
+// is not theirs.
+void ControlServer::excuse_pause(Clock::duration paused, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, m] : members_)
+    if (!m.lost) m.last_seen = excuse(m.last_seen, paused, now);
+  if (paused >= opt_.control.heartbeat_timeout / 4 && now - pause_logged_ > std::chrono::seconds(10)) {
+    pause_logged_ = now;
+    PC_WARN("publisher: the control thread did not run for " << ms_since(now - paused, now)
+                                                             << "ms (an overloaded or paused machine); "
+                                                                "members' silence in that time is not counted");
+  }
 }
 
 void ControlServer::check_liveness(Clock::time_point now) {

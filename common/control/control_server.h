@@ -43,6 +43,7 @@
 #include "common/config.h"
 #include "common/control/auth.h"
 #include "common/control/log_guard.h"
+#include "common/control/loop_pause.h"
 #include "common/control/codec.h"
 #include "common/control/member_event.h"
 #include "common/control/wakeup.h"
@@ -236,6 +237,7 @@ class ControlServer {
   void prune_locked(Clock::time_point now);
   void queue_locked(const std::string& id, zmq::message_t frame);
   void check_liveness(Clock::time_point now);
+  void excuse_pause(Clock::duration paused, Clock::time_point now);
   bool has_free_slot_locked(const std::string& id) const;
   void welcome_locked(const std::string& peer, uint64_t incarnation, bool probe);
   void reject_locked(const std::string& peer, uint64_t target, proto::RejectCode code, const std::string& text,
@@ -271,6 +273,7 @@ class ControlServer {
   std::map<std::string, std::pair<uint64_t, Clock::time_point>> probed_;
   std::deque<std::pair<std::string, zmq::message_t>> outbox_;
   uint64_t beat_seq_ = 0;  // heartbeat rounds queued so far (Heartbeat.seq)
+  Clock::time_point pause_logged_{};  // the last warning of the control thread's own pause
   DeltaFigures delta_;
 };
 

@@ -6,6 +6,7 @@
 // are never named for another member's churn, and the updates reach them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -99,8 +100,7 @@ TEST_F(ChurnTest, JoinLeaveCyclesDuringUpdatesCostTheHonestMembersNothing) {
   yaml.replace(yaml.find("join_timeout: 30s"), 17, "join_timeout: 2s");
   // The honest members must outlast a stalled machine (CI runs this beside a
   // sanitizer build: a 2-s stall once made both rejoin, and they were named).
-  yaml.replace(yaml.find("heartbeat_timeout: 1500ms"), 25, "heartbeat_timeout: 6000ms");
-  make_publisher(yaml);
+  make_publisher(test::with_heartbeat_timeout(yaml, std::max(test::test_heartbeat_timeout(), std::chrono::milliseconds(6000))));
   spawn_worker("worker-1");
   spawn_worker("worker-2");
   // start() waits join_timeout for the 8 absent ones, then starts with those present.

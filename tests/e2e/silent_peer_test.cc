@@ -2,10 +2,13 @@
 // RST and no heartbeat; the publisher must still name it and return within
 // heartbeat_timeout + 2 s, not at data_plane.timeout (20 s here). A worker
 // whose receive waits on a stalled parent must exit within 2 s of SIGTERM.
+// A publisher stopped and resumed keeps the members whose heartbeats waited
+// in its queues meanwhile.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cstdio>
+#include <fstream>
 
 #include "tests/support/worker_cluster.h"
 
@@ -85,6 +88,58 @@ TEST_F(SilentPeerTest, WorkerBlockedOnAStalledParentExitsWithinTwoSecondsOfSigte
   ASSERT_EQ(update_.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   UpdateResult r = update_.get();
   EXPECT_FALSE(r.ok());
+}
+
+// The publisher's own process stops (SIGSTOP: a debugger, an overloaded
+// machine, a paused VM) for more than twice its heartbeat_timeout between
+// two updates, while its members keep heartbeating into its queues. Resumed,
+// it must not count its own pause as their silence: before, it declared
+// both members lost and expelled them on its first look. The members' own
+// heartbeat_timeout (30 s) outlasts the pause, so that only the publisher's
+// judgement is tested. It ends its pause after the 5 s interval or in v2;
+// either way v2 reaches both members.
+TEST(PausedPublisherTest, APublisherStoppedPastHeartbeatTimeoutKeepsItsMembers) {
+  const std::string dir = test::make_temp_dir("paramcast-paused-publisher");
+  ASSERT_FALSE(dir.empty());
+  std::string yaml = test::test_config_yaml(2);
+  auto replaced = [](std::string text, const std::string& from, const std::string& to) {
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    return text;
+  };
+  const std::string trainer_yaml =
+      test::write_file(dir, "trainer.yaml", replaced(yaml, "  updates: 3\n", "  updates: 2\n  interval: 5s\n"));
+  const std::string worker_yaml =
+      test::write_file(dir, "worker.yaml", test::with_heartbeat_timeout(yaml, std::chrono::seconds(30)));
+  const std::string endpoint_file = dir + "/endpoint";
+  auto trainer = test::Process::start(test::binary("paramcast-trainer"),
+                                      {"--config", trainer_yaml, "--endpoint-file", endpoint_file});
+  ASSERT_TRUE(trainer->wait_for_output("control endpoint", std::chrono::seconds(60))) << trainer->output();
+  std::string endpoint;
+  std::ifstream(endpoint_file) >> endpoint;
+  ASSERT_FALSE(endpoint.empty());
+  std::vector<std::unique_ptr<test::Process>> workers;
+  for (const char* id : {"worker-1", "worker-2"})
+    workers.push_back(test::Process::start(test::binary("paramcast-worker"), {"--config", worker_yaml, "--id", id,
+                                                                               "--endpoint", endpoint, "--updates", "2"}));
+  ASSERT_TRUE(trainer->wait_for_output("update v1: ", std::chrono::seconds(120))) << trainer->output();
+  trainer->kill(SIGSTOP);  // in the interval between v1 and v2, or in v2
+  std::this_thread::sleep_for(test::test_heartbeat_timeout() * 5 / 2);
+  trainer->kill(SIGCONT);
+  auto code = trainer->wait_for(std::chrono::seconds(120));
+  ASSERT_TRUE(code.has_value()) << trainer->output();
+  const std::string out = trainer->output();
+  EXPECT_EQ(*code, 0) << out;
+  EXPECT_NE(out.find("update v2: "), std::string::npos) << out;
+  EXPECT_EQ(out.find("lost (silent for"), std::string::npos) << out;
+  EXPECT_NE(out.find("the control thread did not run for"), std::string::npos) << out;
+  for (auto& w : workers) {
+    ASSERT_TRUE(w->wait_for(std::chrono::seconds(60)).has_value()) << w->output();
+    EXPECT_NE(w->output().find("2 updates verified, 0 failed"), std::string::npos) << w->output();
+    EXPECT_EQ(w->output().find("expelled"), std::string::npos) << w->output();
+  }
+  test::remove_tree(dir);
 }
 
 }  // namespace

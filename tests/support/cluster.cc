@@ -1,14 +1,17 @@
 #include "tests/support/cluster.h"
 
 #include "common/synthetic_model.h"
+#include "tests/support/sanitizer.h"
 
 namespace paramcast::test {
+
+std::chrono::milliseconds test_heartbeat_timeout() { return std::chrono::milliseconds(kSanitized ? 4000 : 1500); }
 
 Config test_config(int subscribers) {
   Config c;
   c.control.endpoint = "tcp://127.0.0.1:*";
   c.control.heartbeat_interval = std::chrono::milliseconds(100);
-  c.control.heartbeat_timeout = std::chrono::milliseconds(1500);
+  c.control.heartbeat_timeout = test_heartbeat_timeout();
   c.control.join_timeout = std::chrono::seconds(30);
   c.control.reconnect_backoff_max = std::chrono::milliseconds(500);
   c.data_plane.bucket_bytes = 1 << 20;
@@ -24,10 +27,16 @@ Config test_config(int subscribers) {
 }
 
 std::string test_config_yaml(int subscribers, const std::string& extra_publisher, const std::string& extra_data_plane) {
-  return "control:\n"
-         "  endpoint: tcp://127.0.0.1:*\n"
-         "  heartbeat_interval: 100ms\n"
-         "  heartbeat_timeout: 1500ms\n"
+  // Appended piece by piece: GCC 12 reports a false -Wrestrict for
+  // "literal" + std::string&& at -O3.
+  std::string yaml =
+      "control:\n"
+      "  endpoint: tcp://127.0.0.1:*\n"
+      "  heartbeat_interval: 100ms\n"
+      "  heartbeat_timeout: ";
+  yaml += std::to_string(test_heartbeat_timeout().count());
+  return yaml +
+         "ms\n"
          "  join_timeout: 30s\n"
          "  reconnect_backoff_max: 500ms\n"
          "data_plane:\n"
@@ -47,6 +56,17 @@ std::string test_config_yaml(int subscribers, const std::string& extra_publisher
          "  updates: 3\n"
          "logging:\n"
          "  level: info\n";
+}
+
+std::string with_heartbeat_timeout(std::string yaml, std::chrono::milliseconds timeout) {
+  const std::string key = "  heartbeat_timeout: ";
+  const size_t at = yaml.find(key);
+  if (at == std::string::npos) return yaml;
+  const size_t end = yaml.find('\n', at);
+  std::string line = key;
+  line += std::to_string(timeout.count());
+  line += "ms";
+  return yaml.replace(at, end - at, line);
 }
 
 HostTensors make_tensors(const std::vector<TensorSpec>& specs) {

@@ -2,6 +2,7 @@
 // in-process cluster (one Publisher + N Subscribers on real sockets).
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,12 +15,20 @@
 
 namespace paramcast::test {
 
+// How long a silent member is given before it is declared lost: short, so
+// that the loss tests end soon, and longer under a sanitizer, whose
+// processes share CI's 2 cores with a compiler and can stall for seconds
+// at a time (every bound a loss test checks is derived from it).
+std::chrono::milliseconds test_heartbeat_timeout();
+
 // Gloo on loopback, ephemeral control port, timeouts sized for tests.
 Config test_config(int subscribers);
 
 // A YAML rendering of test_config for tools started as processes.
 std::string test_config_yaml(int subscribers, const std::string& extra_publisher = "",
                              const std::string& extra_data_plane = "");
+// `yaml` (a test_config_yaml) with another control.heartbeat_timeout.
+std::string with_heartbeat_timeout(std::string yaml, std::chrono::milliseconds timeout);
 
 // Host buffers holding one tensor set, filled from the synthetic generator.
 struct HostTensors {
