@@ -31,6 +31,12 @@
 namespace paramcast {
 
 inline constexpr uint64_t kPackAlignment = 256;
+// The most tensors one update may name: 262,144, 3.7 x the largest model
+// this serves (Kimi-K2, about 70,000). A member's list longer than it (a
+// trainer rank's Holdings, an engine's Wants, a Plan) is refused before
+// anything is built from it, so that no one message can make its receiver
+// build more than a job of this size would.
+inline constexpr size_t kMaxPlanTensors = size_t{1} << 18;
 
 struct PlanPiece {
   uint32_t tensor = 0;

@@ -176,6 +176,9 @@ StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
                               std::to_string(static_cast<unsigned>(in.getChecksum())) +
                               ", this build knows none, xxh64 and xxh64-blocks");
   }
+  if (in.getTensors().size() > kMaxPlanTensors)
+    return protocol_error("plan v" + std::to_string(plan.version) + " names " + std::to_string(in.getTensors().size()) +
+                          " tensors, more than the " + std::to_string(kMaxPlanTensors) + " an update may name");
   for (auto e : in.getTensors()) {
     TensorSpec t;
     t.name = e.getName().cStr();

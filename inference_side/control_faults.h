@@ -25,6 +25,10 @@
 //   PARAMCAST_FAULT_REPLAY_HOLDINGS=1      a trainer rank sends, right after each call's Holdings,
 //                                          its previous call's Holdings again (an older seq and
 //                                          step, as a delayed duplicate would arrive)
+//   PARAMCAST_FAULT_BLOAT_HOLDINGS=N:S     a trainer rank's Holdings of step S state N more
+//                                          tensors than it holds ("bloat/<i>", F32[1], each held
+//                                          whole, no data behind them): a message as large as the
+//                                          control plane lets through
 #pragma once
 
 #include <cstdint>
@@ -60,6 +64,11 @@ class ControlFaults {
       for (std::string id; std::getline(ids, id, ',');)
         if (!id.empty()) f.claim_shed_.insert(id);
     }
+    if (const char* bloat = std::getenv("PARAMCAST_FAULT_BLOAT_HOLDINGS")) {
+      char* end = nullptr;
+      f.bloat_tensors_ = std::strtoull(bloat, &end, 10);
+      f.bloat_step_ = end && *end == ':' ? std::strtoull(end + 1, nullptr, 10) : 0;
+    }
     if (const char* claim = std::getenv("PARAMCAST_FAULT_CLAIM_VERSION")) {
       f.claim_relative_ = claim[0] == '+';
       f.claim_ = std::strtoull(claim + (f.claim_relative_ ? 1 : 0), nullptr, 10);
@@ -72,6 +81,8 @@ class ControlFaults {
         refuse_delta_(o.refuse_delta_),
         replay_holdings_(o.replay_holdings_),
         refuse_slices_(o.refuse_slices_),
+        bloat_tensors_(o.bloat_tensors_),
+        bloat_step_(o.bloat_step_),
         claim_(o.claim_),
         claim_relative_(o.claim_relative_),
         claim_shed_(o.claim_shed_) {}
@@ -86,6 +97,8 @@ class ControlFaults {
   bool refuses_delta() const { return refuse_delta_; }
   // Whether to send each call's Holdings again after the next (PARAMCAST_FAULT_REPLAY_HOLDINGS=1).
   bool replays_holdings() const { return replay_holdings_; }
+  // How many tensors to state beyond those held in the Holdings of `step` (PARAMCAST_FAULT_BLOAT_HOLDINGS).
+  uint64_t bloats_holdings(uint64_t step) const { return step == bloat_step_ ? bloat_tensors_ : 0; }
   // Whether to refuse every sharded plan over its slices (PARAMCAST_FAULT_REFUSE_SLICES=1).
   bool refuses_slices() const { return refuse_slices_; }
   // The members this one claims it shed (PARAMCAST_FAULT_CLAIM_SHED).
@@ -103,6 +116,8 @@ class ControlFaults {
   bool refuse_delta_ = false;
   bool replay_holdings_ = false;
   bool refuse_slices_ = false;
+  uint64_t bloat_tensors_ = 0;
+  uint64_t bloat_step_ = 0;
   uint64_t claim_ = 0;
   bool claim_relative_ = false;
   std::set<std::string> claim_shed_;

@@ -27,10 +27,23 @@ reshard::Region box_of(const ShardView& s, const std::vector<int64_t>& full) {
 // Holdings and Wants alike: the full spec of each shard's tensor and the box held or wanted;
 // with `digests` (Holdings, checksums on; one per shard, empty boxes aside), each box's
 // holding_digest, for the publisher to compare replicas.
+// `bloat`: tensors stated beyond those held (a test hook's, ControlFaults).
 void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Builder h,
-                     const std::map<size_t, uint64_t>& digests = {}) {
-  auto tensors = h.initTensors(static_cast<unsigned>(shards.size()));
-  auto holds = h.initHolds(static_cast<unsigned>(shards.size()));
+                     const std::map<size_t, uint64_t>& digests = {}, uint64_t bloat = 0) {
+  const auto n = static_cast<unsigned>(shards.size() + bloat);
+  auto tensors = h.initTensors(n);
+  auto holds = h.initHolds(n);
+  for (unsigned i = static_cast<unsigned>(shards.size()); i < n; ++i) {
+    auto e = tensors[i];
+    e.setName("bloat/" + std::to_string(i));
+    e.setDtype("F32");
+    e.initShape(1).set(0, 1);
+    e.setNbytes(4);
+    auto r = holds[i];
+    r.setTensor(i);
+    r.initOffsets(1).set(0, 0);
+    r.initLengths(1).set(0, 1);
+  }
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardView& s = shards[i];
     const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
@@ -115,7 +128,7 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
     auto h = b.initHoldings();
     h.setSeq(seq);
     h.setStep(step);
-    shards_to_proto(shards, h, digests);
+    shards_to_proto(shards, h, digests, lost_.bloats_holdings(step));
   });
   zmq::message_t replay;  // test hook: the last call's Holdings, sent again after this one's
   if (lost_.replays_holdings()) {

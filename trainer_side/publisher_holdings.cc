@@ -13,7 +13,6 @@ namespace paramcast {
 
 namespace {
 
-constexpr size_t kMaxHeldTensors = 1 << 20;
 constexpr uint32_t kMaxRegionsPerTensor = 16;
 
 // One rank's shards as the plan's tensors and holdings: the full specs
@@ -27,6 +26,9 @@ Status add_holdings(const std::string& who, int rank, uint64_t seq, const std::v
     const TensorSpec& t = specs[i];
     auto it = index.find(t.name);
     if (it == index.end()) {
+      if (plan.tensors.size() >= kMaxPlanTensors)
+        return invalid_argument("the trainer ranks name more than the " + std::to_string(kMaxPlanTensors) +
+                                " tensors an update may name (" + who + " adds '" + t.name + "' and more)");
       it = index.emplace(t.name, std::make_pair(plan.tensors.size(), who)).first;
       plan.tensors.push_back(t);
     } else {
@@ -144,12 +146,13 @@ PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id
     out.error = id + " cannot publish its part: " + control::printable(h.getError().cStr(), 1024);
     return out;
   }
-  // Bounded before anything is read: the plan's checks cost the square of
-  // a tensor's regions, and a rank holds one box of a tensor, or a few.
-  if (h.getTensors().size() > kMaxHeldTensors || h.getHolds().size() > kMaxHeldTensors * kMaxRegionsPerTensor) {
+  // Bounded before anything is read: no more tensors than an update may
+  // name, and as many regions (a rank holds one box of a tensor, or a few,
+  // and the plan's checks cost the square of a tensor's regions).
+  if (h.getTensors().size() > kMaxPlanTensors || h.getHolds().size() > kMaxPlanTensors) {
     out.error = id + " sent " + std::to_string(h.getTensors().size()) + " tensors and " +
-                std::to_string(h.getHolds().size()) + " regions, more than the " + std::to_string(kMaxHeldTensors) +
-                " tensors of " + std::to_string(kMaxRegionsPerTensor) + " regions each a rank may state";
+                std::to_string(h.getHolds().size()) + " regions, more than the " + std::to_string(kMaxPlanTensors) +
+                " of each an update may name";
     return out;
   }
   std::string bad;

@@ -5,6 +5,7 @@
 // of that update and of later formations until it states others, never
 // the update itself (publisher_sharded.cc plans with them).
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -105,8 +106,14 @@ Status PublisherImpl::no_engine_takes(const std::map<std::string, std::string>& 
 // or one it does not slice, is no lie (the trainer's tensors do not match).
 void PublisherImpl::strike_wants_contradicted(const UpdatePlan& plan, const std::map<std::string, SourceHoldings>& wants,
                                               const UpdateResult& r) {
-  std::set<std::string> in_plan;
-  for (const auto& t : plan.tensors) in_plan.insert(t.name);
+  std::optional<std::set<std::string>> in_plan;  // the plan's names, read once an engine's refusal is weighed
+  auto planned_name = [&](const std::string& name) {
+    if (!in_plan) {
+      in_plan.emplace();
+      for (const auto& t : plan.tensors) in_plan->insert(t.name);
+    }
+    return in_plan->count(name) > 0;
+  };
   std::vector<std::pair<std::string, std::string>> strike;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -121,7 +128,7 @@ void PublisherImpl::strike_wants_contradicted(const UpdatePlan& plan, const std:
         if (tensor < planned->second.tensors.size()) sliced.insert(planned->second.tensors[tensor].name);
       bool contradicts = true;
       for (const auto& m : o.mismatches)
-        contradicts &= m.kind != Mismatch::Kind::kMissingName && sliced.count(m.name) && in_plan.count(m.name);
+        contradicts &= m.kind != Mismatch::Kind::kMissingName && sliced.count(m.name) && planned_name(m.name);
       if (!contradicts) continue;
       const uint64_t seq = planned->second.seq;
       if (std::exchange(wants_contradicted_[o.worker_id], seq) != seq) continue;  // the first: noted

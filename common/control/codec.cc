@@ -22,7 +22,8 @@ size_t text_limit(std::string_view field) {
   return kMaxTextBytes;
 }
 
-// The fields of a struct type worth visiting (texts, structs, lists), with
+// The fields of a struct type worth visiting (texts, and structs and lists
+// that hold texts), with
 // their limits: computed once per type and thread, since schema lookups are
 // slow next to reading a message.
 struct FieldInfo {
@@ -36,6 +37,31 @@ struct StructInfo {
   std::unordered_map<uint16_t, FieldInfo> in_union;  // by field index
 };
 
+bool holds_text(capnp::Type type, int depth);
+
+// Whether a struct type holds a text anywhere inside it: the walk skips
+// those that hold none (a plan's 50,000 regions of numbers). A type nested
+// deeper than any of the protocol's (or recursive) counts as holding one.
+bool struct_holds_text(capnp::StructSchema schema, int depth) {
+  if (depth > 16) return true;
+  thread_local std::unordered_map<uint64_t, bool> memo;
+  const uint64_t id = schema.getProto().getId();
+  if (auto it = memo.find(id); it != memo.end()) return it->second;
+  bool text = false;
+  for (auto f : schema.getFields()) text = text || holds_text(f.getType(), depth + 1);
+  memo[id] = text;
+  return text;
+}
+
+bool holds_text(capnp::Type type, int depth) {
+  switch (type.which()) {
+    case capnp::schema::Type::TEXT: return true;
+    case capnp::schema::Type::LIST: return holds_text(type.asList().getElementType(), depth + 1);
+    case capnp::schema::Type::STRUCT: return struct_holds_text(type.asStruct(), depth + 1);
+    default: return false;
+  }
+}
+
 const StructInfo& info_for(capnp::StructSchema schema) {
   thread_local std::unordered_map<uint64_t, StructInfo> cache;
   auto found = cache.try_emplace(schema.getProto().getId());
@@ -43,8 +69,7 @@ const StructInfo& info_for(capnp::StructSchema schema) {
   if (!found.second) return info;
   auto add = [](capnp::StructSchema::Field f, auto&& put) {
     const auto which = f.getType().which();
-    if (which != capnp::schema::Type::TEXT && which != capnp::schema::Type::STRUCT && which != capnp::schema::Type::LIST)
-      return;
+    if (!holds_text(f.getType(), 0)) return;
     const std::string_view name = f.getProto().getName().cStr();
     put(FieldInfo{f, which, name, text_limit(name)});
   };

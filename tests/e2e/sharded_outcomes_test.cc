@@ -94,12 +94,7 @@ std::string run_trainer_with_deltas(const std::string& dir, int ranks) {
   const std::string path = test::write_file(dir, "deploy.yaml", yaml);
   auto rank0 = test::Process::start(test::binary("paramcast-trainer"),
                                     {"--config", path, "--endpoint-file", dir + "/endpoint"});
-  std::string endpoint;
-  for (int i = 0; i < 2000 && endpoint.empty(); ++i) {
-    std::ifstream in(dir + "/endpoint");
-    std::getline(in, endpoint);
-    if (endpoint.empty()) std::this_thread::sleep_for(10ms);
-  }
+  const std::string endpoint = test::read_when_written(dir + "/endpoint");
   EXPECT_FALSE(endpoint.empty()) << rank0->output();
   std::vector<std::unique_ptr<test::Process>> others;
   for (int r = 1; r < ranks; ++r)

@@ -340,12 +340,7 @@ TEST(ShardedMissingRankTest, ARefusalBeforeAnyVersionIsNotCalledV0) {
   const std::string path = test::write_file(dir, "deploy.yaml", yaml);
   auto rank0 = test::Process::start(test::binary("paramcast-trainer"),
                                     {"--config", path, "--endpoint-file", dir + "/endpoint", "--updates", "1"});
-  std::string endpoint;
-  for (int i = 0; i < 2000 && endpoint.empty(); ++i) {
-    std::ifstream in(dir + "/endpoint");
-    std::getline(in, endpoint);
-    if (endpoint.empty()) std::this_thread::sleep_for(10ms);
-  }
+  const std::string endpoint = test::read_when_written(dir + "/endpoint");
   ASSERT_FALSE(endpoint.empty()) << rank0->output();
   auto w1 = test::Process::start(test::binary("paramcast-worker"),
                                  {"--config", path, "--id", "worker-1", "--endpoint", endpoint, "--updates", "0"});
@@ -483,12 +478,7 @@ TEST_P(ShardedMemoryTest, EachTrainerRankSendsFromItsRowsAndGrowsByLessThanThree
   const std::string n = std::to_string(updates);
   auto rank0 = test::Process::start(test::binary("paramcast-trainer"),
                                     {"--config", path, "--endpoint-file", dir_ + "/endpoint", "--updates", n});
-  std::string endpoint;
-  for (int i = 0; i < 2000 && endpoint.empty(); ++i) {
-    std::ifstream in(dir_ + "/endpoint");
-    std::getline(in, endpoint);
-    if (endpoint.empty()) std::this_thread::sleep_for(10ms);
-  }
+  const std::string endpoint = test::read_when_written(dir_ + "/endpoint");
   ASSERT_FALSE(endpoint.empty()) << rank0->output();
   auto rank1 = test::Process::start(test::binary("paramcast-trainer"),
                                     {"--config", path, "--rank", "1", "--endpoint", endpoint, "--updates", n});

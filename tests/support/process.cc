@@ -133,6 +133,17 @@ std::string write_file(const std::string& dir, const std::string& name, const st
   return path;
 }
 
+std::string read_when_written(const std::string& path, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::string line;
+  for (;;) {
+    std::ifstream in(path);
+    std::getline(in, line);
+    if (!line.empty() || std::chrono::steady_clock::now() >= until) return line;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 size_t count(const std::string& text, const std::string& needle) {
   size_t n = 0;
   for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;

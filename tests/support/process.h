@@ -41,6 +41,10 @@ std::string binary(const std::string& name);  // path of a built tool
 std::string make_temp_dir(const std::string& prefix);
 void remove_tree(const std::string& dir);
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text);
+// The first line of `path` once a tool wrote it there (paramcast-trainer
+// --endpoint-file), or "" after `timeout`.
+std::string read_when_written(const std::string& path,
+                              std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
 size_t count(const std::string& text, const std::string& needle);  // occurrences, overlapping ones included
 
 // One line of a tool's log: "L YYYY-MM-DDTHH:MM:SS.mmmZ member: message".
