@@ -7,32 +7,49 @@
 // `away` at each turn and adds what it returns to each peer's last-heard
 // time: silence counts only while the loop was listening. A peer that is
 // really gone is still found, as late as the pause was long.
+//
+// Time the loop's thread spent running (its CPU time: handling a large or
+// a hostile message) is no pause: a member that keeps the loop busy cannot
+// keep a dead peer from being found.
 #pragma once
+
+#include <time.h>
 
 #include <chrono>
 
 namespace paramcast::control {
+
+// The calling thread's CPU time.
+inline std::chrono::nanoseconds thread_cpu_time() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 
 class LoopPause {
  public:
   using Clock = std::chrono::steady_clock;
 
   // `turn` is how often the loop turns when it runs (its poll timeout); a
-  // gap between turns beyond `turn` plus `slack` is a pause.
-  LoopPause(Clock::duration turn, Clock::duration slack, Clock::time_point start = Clock::now())
-      : limit_(turn + slack), last_(start) {}
+  // gap between turns beyond `turn` plus `slack`, less the time the thread
+  // ran, is a pause.
+  LoopPause(Clock::duration turn, Clock::duration slack, Clock::time_point start = Clock::now(),
+            std::chrono::nanoseconds cpu = thread_cpu_time())
+      : limit_(turn + slack), last_(start), last_cpu_(cpu) {}
 
   // How long the loop was away since its last turn, beyond the turn it
-  // expects; zero when it turned on time.
-  Clock::duration away(Clock::time_point now) {
-    const auto gap = now - last_;
+  // expects and the time it ran; zero when it turned on time.
+  Clock::duration away(Clock::time_point now, std::chrono::nanoseconds cpu = thread_cpu_time()) {
+    const auto idle = (now - last_) - std::chrono::duration_cast<Clock::duration>(cpu - last_cpu_);
     last_ = now;
-    return gap > limit_ ? gap - limit_ : Clock::duration::zero();
+    last_cpu_ = cpu;
+    return idle > limit_ ? idle - limit_ : Clock::duration::zero();
   }
 
  private:
   Clock::duration limit_;
   Clock::time_point last_;
+  std::chrono::nanoseconds last_cpu_;
 };
 
 // `heard` moved on by `paused`, never past `now`.
