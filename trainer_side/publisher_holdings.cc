@@ -28,7 +28,7 @@ Status add_holdings(const std::string& who, int rank, uint64_t seq, const std::v
     if (it == index.end()) {
       if (plan.tensors.size() >= kMaxPlanTensors)
         return invalid_argument("the trainer ranks name more than the " + std::to_string(kMaxPlanTensors) +
-                                " tensors an update may name (" + who + " adds '" + t.name + "' and more)");
+                                " tensors an update may name (" + who + " adds '" + control::printable(t.name) + "' and more)");
       it = index.emplace(t.name, std::make_pair(plan.tensors.size(), who)).first;
       plan.tensors.push_back(t);
     } else {

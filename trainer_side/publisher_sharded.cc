@@ -188,14 +188,16 @@ Status PublisherImpl::sharded_precondition(const UpdateOptions& options) {
 Status PublisherImpl::transform_own(const std::vector<ShardView>& shards, const std::vector<transform::Rule>& rules,
                                     const UpdateOptions& options, transform::TransformedShards& wire,
                                     UpdateResult& r) {
-  if (rules.empty()) return Status();
-  if (cfg_.publisher.device.is_cuda())
+  if (!rules.empty() && cfg_.publisher.device.is_cuda())
     return invalid_argument(std::string("UpdateOptions::transforms on publisher.device ") +
                             cfg_.publisher.device.to_string() + ": " + transform::kCudaPending);
+  // Also an empty list where publisher.transforms has rules: the other
+  // ranks would send what this rank does not.
   if (options.transforms && cfg_.publisher.ranks > 1 && *options.transforms != cfg_.publisher.transforms)
     return invalid_argument("weight_update_sharded: UpdateOptions::transforms differ from "
                             "publisher.transforms, which the other trainer ranks apply: give every rank the "
                             "same rules in the config");
+  if (rules.empty()) return Status();
   auto t = transform::apply_shards(shards, rules);
   if (!t.ok()) return t.status();
   wire = std::move(t.value());

@@ -149,6 +149,10 @@ StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorSpec>& spe
   const uint64_t floor = std::max(last_version_, held);
   r.version = options.version.value_or(floor + 1);
   r.tensors = specs.size();
+  if (specs.size() > kMaxPlanTensors)
+    return invalid_argument("an update of " + std::to_string(specs.size()) + " tensors: more than the " +
+                            std::to_string(kMaxPlanTensors) + " one update may name (kMaxPlanTensors): send them "
+                            "as several partial updates (UpdateOptions::partial)");
   if (options.version && *options.version > kMaxVersion)
     return invalid_argument("version " + std::to_string(*options.version) + " exceeds the largest version, " +
                             std::to_string(kMaxVersion));

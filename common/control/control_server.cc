@@ -463,7 +463,13 @@ void ControlServer::excuse_pause(Clock::duration paused, Clock::time_point now) 
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, m] : members_)
     if (!m.lost) m.last_seen = excuse(m.last_seen, paused, now);
-  if (paused >= opt_.control.heartbeat_timeout / 4 && now - pause_logged_ > std::chrono::seconds(10)) {
+  // A probe waits to see whether the member holding its id is heard after
+  // it came: its arrival moves on with them, or a dead holder would look
+  // alive and a restarted engine be refused as a duplicate.
+  for (auto& p : probes_) p.arrived = excuse(p.arrived, paused, now);
+  // Always where it could have cost a member; smaller ones once in 10 s.
+  const bool costly = paused >= opt_.control.heartbeat_timeout;
+  if (costly || (paused >= opt_.control.heartbeat_timeout / 4 && now - pause_logged_ > std::chrono::seconds(10))) {
     pause_logged_ = now;
     PC_WARN("publisher: the control thread did not run for " << ms_since(now - paused, now)
                                                              << "ms (an overloaded or paused machine); "

@@ -408,6 +408,19 @@ TEST_F(WeightUpdateTest, BadTensorViewsAreRefusedBeforeAnythingIsSent) {
   EXPECT_NE(dup.status.message().find("'w' appears twice"), std::string::npos);
   auto dev = pub_->weight_update({TensorView{specs[0], data.data(), Device::cuda(0)}});
   EXPECT_NE(dev.status.message().find("is on cuda:0 but publisher.device is cpu"), std::string::npos);
+  // More tensors than one update may name: refused here, not planned and
+  // then refused by every engine.
+  std::vector<TensorView> many;
+  for (size_t i = 0; i <= kMaxPlanTensors; ++i) {
+    std::string name = "t";  // appended: GCC 12 reports a false -Wrestrict for "t" + std::to_string(i) here
+    name += std::to_string(i);
+    many.push_back(TensorView{{name, DType::kF32, {1}}, data.data(), Device::cpu()});
+  }
+  auto big = pub_->weight_update(many);
+  EXPECT_EQ(big.status.code(), Code::kInvalidArgument);
+  EXPECT_NE(big.status.message().find("an update of 262145 tensors: more than the 262144 one update may name"),
+            std::string::npos)
+      << big.status.to_string();
   EXPECT_EQ(workers_[0]->sub->state().kind, WeightStateKind::kEmpty);
 }
 
