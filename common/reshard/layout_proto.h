@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/plan.h"
 #include "common/reshard/layout.h"
 #include "common/reshard/rank_plan.h"
 #include "common/status.h"
@@ -21,7 +22,7 @@
 namespace paramcast::reshard {
 
 struct LayoutLimits {
-  size_t max_tensors = 1 << 20;
+  size_t max_tensors = kMaxPlanTensors;  // as many as one update may name
   size_t max_name_bytes = 1024;
   size_t max_dims = 8;
   size_t max_ranks = 1 << 16;
