@@ -130,7 +130,10 @@ namespace {
 // fails at once naming the member, and the next update forms a new group.
 // The window is held open by PARAMCAST_FAULT_PAUSE_BEFORE_PLAN.
 TEST_F(WorkerClusterTest, AMemberThatRejoinsBeforeThePlanFailsTheUpdateAtOnceAndTheNextFormsAgain) {
-  setenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN", "2:4000", 1);
+  // v2 pauses long enough for worker-2 to be lost and back: heartbeat_timeout + 2.5 s.
+  std::string pause = "2:";
+  pause += std::to_string((test::test_heartbeat_timeout() + std::chrono::milliseconds(2500)).count());
+  setenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN", pause.c_str(), 1);
   make_publisher(test::test_config_yaml(2));
   unsetenv("PARAMCAST_FAULT_PAUSE_BEFORE_PLAN");
   spawn_worker("worker-1");

@@ -1,11 +1,10 @@
 #include "tests/support/cluster.h"
 
 #include "common/synthetic_model.h"
-#include "tests/support/sanitizer.h"
 
 namespace paramcast::test {
 
-std::chrono::milliseconds test_heartbeat_timeout() { return std::chrono::milliseconds(kSanitized ? 4000 : 1500); }
+std::chrono::milliseconds test_heartbeat_timeout() { return std::chrono::milliseconds(1500); }
 
 Config test_config(int subscribers) {
   Config c;

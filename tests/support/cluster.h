@@ -15,10 +15,9 @@
 
 namespace paramcast::test {
 
-// How long a silent member is given before it is declared lost: short, so
-// that the loss tests end soon, and longer under a sanitizer, whose
-// processes share CI's 2 cores with a compiler and can stall for seconds
-// at a time (every bound a loss test checks is derived from it).
+// How long a silent member is given before it is declared lost (1.5 s):
+// short, so that the loss tests end soon; every bound a loss test checks
+// is derived from it.
 std::chrono::milliseconds test_heartbeat_timeout();
 
 // Gloo on loopback, ephemeral control port, timeouts sized for tests.
