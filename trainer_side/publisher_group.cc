@@ -164,6 +164,7 @@ Status PublisherImpl::ensure_group() {
   auto missing = server_.missing();
   if (!missing.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail)
     return peer_lost("subscribers missing (on_member_loss: fail): " + join_ids(missing));
+  probe_data_suspects();
   const auto excluded = groups_.excluded();
   if (!excluded.empty() && cfg_.publisher.on_member_loss == MemberLossPolicy::kFail) {
     std::string what;
@@ -171,6 +172,19 @@ Status PublisherImpl::ensure_group() {
     return unavailable("subscribers in quarantine after failing group formations (on_member_loss: fail): " + what);
   }
   return form_group(cap_);
+}
+
+// The members the last failed update named prove their data path before
+// this formation (a link check, about 3 s at most): one that cannot is in
+// quarantine now, and the formation goes without it instead of spending
+// init_timeout on it (group_host.h, probe_data_paths).
+void PublisherImpl::probe_data_suspects() {
+  std::map<std::string, std::string> suspects;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    suspects.swap(data_suspects_);
+  }
+  groups_.probe_data_paths(suspects);
 }
 
 // A many-sender group of trainer ranks only reaches nobody: the update

@@ -80,6 +80,9 @@ class PublisherImpl : public control::ControlServer::Listener {
   // the links' figures before it, and the bytes sent so far.
   // When the update in flight's data plane started and ended (update thread).
   Clock::time_point move_started_{}, move_ended_{};
+  // Named by the last failed update (member -> why): probed before the next
+  // formation (probe_data_suspects).
+  std::map<std::string, std::string> data_suspects_;
   struct MoveState {
     std::vector<std::string> group;
     uint64_t epoch = 0;
@@ -174,6 +177,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   void run(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
            UpdateResult& r);
   Status ensure_group();
+  void probe_data_suspects();  // before a formation (publisher_group.cc)
   // Forms the group of the wanted members by `cap`. When the failure names
   // members on conclusive evidence (now in quarantine), or members left or
   // were lost during it, forms again at once of the others of that
@@ -225,6 +229,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // on_slow_member: shed: the shed members' outcomes, and the update's code
   // without them. Called with mu_ held.
   void apply_shed(UpdateResult& r, const Status& data, Code& code);
+  void note_data_suspects_locked(const UpdateResult& r);
   // Steps 2-5 of weight_update; whether the data plane carried the update.
   bool run_once(UpdatePlan& plan, const std::vector<TensorView>& tensors, const UpdateOptions& options,
                 UpdateResult& r);

@@ -105,6 +105,7 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   needs_reform_ = true;
   abandon_locked(r.version, "update failed");
   round_.end();
+  note_data_suspects_locked(r);
   // A reader this rank's own data plane saw alone take nothing for
   // stall_timeout (the shm root sees every reader's progress) is
   // quarantined at once: the next update forms without it instead of
@@ -123,6 +124,14 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   what += " failed";
   if (!data.ok()) what += " (publisher data plane: " + data.message() + ")";
   r.status = summarize_outcomes(r.subscribers, code, what);
+}
+
+// The live members a failed update names (after its moves began) prove
+// their data path before the next formation (probe_data_suspects).
+void PublisherImpl::note_data_suspects_locked(const UpdateResult& r) {
+  for (const auto& o : r.subscribers)
+    if (!o.status.ok() && !o.shed && is_live(o.worker_id))
+      data_suspects_[o.worker_id] = "in update v" + std::to_string(r.version) + ", which failed";
 }
 
 // Only the member's parent in the broadcast tree of the plane it receives

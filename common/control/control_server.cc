@@ -471,9 +471,9 @@ void ControlServer::excuse_pause(Clock::duration paused, Clock::time_point now) 
   const bool costly = paused >= opt_.control.heartbeat_timeout;
   if (costly || (paused >= opt_.control.heartbeat_timeout / 4 && now - pause_logged_ > std::chrono::seconds(10))) {
     pause_logged_ = now;
-    PC_WARN("publisher: the control thread did not run for " << ms_since(now - paused, now)
-                                                             << "ms (an overloaded or paused machine); "
-                                                                "members' silence in that time is not counted");
+    PC_WARN("publisher: the control thread did not run for "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(paused).count()
+            << "ms (an overloaded or paused machine); members' silence in that time is not counted");
   }
 }
 

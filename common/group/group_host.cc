@@ -465,7 +465,7 @@ void GroupHost::on_member_gone(const std::string&) {
 }
 
 void GroupHost::stop() {
-  std::unique_ptr<LinkCheckHost> checks;
+  std::shared_ptr<LinkCheckHost> checks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;

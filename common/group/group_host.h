@@ -103,6 +103,13 @@ class GroupHost {
   std::vector<std::string> last_conclusive() const;
   // Quarantines `id` at once (a member that broke the start-up formation).
   void quarantine(const std::string& id, const std::string& reason);
+  // Members a failed update's data plane named (`suspects`, with why) prove
+  // their data path before the next formation instead of costing it
+  // init_timeout: each that can answer a link check gets one now; one whose
+  // check fails, or does not end within kLinkCheckTimeout + 1 s, is
+  // quarantined at once for a data-path failure (a later passing check lets
+  // it out early). Blocks up to that bound. Returns those quarantined.
+  std::vector<std::string> probe_data_paths(const std::map<std::string, std::string>& suspects);
   // Whether `id`, a member of the last formation, was lost or rejoined
   // since it began (it left that group).
   bool gone(const std::string& id) const {
@@ -210,8 +217,9 @@ class GroupHost {
   // who needs a check now. mu_ held / not held.
   bool checked_locked(const std::string& id) const;
   std::vector<std::string> due_checks();
-  // Starts the link checks at the first quarantine (Gloo plane); mu_ not held.
-  void ensure_checks();
+  // Starts the link checks at the first quarantine (Gloo plane), or at the
+  // first probe (`now`); mu_ not held.
+  void ensure_checks(bool now = false);
   // A member whose connection was lost meanwhile, or that rejoined (a
   // restart, a new connection: it left the group): handled (and named) as
   // such; no evidence of a member breaking formation, never struck.
@@ -237,7 +245,7 @@ class GroupHost {
   std::map<std::string, std::map<std::string, Clock::time_point>> accused_by_;
   // Started with the first quarantine (Gloo plane); null before, or where
   // it could not start (then backoffs alone decide, as without it).
-  std::unique_ptr<LinkCheckHost> checks_;
+  std::shared_ptr<LinkCheckHost> checks_;  // shared: a probe (update thread) keeps it through stop()
   bool checks_tried_ = false;
 };
 

@@ -8,6 +8,7 @@
 #include "common/units.h"
 
 #include <algorithm>
+#include <thread>
 
 namespace paramcast::group {
 
@@ -81,7 +82,7 @@ std::map<std::string, std::string> GroupHost::excluded(Clock::time_point now) co
 }
 
 GroupHost::~GroupHost() {
-  std::unique_ptr<LinkCheckHost> checks;
+  std::shared_ptr<LinkCheckHost> checks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     checks = std::move(checks_);
@@ -129,14 +130,53 @@ void GroupHost::quarantine(const std::string& id, const std::string& reason) {
   ensure_checks();
 }
 
+std::vector<std::string> GroupHost::probe_data_paths(const std::map<std::string, std::string>& suspects) {
+  if (suspects.empty()) return {};
+  ensure_checks(true);
+  const auto since = Clock::now();
+  std::vector<std::string> probed;
+  std::shared_ptr<LinkCheckHost> checks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // stop() takes checks_ under it: not stopped while asked
+    if (stopped_) return {};
+    for (const auto& [id, why] : suspects)
+      if (checked_locked(id)) probed.push_back(id);
+    checks = checks_;
+    for (const auto& id : probed) checks->check_now(id);
+  }
+  if (probed.empty()) return {};
+  auto finished = [&](const std::string& id) {
+    const auto r = checks->last(id);
+    return r && r->at >= since;
+  };
+  const auto deadline = since + kLinkCheckTimeout + Millis(1000);
+  while (Clock::now() < deadline && !std::all_of(probed.begin(), probed.end(), finished)) {
+    if (std::lock_guard<std::mutex> lock(mu_); stopped_) return {};
+    std::this_thread::sleep_for(Millis(10));
+  }
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& id : probed) {
+    const auto r = checks->last(id);
+    if (r && r->at >= since && r->passed) continue;
+    const std::string check = !r || r->at < since ? "its link check did not finish within " +
+                                                        format_duration(kLinkCheckTimeout + Millis(1000))
+                                                  : "its link check failed: " + r->why;
+    PC_WARN("publisher: link check of '" << id << "' failed before the next formation (" << check << ")");
+    strike_locked(id, suspects.at(id) + "; " + check, 2, Clock::now(), true);
+    out.push_back(id);
+  }
+  return out;
+}
+
 // Started with the first quarantine, outside mu_ (it resolves the data
 // address and starts a thread that takes mu_).
-void GroupHost::ensure_checks() {
+void GroupHost::ensure_checks(bool now) {
   if (cfg_.data_plane.backend != Backend::kGloo) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (checks_tried_ || stopped_ || std::none_of(strikes_.begin(), strikes_.end(),
-                                                  [](const auto& s) { return s.second.count >= 2; }))
+    if (checks_tried_ || stopped_ ||
+        (!now && std::none_of(strikes_.begin(), strikes_.end(), [](const auto& s) { return s.second.count >= 2; })))
       return;
     checks_tried_ = true;
   }
