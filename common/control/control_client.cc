@@ -46,9 +46,7 @@ std::unique_ptr<zmq::socket_t> ControlClient::make_socket(const std::string& ide
   auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
   s->set(zmq::sockopt::routing_id, identity);
   apply_client_auth(*s, opt_.auth);
-  s->set(zmq::sockopt::heartbeat_ivl, static_cast<int>(c.heartbeat_interval.count()));
-  s->set(zmq::sockopt::heartbeat_ttl, static_cast<int>(c.heartbeat_timeout.count()));
-  s->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(c.heartbeat_timeout.count()));
+  set_zmtp_heartbeats(*s, c);
   set_keepalive(*s, c);
   s->set(zmq::sockopt::linger, 0);
   s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.control.max_message_bytes + 1024));

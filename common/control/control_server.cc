@@ -61,11 +61,9 @@ Status ControlServer::start(Listener* listener) {
     // live one. Every subscriber connection carries a fresh nonce in its
     // identity, so a restart or reconnect needs no takeover either. ZMTP
     // heartbeats and TCP keepalive drop connections of peers that went
-    // silent (a stopped process, a cut link) within heartbeat_timeout.
+    // silent (a stopped process, a cut link): set_zmtp_heartbeats says when.
     router_.set(zmq::sockopt::router_handover, 0);
-    router_.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(c.heartbeat_interval.count()));
-    router_.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(c.heartbeat_timeout.count()));
-    router_.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(c.heartbeat_timeout.count()));
+    set_zmtp_heartbeats(router_, c);
     set_keepalive(router_, c);
     router_.set(zmq::sockopt::router_mandatory, 1);
     router_.set(zmq::sockopt::linger, 0);

@@ -5,6 +5,7 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <climits>
 #include <random>
 #include <string>
 #include <zmq.hpp>
@@ -25,6 +26,23 @@ zmq::message_t make_message(uint64_t epoch, uint64_t incarnation, F&& fill) {
   fill(env.initBody());
   clamp_text_fields(env);
   return encode(builder);
+}
+
+// ZMTP heartbeats on a control socket: every heartbeat_interval, and a
+// connection silent for 4 x heartbeat_timeout is dropped (ours, and, by
+// the TTL, the peer's). Who is lost is the members' and the publisher's own
+// judgement at heartbeat_timeout (LoopPause excuses a process's own
+// stall); this drop only frees a dead connection. At heartbeat_timeout it
+// would also fire in a process resumed from a stall (libzmq runs its expired
+// timers before it reads what arrived meanwhile) and in its peer: the
+// peer's reconnect, under the routing id of a connection not yet dropped
+// here, is held anonymous without handover, and that member heard nothing
+// until its own heartbeat_timeout (PausedPublisherTest, now and then).
+inline void set_zmtp_heartbeats(zmq::socket_t& s, const ControlOptions& c) {
+  const int drop_ms = static_cast<int>(std::min<int64_t>(4 * c.heartbeat_timeout.count(), INT32_MAX));
+  s.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(c.heartbeat_interval.count()));
+  s.set(zmq::sockopt::heartbeat_ttl, std::min(drop_ms, 6553500));  // ZMTP carries the TTL in deciseconds (16 bits)
+  s.set(zmq::sockopt::heartbeat_timeout, drop_ms);
 }
 
 // TCP keepalive on a control socket, so that a connection over a dead link
