@@ -16,6 +16,7 @@
 #include "common/reshard/executor_steps.h"
 #include "common/synthetic_model.h"
 #include "tests/e2e/sharded_fixture.h"
+#include "tests/support/sanitizer.h"
 #include "tests/support/worker_cluster.h"
 
 namespace paramcast {
@@ -523,7 +524,7 @@ TEST_P(ShardedMemoryTest, EachTrainerRankSendsFromItsRowsAndGrowsByLessThanThree
     const uint64_t row_bytes = t.nbytes().value() / static_cast<uint64_t>(rows);
     largest = std::max(largest, row_bytes * static_cast<uint64_t>(synthetic_shard_rows(rows, 1, 2).second));
   }
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(PARAMCAST_TEST_ASAN) || defined(PARAMCAST_TEST_TSAN)
   std::printf("memory bound not checked under a sanitizer (growth %llu bytes)\n", static_cast<unsigned long long>(growth));
 #else
   const uint64_t staging = std::max<uint64_t>(3 * (1u << 20), reshard::detail::kBundleMax);

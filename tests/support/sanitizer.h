@@ -13,12 +13,23 @@
 
 namespace paramcast::test {
 
+// PARAMCAST_TEST_ASAN / PARAMCAST_TEST_TSAN: which sanitizer, for GCC
+// (__SANITIZE_ADDRESS__) and clang (__has_feature) alike.
+#if defined(__SANITIZE_ADDRESS__)
+#define PARAMCAST_TEST_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define PARAMCAST_TEST_TSAN 1
+#endif
 #if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PARAMCAST_TEST_SANITIZED 1
+#if __has_feature(address_sanitizer) && !defined(PARAMCAST_TEST_ASAN)
+#define PARAMCAST_TEST_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer) && !defined(PARAMCAST_TEST_TSAN)
+#define PARAMCAST_TEST_TSAN 1
 #endif
 #endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(PARAMCAST_TEST_SANITIZED)
+#if defined(PARAMCAST_TEST_ASAN) || defined(PARAMCAST_TEST_TSAN)
 inline constexpr bool kSanitized = true;
 #else
 inline constexpr bool kSanitized = false;

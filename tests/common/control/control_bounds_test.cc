@@ -13,15 +13,16 @@
 #include "common/control/control_server.h"
 #include "common/control/messages.h"
 #include "common/log.h"
+#include "tests/support/sanitizer.h"
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(PARAMCAST_TEST_ASAN)
 extern "C" const char* __asan_default_options() { return "quarantine_size_mb=16:detect_leaks=1"; }
 #endif
 
 namespace paramcast::control {
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(PARAMCAST_TEST_TSAN)
 constexpr int kHostileFrames = 100000;  // ThreadSanitizer checks the locking, not the volume
 #else
 constexpr int kHostileFrames = 1000000;
