@@ -210,6 +210,10 @@ auth:
     model = [int(float(m.group(1)) * 2**20) for m in re.finditer(r"verified, ([\d.]+) MiB", outs[senders])][:1]
     # Rank 0's data-plane time of each update (its moves, before the last Applied).
     plane = [duration_s(m.group(1)) for m in re.finditer(r"; data plane ([\d.]+ \w+) \(", outs[0])]
+    # The plan's control bytes (whole, or by reference: Plan.shapeRef), first and last update.
+    plans = re.findall(r"; plan: ([^;\n]*)", outs[0])
+    if plans:
+        print(f"  plan messages: first update {plans[0]}; last {plans[-1]}", flush=True)
     if getattr(args, "local", False):
         return times[1:], model[0] if model else 0, plane[1:]
     return times[1:], model[0] if model else 0

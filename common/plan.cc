@@ -43,6 +43,40 @@ uint64_t manifest_hash(const std::vector<TensorSpec>& tensors) {
 }
 
 namespace {
+void put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+void put_u64(std::string& out, uint64_t v) { put(out, &v, sizeof v); }
+void put_list(std::string& out, const std::vector<int64_t>& v) {
+  put_u64(out, v.size());
+  put(out, v.data(), v.size() * sizeof(int64_t));
+}
+}  // namespace
+
+void append_sharded_shape(const UpdatePlan& plan, std::string& out) {
+  put_u64(out, plan.tensors.size());
+  for (const auto& t : plan.tensors) {
+    put_u64(out, t.name.size());
+    out += t.name;
+    put_u64(out, static_cast<uint64_t>(t.dtype));
+    put_list(out, t.shape);
+  }
+  for (const auto* list : {&plan.holders, &plan.wanters}) {
+    put_u64(out, list->size());
+    for (const auto& h : *list) {
+      put_u64(out, static_cast<uint64_t>(h.rank));
+      put_u64(out, static_cast<uint64_t>(h.tensor));
+      put_list(out, h.offsets);
+      put_list(out, h.lengths);
+    }
+  }
+}
+
+uint64_t sharded_shape_digest(const UpdatePlan& plan) {
+  std::string shape;
+  append_sharded_shape(plan, shape);
+  return xxh64(shape.data(), shape.size(), 0x5348415045ULL);
+}
+
+namespace {
 // The specs' checks and per-tensor sizes, shared by both kinds of plan.
 // `each(i, nbytes)` runs for every tensor once checked.
 template <typename F>

@@ -139,6 +139,16 @@ struct Mismatch {
 
 uint64_t manifest_hash(const std::vector<TensorSpec>& tensors);
 
+// A sharded plan's shape, the part its moves are derived from and that
+// stays while the job does: its tensors (names, dtypes, shapes) and the
+// holders' and wanters' regions (ranks, boxes), written out byte for byte
+// (the holders' seqs and digests aside: they change with every call).
+// ShardedMovesCache compares it; its xxh64 names a plan a member already
+// holds, so that the next update of the same shape sends only that digest
+// (Plan.shapeRef, docs/protocol.md).
+void append_sharded_shape(const UpdatePlan& plan, std::string& out);
+uint64_t sharded_shape_digest(const UpdatePlan& plan);
+
 // Validates the specs (non-empty unique names, sizes without overflow) and lays out buckets.
 StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,
                                 const DataPlaneOptions& options);

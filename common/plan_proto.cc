@@ -3,6 +3,8 @@
 #include <map>
 #include <set>
 
+#include "common/xxhash.h"
+
 namespace paramcast {
 
 proto::MismatchKind mismatch_kind_to_proto(Mismatch::Kind k) {
@@ -131,15 +133,46 @@ Status holders_from_proto(proto::Plan::Reader in, UpdatePlan& plan) {
   return Status();
 }
 
+// The holding ranks and their seqs, without regions (the reference form).
+void holder_seqs_to_proto(const std::vector<UpdatePlan::Holding>& list, capnp::List<proto::RankHoldings>::Builder ranks) {
+  std::map<int, uint64_t> seqs;
+  for (const auto& h : list) seqs.emplace(h.rank, h.seq);
+  unsigned i = 0;
+  for (const auto& [rank, seq] : seqs) {
+    ranks[i].setRank(static_cast<uint32_t>(rank));
+    ranks[i++].setSeq(seq);
+  }
+}
+
+StatusOr<Checksum> checksum_from_proto(proto::Plan::Reader in) {
+  switch (in.getChecksum()) {
+    case proto::ChecksumKind::NONE: return Checksum::kNone;
+    case proto::ChecksumKind::XXH64: return Checksum::kXxh64;
+    case proto::ChecksumKind::XXH64_BLOCKS: return Checksum::kXxh64Blocks;
+    default: break;
+  }
+  return invalid_argument("plan v" + std::to_string(in.getVersion()) + " names checksum kind " +
+                          std::to_string(static_cast<unsigned>(in.getChecksum())) +
+                          ", this build knows none, xxh64 and xxh64-blocks");
+}
+
 }  // namespace
 
-void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out) {
+void plan_to_proto(const UpdatePlan& plan, proto::Plan::Builder out, uint64_t shape_ref) {
   out.setVersion(plan.version);
   out.setManifestHash(plan.manifest_hash);
   out.setTotalBytes(plan.total_bytes);
   out.setChecksum(plan.checksum == Checksum::kXxh64         ? proto::ChecksumKind::XXH64
                   : plan.checksum == Checksum::kXxh64Blocks ? proto::ChecksumKind::XXH64_BLOCKS
                                                             : proto::ChecksumKind::NONE);
+  if (plan.sharded && shape_ref != 0) {
+    out.setPartial(plan.partial);
+    out.setDeltaBase(plan.delta_base);
+    out.setSharded(true);
+    out.setShapeRef(shape_ref);
+    holder_seqs_to_proto(plan.holders, out.initHolders(ranks_of(plan.holders)));
+    return;
+  }
   auto tensors = out.initTensors(static_cast<unsigned>(plan.tensors.size()));
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const auto& t = plan.tensors[i];
@@ -167,15 +200,12 @@ StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
   UpdatePlan plan;
   plan.version = in.getVersion();
   plan.manifest_hash = in.getManifestHash();
-  switch (in.getChecksum()) {
-    case proto::ChecksumKind::NONE: plan.checksum = Checksum::kNone; break;
-    case proto::ChecksumKind::XXH64: plan.checksum = Checksum::kXxh64; break;
-    case proto::ChecksumKind::XXH64_BLOCKS: plan.checksum = Checksum::kXxh64Blocks; break;
-    default:
-      return invalid_argument("plan v" + std::to_string(in.getVersion()) + " names checksum kind " +
-                              std::to_string(static_cast<unsigned>(in.getChecksum())) +
-                              ", this build knows none, xxh64 and xxh64-blocks");
-  }
+  auto checksum = checksum_from_proto(in);
+  if (!checksum.ok()) return checksum.status();
+  plan.checksum = *checksum;
+  if (in.getShapeRef() != 0)
+    return protocol_error("plan v" + std::to_string(plan.version) + " refers to a plan by its shape (" +
+                          digest_hex(in.getShapeRef()) + "), and this member holds none");
   if (in.getTensors().size() > kMaxPlanTensors)
     return protocol_error("plan v" + std::to_string(plan.version) + " names " + std::to_string(in.getTensors().size()) +
                           " tensors, more than the " + std::to_string(kMaxPlanTensors) + " an update may name");
@@ -232,6 +262,40 @@ StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in) {
   }
   if (manifest_hash(plan.tensors) != plan.manifest_hash)
     return protocol_error("plan v" + std::to_string(plan.version) + ": manifest hash does not match its tensors");
+  return plan;
+}
+
+StatusOr<UpdatePlan> plan_by_reference(proto::Plan::Reader in, const UpdatePlan& kept) {
+  const std::string where = "plan v" + std::to_string(in.getVersion()) + " (by reference to " +
+                            digest_hex(in.getShapeRef()) + ")";
+  if (!in.getSharded() || !kept.sharded || in.getTensors().size() != 0 || in.getWanters().size() != 0 ||
+      in.getBuckets().size() != 0)
+    return protocol_error(where + ": a reference names a sharded plan's shape and lists no tensors, regions or buckets");
+  if (in.getManifestHash() != kept.manifest_hash || in.getTotalBytes() != kept.total_bytes)
+    return protocol_error(where + ": its manifest hash or total bytes differ from the kept plan's");
+  auto checksum = checksum_from_proto(in);
+  if (!checksum.ok()) return checksum.status();
+  UpdatePlan plan = kept;
+  plan.version = in.getVersion();
+  plan.checksum = *checksum;
+  plan.partial = in.getPartial();
+  plan.delta_base = in.getDeltaBase();
+  if (plan.delta_base >= plan.version)
+    return protocol_error(where + ": a delta onto v" + std::to_string(plan.delta_base) + ", not an earlier version");
+  std::map<int, uint64_t> seqs;
+  for (auto r : in.getHolders()) {
+    if (r.getHolds().size() != 0 || !seqs.emplace(static_cast<int>(r.getRank()), r.getSeq()).second)
+      return protocol_error(where + ": holder rank " + std::to_string(r.getRank()) + " is listed twice or with regions");
+  }
+  for (auto& h : plan.holders) {
+    auto it = seqs.find(h.rank);
+    if (it == seqs.end())
+      return protocol_error(where + ": holder rank " + std::to_string(h.rank) + " of the kept plan has no seq");
+    h.seq = it->second;
+    h.digest.reset();
+  }
+  if (seqs.size() != ranks_of(plan.holders))
+    return protocol_error(where + ": it lists holder ranks the kept plan does not have");
   return plan;
 }
 

@@ -9,6 +9,7 @@
 #include "common/group/join_group.h"
 #include "common/log.h"
 #include "common/plan_proto.h"
+#include "common/xxhash.h"
 #include "inference_side/plan_check.h"
 #include "inference_side/subscriber_impl.h"
 
@@ -231,10 +232,12 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
                                   [&](const UpdateReport& r) { return r.version == version && !r.status.ok(); }),
                    reports_.end());
   }
-  auto plan = plan_from_proto(msg);
+  auto plan = read_plan(msg);
   std::vector<Mismatch> mismatches;
   if (!plan.ok()) mismatches.push_back({Mismatch::Kind::kOther, "<plan>", "a well-formed plan", plan.status().message()});
   else mismatches = check(*plan);
+  if (plan.ok() && plan->sharded && msg.getShapeRef() == 0 && mismatches.empty())
+    kept_shape_ = {sharded_shape_digest(*plan), std::make_shared<const UpdatePlan>(*plan)};
   if (!msg.getPrecommitted()) {
     if (mismatches.empty()) pending_plan_ = std::make_shared<UpdatePlan>(std::move(plan.value()));
     answer_plan(version, mismatches);
@@ -260,6 +263,18 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
     answer_plan(version, mismatches);
   }
   push_job(std::move(job));
+}
+
+// A plan as it came, or, by reference (Plan.shapeRef), the kept plan of
+// that shape with this update's version and seqs.
+StatusOr<UpdatePlan> SubscriberImpl::read_plan(proto::Plan::Reader msg) const {
+  if (msg.getShapeRef() == 0) return plan_from_proto(msg);
+  if (!kept_shape_.plan || kept_shape_.digest != msg.getShapeRef())
+    return rejected("plan v" + std::to_string(msg.getVersion()) + " refers to a many-sender plan of shape " +
+                               digest_hex(msg.getShapeRef()) + ", and this member holds " +
+                               (kept_shape_.plan ? "shape " + digest_hex(kept_shape_.digest) : std::string("none")) +
+                               " (it restarted, or refused that plan): the publisher sends the next one whole");
+  return plan_by_reference(msg, *kept_shape_.plan);
 }
 
 // PlanAccept, or PlanReject with every mismatch.

@@ -244,6 +244,15 @@ class SubscriberImpl : public control::ControlClient::Listener {
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_
   std::shared_ptr<UpdatePlan> pending_plan_;  // control thread only
+  // The last whole sharded plan this member accepted, under its shape's
+  // digest: a later plan may name it instead of listing it (Plan.shapeRef).
+  // Control thread only.
+  struct KeptShape {
+    uint64_t digest = 0;
+    std::shared_ptr<const UpdatePlan> plan;
+  };
+  KeptShape kept_shape_;
+  StatusOr<UpdatePlan> read_plan(proto::Plan::Reader msg) const;
 
   std::mutex jobs_mu_;
   std::condition_variable jobs_cv_;

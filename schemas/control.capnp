@@ -348,6 +348,14 @@ struct Plan {
   # Receiving ranks that want slices (an engine with tensor parallelism):
   # each wants exactly the regions listed. A receiving rank not listed
   # wants every tensor whole.
+  shapeRef @14 :UInt64;
+  # Non-zero: a sharded plan by reference, to a member that applied a plan
+  # of this shape before (sharded_shape_digest, common/plan.h: its tensors,
+  # holders' and wanters' regions). `tensors` and `wanters` are empty and
+  # `holders` lists each holding rank with its seq and no regions; the rest
+  # is the member's kept plan of that digest, checked against manifestHash
+  # and totalBytes. A member that holds no plan of that digest rejects it
+  # (the publisher then sends the next one whole).
 }
 
 struct HeldRegion {

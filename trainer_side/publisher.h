@@ -66,6 +66,12 @@ struct UpdateResult {
   uint64_t epoch = 0;
   uint64_t bytes = 0;        // the tensors' bytes
   uint64_t wire_bytes = 0;   // what crossed the data plane, encodings included (delta updates: far less)
+  // The control plane's plan messages, summed over the members they went
+  // to: whole, and by reference (a sharded plan of a shape the member
+  // applied before: Plan.shapeRef); plan_referred members got the latter.
+  uint64_t plan_whole_bytes = 0;
+  uint64_t plan_referred_bytes = 0;
+  size_t plan_referred = 0;
   bool delta = false;        // at least one bucket went as a delta
   // publisher.delta on and the update went dense: why ("worker-3 at v5",
   // "no baseline yet", "the manifest changed", ...). Empty otherwise.

@@ -401,6 +401,20 @@ class PublisherImpl : public control::ControlServer::Listener {
   bool newer_holdings(const std::string& id, uint64_t seq, uint64_t step);
   SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
+  // The sharded plan's shape each member applied last (its incarnation and
+  // the shape's digest), so that the next plan of that shape goes to it by
+  // reference (Plan.shapeRef); taken when a plan goes to it, set again when
+  // it applies one (mu_). plan_shape_ is the digest of the plan in flight.
+  struct KnownShape {
+    uint64_t incarnation = 0;
+    uint64_t digest = 0;
+  };
+  std::map<std::string, KnownShape> known_shapes_;
+  uint64_t plan_shape_ = 0;
+  // send_plan's encoding: the plan whole to the members in `whole`, by
+  // reference to the others; returns the seq to track it by.
+  uint64_t send_plan_frames(const UpdatePlan& plan, uint64_t epoch, bool precommitted, UpdateResult& r);
+  void note_shapes_applied_locked(const UpdateResult& r);
   transfer::FaultInjection faults_;  // test hooks (PARAMCAST_FAULT_*)
 };
 

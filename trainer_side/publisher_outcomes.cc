@@ -86,6 +86,7 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   }
   Code code;
   r.subscribers = round_.applied_outcomes(live, silence(), data, code, deadline + " after the data plane finished");
+  note_shapes_applied_locked(r);
   if (shedding) apply_shed(r, data, code);
   if (data.ok() && cfg_.publisher.on_member_loss == MemberLossPolicy::kContinue) apply_unconfirmed(r, code);
   const auto strike = apply_delta_refusals(plan, r, data, code);
@@ -124,6 +125,17 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
   what += " failed";
   if (!data.ok()) what += " (publisher data plane: " + data.message() + ")";
   r.status = summarize_outcomes(r.subscribers, code, what);
+}
+
+// The members that applied a sharded plan hold its shape: the next plan of
+// that shape goes to them by reference (send_plan_frames).
+void PublisherImpl::note_shapes_applied_locked(const UpdateResult& r) {
+  for (auto it = known_shapes_.begin(); it != known_shapes_.end();)  // bounded by the members live
+    it = is_live(it->first) ? std::next(it) : known_shapes_.erase(it);
+  if (plan_shape_ == 0) return;
+  for (const auto& o : r.subscribers)
+    if (o.status.ok())
+      if (const auto m = server_.member(o.worker_id)) known_shapes_[o.worker_id] = {m->incarnation, plan_shape_};
 }
 
 // The live members a failed update names (after its moves began) prove

@@ -338,14 +338,7 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
     for (const auto& id : group_) before[id] = {r.version, r.version, r.version, r.version};
   last_round_version_ = r.version;
   round_.begin(epoch, r.version, group_, plan.total_bytes, std::move(before));
-  capnp::MallocMessageBuilder builder;
-  auto env = builder.initRoot<proto::Envelope>();
-  env.setEpoch(epoch);
-  env.setIncarnation(server_.incarnation());
-  auto msg = env.initBody().initPlan();
-  plan_to_proto(plan, msg);
-  msg.setPrecommitted(precommitted);
-  const uint64_t seq = server_.send_to(round_.group(), control::encode(builder));
+  const uint64_t seq = send_plan_frames(plan, epoch, precommitted, r);
   round_.sent_plan(seq);
   if (precommitted) {
     round_.sent_commit(seq);
@@ -353,6 +346,39 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
     active_comm_ = comm_;
   }
   return precommitted;
+}
+
+// The plan to the round's members, mu_ held: whole, or, to a member that
+// applied a sharded plan of the same shape in its present incarnation, by
+// reference (Plan.shapeRef: the version, the seqs, the digest). A member's
+// record is taken as the plan goes, and set again when it applies it.
+uint64_t PublisherImpl::send_plan_frames(const UpdatePlan& plan, uint64_t epoch, bool precommitted, UpdateResult& r) {
+  plan_shape_ = plan.sharded ? sharded_shape_digest(plan) : 0;
+  std::vector<std::string> whole, referred;
+  for (const auto& id : round_.group()) {
+    auto known = known_shapes_.find(id);
+    const auto m = server_.member(id);
+    const bool holds = plan_shape_ != 0 && known != known_shapes_.end() && m &&
+                       known->second.incarnation == m->incarnation && known->second.digest == plan_shape_;
+    (holds ? referred : whole).push_back(id);
+    if (known != known_shapes_.end()) known_shapes_.erase(known);
+  }
+  uint64_t seq = 0;
+  for (const auto* ids : {&whole, &referred}) {
+    if (ids->empty()) continue;
+    capnp::MallocMessageBuilder builder;
+    auto env = builder.initRoot<proto::Envelope>();
+    env.setEpoch(epoch);
+    env.setIncarnation(server_.incarnation());
+    auto msg = env.initBody().initPlan();
+    plan_to_proto(plan, msg, ids == &referred ? plan_shape_ : 0);
+    msg.setPrecommitted(precommitted);
+    auto frame = control::encode(builder);
+    (ids == &referred ? r.plan_referred_bytes : r.plan_whole_bytes) += frame.size() * ids->size();
+    seq = std::max(seq, server_.send_to(*ids, frame));  // tracked from the later one: both are out by then
+  }
+  r.plan_referred = referred.size();
+  return seq;
 }
 
 // Waits for every PlanAccept/PlanReject; on any rejection or loss abandons

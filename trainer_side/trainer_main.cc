@@ -105,6 +105,18 @@ std::string wire_text(const UpdateResult& r, int ranks, bool sharded) {
   return out + " " + format_bytes(total) + " in total";
 }
 
+// The plan's control bytes, for a many-sender update: "; plan: 9.80 MiB
+// whole to 2, 576 B by reference to 3" (Plan.shapeRef, docs/protocol.md).
+std::string plan_text(const UpdateResult& r) {
+  const size_t whole = r.subscribers.size() - std::min(r.subscribers.size(), r.plan_referred);
+  std::string out = "; plan:";
+  if (r.plan_whole_bytes) out += " " + format_bytes(r.plan_whole_bytes) + " whole to " + std::to_string(whole);
+  if (r.plan_whole_bytes && r.plan_referred) out += ",";
+  if (r.plan_referred)
+    out += " " + format_bytes(r.plan_referred_bytes) + " by reference to " + std::to_string(r.plan_referred);
+  return out;
+}
+
 // Prints membership events (joined, lost, rejoined, left) as they happen: a
 // thread polls the publisher every 20 ms, so that a worker lost during a long
 // update is reported then, not after the update returns.
@@ -376,7 +388,7 @@ Totals run_sharded_updates(Publisher& publisher, ShardedModel& model, const Conf
     UpdateResult r = publisher.weight_update_sharded(model.shards(), options);
     if (r.ok()) {
       t.add(r);
-      const std::string wire = wire_text(r, config.publisher.ranks, true) + split_text(r);
+      const std::string wire = wire_text(r, config.publisher.ranks, true) + plan_text(r) + split_text(r);
       print_line("update v%llu: %zu tensors, %s%s from %d trainer ranks to %zu members in %s (%s including the "
                  "engines' apply)%s\n",
                  static_cast<unsigned long long>(r.version), r.tensors, format_bytes(r.bytes).c_str(),

@@ -71,38 +71,18 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
 
 namespace {
 
-void put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
-void put_u64(std::string& out, uint64_t v) { put(out, &v, sizeof v); }
-void put_list(std::string& out, const std::vector<int64_t>& v) {
-  put_u64(out, v.size());
-  put(out, v.data(), v.size() * sizeof(int64_t));
-}
-
-// Everything the moves are derived from, written out (digests and seqs
-// aside: they change with every call, the moves do not).
+// Everything the moves are derived from: the ranks under their names and
+// the plan's shape (append_sharded_shape, common/plan.h).
 std::string shape_of(const UpdatePlan& plan, int world, const std::vector<std::string>& names) {
   std::string out;
-  put_u64(out, static_cast<uint64_t>(world));
+  const uint64_t w = static_cast<uint64_t>(world);
+  out.append(reinterpret_cast<const char*>(&w), sizeof w);
   for (const auto& n : names) {
-    put_u64(out, n.size());
+    const uint64_t size = n.size();
+    out.append(reinterpret_cast<const char*>(&size), sizeof size);
     out += n;
   }
-  put_u64(out, plan.tensors.size());
-  for (const auto& t : plan.tensors) {
-    put_u64(out, t.name.size());
-    out += t.name;
-    put_u64(out, static_cast<uint64_t>(t.dtype));
-    put_list(out, t.shape);
-  }
-  for (const auto* list : {&plan.holders, &plan.wanters}) {
-    put_u64(out, list->size());
-    for (const auto& h : *list) {
-      put_u64(out, static_cast<uint64_t>(h.rank));
-      put_u64(out, static_cast<uint64_t>(h.tensor));
-      put_list(out, h.offsets);
-      put_list(out, h.lengths);
-    }
-  }
+  append_sharded_shape(plan, out);
   return out;
 }
 

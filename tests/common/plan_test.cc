@@ -88,6 +88,65 @@ TEST(PlanTest, ProtoRoundTripAndCrossChecks) {
   EXPECT_NE(bad.status().message().find("'t1'"), std::string::npos) << bad.status().message();
 }
 
+// A sharded plan of two tensors, held in halves by ranks 0 and 1 (their
+// calls' seqs 3 and 4).
+UpdatePlan sharded_plan(uint64_t version) {
+  auto p = build_plan(version, {{"a", DType::kF32, {4, 2}}, {"b", DType::kBF16, {6}}}, opts(8192, 2048));
+  EXPECT_TRUE(p.ok());
+  p->buckets.clear();
+  p->sharded = true;
+  p->holders = {{0, 0, {0, 0}, {2, 2}, 3, std::nullopt}, {0, 1, {0}, {3}, 3, std::nullopt},
+                {1, 0, {2, 0}, {2, 2}, 4, std::nullopt}, {1, 1, {3}, {3}, 4, std::nullopt}};
+  return std::move(p.value());
+}
+
+// A plan by reference (Plan.shapeRef) carries the version and the ranks'
+// seqs; read against the member's kept plan of that digest it is that plan
+// again, and anything that disagrees with the kept plan is refused.
+TEST(PlanTest, APlanByReferenceIsTheKeptPlanWithThisUpdatesVersionAndSeqs) {
+  const UpdatePlan first = sharded_plan(1);
+  capnp::MallocMessageBuilder whole;
+  plan_to_proto(first, whole.initRoot<proto::Plan>());
+  auto kept = plan_from_proto(whole.getRoot<proto::Plan>().asReader());
+  ASSERT_TRUE(kept.ok()) << kept.status().to_string();
+  const uint64_t digest = sharded_shape_digest(*kept);
+  EXPECT_EQ(digest, sharded_shape_digest(first));  // the member's digest of what it got is the publisher's
+
+  UpdatePlan next = sharded_plan(2);
+  for (auto& h : next.holders) h.seq += 10;
+  capnp::MallocMessageBuilder ref;
+  plan_to_proto(next, ref.initRoot<proto::Plan>(), digest);
+  auto r = ref.getRoot<proto::Plan>();
+  EXPECT_EQ(r.getTensors().size(), 0u);
+  EXPECT_EQ(r.getHolders().size(), 2u);
+  EXPECT_EQ(r.getHolders()[0].getHolds().size(), 0u);
+  auto read = plan_by_reference(r.asReader(), *kept);
+  ASSERT_TRUE(read.ok()) << read.status().to_string();
+  EXPECT_EQ(read->version, 2u);
+  EXPECT_EQ(read->tensors, first.tensors);
+  ASSERT_EQ(read->holders.size(), first.holders.size());
+  for (size_t i = 0; i < read->holders.size(); ++i) {
+    EXPECT_EQ(read->holders[i].offsets, first.holders[i].offsets);
+    EXPECT_EQ(read->holders[i].seq, first.holders[i].seq + 10);
+  }
+  // Without a kept plan the reference cannot be read as a plan.
+  EXPECT_FALSE(plan_from_proto(r.asReader()).ok());
+  // A rank the kept plan lacks, a rank listed twice, another manifest.
+  r.getHolders()[1].setRank(2);
+  EXPECT_FALSE(plan_by_reference(r.asReader(), *kept).ok());
+  r.getHolders()[1].setRank(0);
+  EXPECT_FALSE(plan_by_reference(r.asReader(), *kept).ok());
+  r.getHolders()[1].setRank(1);
+  r.setManifestHash(r.getManifestHash() ^ 1);
+  auto other = plan_by_reference(r.asReader(), *kept);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("manifest hash"), std::string::npos) << other.status().message();
+  // Any region of the shape moves its digest.
+  UpdatePlan moved = first;
+  moved.holders[0].lengths[0] = 1;
+  EXPECT_NE(sharded_shape_digest(moved), digest);
+}
+
 // Sizes a peer sends are summed with overflow checks: two tensors of 2^63
 // bytes each make a total of 0 in unchecked arithmetic.
 TEST(PlanTest, ReceivedPlanWhoseSizesOverflowIsRefused) {

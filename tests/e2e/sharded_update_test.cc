@@ -43,6 +43,53 @@ TEST_F(ShardedUpdateTest, EveryTrainerRankSendsItsRowsAndEveryEngineVerifiesBitE
   }
 }
 
+// A plan goes whole to a member once: later updates of the same shape name
+// the plan it applied by its digest (Plan.shapeRef) and send only the
+// version and the ranks' seqs, and every engine still verifies every byte.
+// A member that restarted holds no plan: it gets the next one whole, the
+// others by reference. (Before, every update sent every member the whole
+// plan: tensors, and each rank's regions.)
+TEST_F(ShardedUpdateTest, ALaterPlanOfTheSameShapeGoesByReferenceAndARestartedEngineGetsItWhole) {
+  auto [first, first1] = publish_both(1);
+  ASSERT_TRUE(first.ok()) << first.status.to_string() << outputs();
+  ASSERT_TRUE(first1.ok()) << first1.status.to_string();
+  EXPECT_EQ(first.plan_referred, 0u);
+  EXPECT_GT(first.plan_whole_bytes, 0u);
+  std::printf("[figures] v1: plan %llu bytes whole to 3 members\n",
+              static_cast<unsigned long long>(first.plan_whole_bytes));
+  for (uint64_t v = 2; v <= 3; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+    EXPECT_EQ(r0.plan_referred, 3u) << "trainer-1 and both engines applied a plan of this shape";
+    EXPECT_EQ(r0.plan_whole_bytes, 0u);
+    EXPECT_LT(r0.plan_referred_bytes, 3u * 1024u);
+    EXPECT_LT(r0.plan_referred_bytes * 20, first.plan_whole_bytes);
+    std::printf("[figures] v%llu: plan %llu bytes by reference to 3 members\n", static_cast<unsigned long long>(v),
+                static_cast<unsigned long long>(r0.plan_referred_bytes));
+    for (auto& [id, p] : workers_)
+      EXPECT_TRUE(p->wait_for_output("v" + std::to_string(v) + " verified", 20s)) << id << p->output();
+  }
+  workers_["worker-2"]->kill(SIGKILL);
+  ASSERT_TRUE(wait_event(MemberEvent::Kind::kLost, "worker-2", 10s)) << outputs();
+  spawn_worker("worker-2", {}, {"--mode", "callback"});
+  bool back = false;  // joined anew, or as a restart of a known member
+  for (const auto until = std::chrono::steady_clock::now() + 20s; !back && std::chrono::steady_clock::now() < until;) {
+    while (auto e = pub_->poll_event())
+      back = back || (e->worker_id == "worker-2" &&
+                      (e->kind == MemberEvent::Kind::kJoined || e->kind == MemberEvent::Kind::kRejoined));
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(back) << outputs();
+  auto [r0, r1] = publish_both(4);
+  ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
+  ASSERT_TRUE(r1.ok()) << r1.status.to_string();
+  EXPECT_EQ(r0.plan_referred, 2u) << "trainer-1 and worker-1 by reference, the restarted worker-2 whole";
+  EXPECT_GT(r0.plan_whole_bytes, 0u);
+  EXPECT_LT(r0.plan_whole_bytes, first.plan_whole_bytes);  // one member's whole plan, not three
+  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v4 verified", 20s)) << id << p->output();
+}
+
 // A pipeline-style split: rank 0 holds the first half of the tensors whole,
 // rank 1 the rest; each names only what it holds.
 TEST_F(ShardedUpdateTest, PipelineStagesEachSendTheTensorsTheyHold) {
