@@ -401,16 +401,28 @@ class PublisherImpl : public control::ControlServer::Listener {
   bool newer_holdings(const std::string& id, uint64_t seq, uint64_t step);
   SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
-  // The sharded plan's shape each member applied last (its incarnation and
-  // the shape's digest), so that the next plan of that shape goes to it by
-  // reference (Plan.shapeRef); taken when a plan goes to it, set again when
-  // it applies one (mu_). plan_shape_ is the digest of the plan in flight.
+  // A sharded plan's shape: its digest (what Plan.shapeRef names) and a
+  // generation that moves on whenever the shape's bytes differ from the
+  // last plan's (ShardedMovesCache compares them byte for byte, so two
+  // shapes of one digest are never taken for one). Set by the sharded path
+  // for the plan about to go (plan_shape_), kept for the plan sent
+  // (sent_shape_, with each recipient's incarnation) (mu_).
+  struct PlanShape {
+    uint64_t generation = 0;
+    uint64_t digest = 0;  // 0: not a sharded plan
+  };
+  PlanShape plan_shape_, sent_shape_;
+  uint64_t shape_generation_ = 0;  // update thread
+  std::map<std::string, uint64_t> sent_incarnation_;
+  // The shape each member applied last in that incarnation, so that the
+  // next plan of that shape goes to it by reference; taken when a plan goes
+  // to it, set again when it applies one (mu_).
   struct KnownShape {
     uint64_t incarnation = 0;
-    uint64_t digest = 0;
+    PlanShape shape;
   };
   std::map<std::string, KnownShape> known_shapes_;
-  uint64_t plan_shape_ = 0;
+  void note_plan_shape(const UpdatePlan& plan, bool same_as_last);
   // send_plan's encoding: the plan whole to the members in `whole`, by
   // reference to the others; returns the seq to track it by.
   uint64_t send_plan_frames(const UpdatePlan& plan, uint64_t epoch, bool precommitted, UpdateResult& r);

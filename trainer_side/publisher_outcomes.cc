@@ -128,14 +128,18 @@ void PublisherImpl::collect_applied(const UpdatePlan& plan, const Status& data, 
 }
 
 // The members that applied a sharded plan hold its shape: the next plan of
-// that shape goes to them by reference (send_plan_frames).
+// that shape goes to them by reference (send_plan_frames). Only in the
+// incarnation the plan went to: a member restarted meanwhile holds none.
 void PublisherImpl::note_shapes_applied_locked(const UpdateResult& r) {
   for (auto it = known_shapes_.begin(); it != known_shapes_.end();)  // bounded by the members live
     it = is_live(it->first) ? std::next(it) : known_shapes_.erase(it);
-  if (plan_shape_ == 0) return;
-  for (const auto& o : r.subscribers)
-    if (o.status.ok())
-      if (const auto m = server_.member(o.worker_id)) known_shapes_[o.worker_id] = {m->incarnation, plan_shape_};
+  if (sent_shape_.digest == 0) return;
+  for (const auto& o : r.subscribers) {
+    const auto m = server_.member(o.worker_id);
+    const auto sent = sent_incarnation_.find(o.worker_id);
+    if (o.status.ok() && m && sent != sent_incarnation_.end() && sent->second == m->incarnation)
+      known_shapes_[o.worker_id] = {m->incarnation, sent_shape_};
+  }
 }
 
 // The live members a failed update names (after its moves began) prove

@@ -148,6 +148,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (!plan.ok()) return refuse_sharded(c, plan.status());
   auto moves = sharded_cache_.moves(*plan, static_cast<int>(c.group.size() + 1), rank_names(c.group));
   if (!moves.ok()) return refuse_sharded(c, moves.status().with_context("refused before any byte moved"));
+  note_plan_shape(*plan, sharded_cache_.last_was_cached());
   run_sharded(c, *plan, **moves, sent);
   // Failed for good (a plan abandoned for a dense try of the same version
   // is not): every partner call ends now, also that of a trainer rank that
@@ -352,6 +353,15 @@ StatusOr<UpdatePlan> PublisherImpl::sharded_plan(ShardedCall& c) {
   plan->wanters = std::move(shape.wanters);
   c.r.buckets = 0;
   return plan;
+}
+
+// The shape of the plan about to go, for its members that hold it
+// (send_plan_frames): the digest is computed here, off the lock.
+void PublisherImpl::note_plan_shape(const UpdatePlan& plan, bool same_as_last) {
+  if (!same_as_last) ++shape_generation_;
+  const PlanShape shape{shape_generation_, sharded_shape_digest(plan)};
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_shape_ = shape;
 }
 
 // The rounds of every update over the plan and its moves (the last

@@ -349,20 +349,26 @@ bool PublisherImpl::send_plan(const UpdatePlan& plan, UpdateResult& r) {
 }
 
 // The plan to the round's members, mu_ held: whole, or, to a member that
-// applied a sharded plan of the same shape in its present incarnation, by
-// reference (Plan.shapeRef: the version, the seqs, the digest). A member's
-// record is taken as the plan goes, and set again when it applies it.
+// applied a sharded plan of the same shape (generation and digest) in its
+// present incarnation, by reference (Plan.shapeRef: the version, the seqs,
+// the digest). A member's record is taken as the plan goes, and set again
+// when it applies it (note_shapes_applied_locked).
 uint64_t PublisherImpl::send_plan_frames(const UpdatePlan& plan, uint64_t epoch, bool precommitted, UpdateResult& r) {
-  plan_shape_ = plan.sharded ? sharded_shape_digest(plan) : 0;
+  sent_shape_ = plan.sharded ? plan_shape_ : PlanShape{};
+  sent_incarnation_.clear();
   std::vector<std::string> whole, referred;
   for (const auto& id : round_.group()) {
     auto known = known_shapes_.find(id);
     const auto m = server_.member(id);
-    const bool holds = plan_shape_ != 0 && known != known_shapes_.end() && m &&
-                       known->second.incarnation == m->incarnation && known->second.digest == plan_shape_;
+    if (m) sent_incarnation_[id] = m->incarnation;
+    const bool holds = sent_shape_.digest != 0 && known != known_shapes_.end() && m &&
+                       known->second.incarnation == m->incarnation &&
+                       known->second.shape.generation == sent_shape_.generation &&
+                       known->second.shape.digest == sent_shape_.digest;
     (holds ? referred : whole).push_back(id);
     if (known != known_shapes_.end()) known_shapes_.erase(known);
   }
+  r.plan_whole_bytes = r.plan_referred_bytes = 0;  // this attempt's (a dense retry sends again)
   uint64_t seq = 0;
   for (const auto* ids : {&whole, &referred}) {
     if (ids->empty()) continue;
@@ -371,7 +377,7 @@ uint64_t PublisherImpl::send_plan_frames(const UpdatePlan& plan, uint64_t epoch,
     env.setEpoch(epoch);
     env.setIncarnation(server_.incarnation());
     auto msg = env.initBody().initPlan();
-    plan_to_proto(plan, msg, ids == &referred ? plan_shape_ : 0);
+    plan_to_proto(plan, msg, ids == &referred ? sent_shape_.digest : 0);
     msg.setPrecommitted(precommitted);
     auto frame = control::encode(builder);
     (ids == &referred ? r.plan_referred_bytes : r.plan_whole_bytes) += frame.size() * ids->size();

@@ -141,14 +141,17 @@ void LinkCheckHost::schedule(Clock::time_point now) {
       const auto tb = y == started_.end() ? Clock::time_point{} : y->second;
       return ta < tb;
     });
+    std::vector<std::string> later;  // asked for now, not started: asked again at the next turn
     for (const auto& id : due) {
-      if (pending_.size() >= kMaxChecksInFlight) break;
+      const bool asked = std::find(forced.begin(), forced.end(), id) != forced.end();
       bool in_flight = false;
       for (const auto& [t, p] : pending_) in_flight = in_flight || p.id == id;
-      if (in_flight) continue;
-      const bool was_forced = std::find(forced.begin(), forced.end(), id) != forced.end();
+      if (pending_.size() >= kMaxChecksInFlight || in_flight) {
+        if (asked) later.push_back(id);
+        continue;
+      }
       auto s = started_.find(id);
-      if (!was_forced && s != started_.end() && now - s->second < kLinkCheckInterval) continue;
+      if (!asked && s != started_.end() && now - s->second < kLinkCheckInterval) continue;
       started_[id] = now;
       Pending p;
       p.id = id;
@@ -161,6 +164,8 @@ void LinkCheckHost::schedule(Clock::time_point now) {
       pending_[token] = std::move(p);
       send.emplace_back(id, LinkCheckRequest{token, endpoint_, kLinkCheckBytes, kLinkCheckTimeout});
     }
+    for (const auto& id : later)
+      if (std::find(requested_.begin(), requested_.end(), id) == requested_.end()) requested_.push_back(id);
     // Bounded: what is an hour old goes.
     for (auto it = results_.begin(); it != results_.end();)
       it = now - it->second.at > std::chrono::hours(1) ? results_.erase(it) : std::next(it);

@@ -154,16 +154,26 @@ std::vector<std::string> GroupHost::probe_data_paths(const std::map<std::string,
     if (std::lock_guard<std::mutex> lock(mu_); stopped_) return {};
     std::this_thread::sleep_for(Millis(10));
   }
+  // Only a check that ran since and failed counts: one not finished in
+  // time (not started, a busy host) leaves its member to the formation, as
+  // before. Where every member probed failed, the fault may be this host's
+  // own link: nobody is struck (as count_strikes does for a formation).
+  std::map<std::string, std::string> failed;
+  for (const auto& id : probed)
+    if (const auto r = checks->last(id); r && r->at >= since && !r->passed) failed[id] = r->why;
   std::vector<std::string> out;
+  if (failed.empty()) return out;
+  if (probed.size() > 1 && failed.size() == probed.size()) {
+    PC_WARN("publisher: the link check of every member the failed update named failed (" << failed.begin()->second
+                                                                                          << "); no strikes (the "
+                                                                                             "publisher's own link "
+                                                                                             "may be down)");
+    return out;
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& id : probed) {
-    const auto r = checks->last(id);
-    if (r && r->at >= since && r->passed) continue;
-    const std::string check = !r || r->at < since ? "its link check did not finish within " +
-                                                        format_duration(kLinkCheckTimeout + Millis(1000))
-                                                  : "its link check failed: " + r->why;
-    PC_WARN("publisher: link check of '" << id << "' failed before the next formation (" << check << ")");
-    strike_locked(id, suspects.at(id) + "; " + check, 2, Clock::now(), true);
+  for (const auto& [id, why] : failed) {
+    PC_WARN("publisher: link check of '" << id << "' failed before the next formation (" << why << ")");
+    strike_locked(id, suspects.at(id) + "; its link check failed: " + why, 2, Clock::now(), true);
     out.push_back(id);
   }
   return out;
