@@ -131,6 +131,11 @@ void LinkCheckHost::schedule(Clock::time_point now) {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::string> forced;
     forced.swap(requested_);
+    // A check starts now, after every check_now() it takes: its result's
+    // time is never before the request (GroupHost::probe_data_paths counts
+    // only checks that started after it asked). `now`, the turn's time, may
+    // be older.
+    const auto start = Clock::now();
     for (const auto& id : forced)
       if (std::find(due.begin(), due.end(), id) == due.end()) due.push_back(id);
     // The longest unchecked first, so that no member waits behind others
@@ -152,11 +157,11 @@ void LinkCheckHost::schedule(Clock::time_point now) {
       }
       auto s = started_.find(id);
       if (!asked && s != started_.end() && now - s->second < kLinkCheckInterval) continue;
-      started_[id] = now;
+      started_[id] = start;
       Pending p;
       p.id = id;
-      p.started = now;
-      p.deadline = now + kLinkCheckTimeout;
+      p.started = start;
+      p.deadline = start + kLinkCheckTimeout;
       p.bytes = kLinkCheckBytes;
       p.payload = random_bytes(p.bytes);
       p.hash = xxh64(p.payload.data(), p.payload.size());
