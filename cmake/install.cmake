@@ -35,6 +35,7 @@ set(paramcast_public_headers   # source path -> path under include/paramcast
   common/plan.h common/plan.h
   common/status.h common/status.h
   common/tensor.h common/tensor.h
+  common/xxhash.h common/xxhash.h
   common/transform/transform.h common/transform/transform.h)
 set(paramcast_header_dir ${PROJECT_BINARY_DIR}/include/paramcast)
 set(paramcast_header_map "")

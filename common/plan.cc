@@ -76,6 +76,30 @@ uint64_t sharded_shape_digest(const UpdatePlan& plan) {
   return xxh64(shape.data(), shape.size(), 0x5348415045ULL);
 }
 
+HeldShapeDigest::HeldShapeDigest() : tensors_(0x48454c44ULL), boxes_(0x424f58ULL) {}
+
+void HeldShapeDigest::tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+  const uint64_t head[3] = {name.size(), static_cast<uint64_t>(dtype), shape.size()};
+  tensors_.update(head, sizeof head);
+  tensors_.update(name.data(), name.size());
+  tensors_.update(shape.data(), shape.size() * sizeof(int64_t));
+  ++counts_[0];
+}
+
+void HeldShapeDigest::box(uint32_t tensor, const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths) {
+  const uint64_t head[3] = {tensor, offsets.size(), lengths.size()};
+  boxes_.update(head, sizeof head);
+  boxes_.update(offsets.data(), offsets.size() * sizeof(int64_t));
+  boxes_.update(lengths.data(), lengths.size() * sizeof(int64_t));
+  ++counts_[1];
+}
+
+uint64_t HeldShapeDigest::digest() const {
+  const uint64_t parts[4] = {tensors_.digest(), boxes_.digest(), counts_[0], counts_[1]};
+  const uint64_t d = xxh64(parts, sizeof parts);
+  return d ? d : 1;
+}
+
 namespace {
 // The specs' checks and per-tensor sizes, shared by both kinds of plan.
 // `each(i, nbytes)` runs for every tensor once checked.

@@ -27,6 +27,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "common/xxhash.h"
 
 namespace paramcast {
 
@@ -148,6 +149,26 @@ uint64_t manifest_hash(const std::vector<TensorSpec>& tensors);
 // (Plan.shapeRef, docs/protocol.md).
 void append_sharded_shape(const UpdatePlan& plan, std::string& out);
 uint64_t sharded_shape_digest(const UpdatePlan& plan);
+
+// The digest that names a trainer rank's stated part of a sharded update
+// (its Holdings): each tensor's name, dtype and full shape, and each box it
+// holds (the tensor's index in its list, offsets, lengths), in order. The
+// rank that states a part and rank 0 that keeps it compute it alike, so
+// that a later call stating the same part refers to it by this digest
+// (Holdings.shapeRef). Tensors and boxes are hashed apart: their calls may
+// interleave.
+class HeldShapeDigest {
+ public:
+  HeldShapeDigest();
+  void tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape);
+  void box(uint32_t tensor, const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths);
+  uint64_t digest() const;  // never 0 (0 is "no reference" on the wire)
+
+ private:
+  Xxh64 tensors_;
+  Xxh64 boxes_;
+  uint64_t counts_[2] = {0, 0};
+};
 
 // Validates the specs (non-empty unique names, sizes without overflow) and lays out buckets.
 StatusOr<UpdatePlan> build_plan(uint64_t version, const std::vector<TensorSpec>& tensors,

@@ -29,6 +29,8 @@
 //                                          tensors than it holds ("bloat/<i>", F32[1], each held
 //                                          whole, no data behind them): a message as large as the
 //                                          control plane lets through
+//   PARAMCAST_FAULT_FORGE_PART=S           a trainer rank's Holdings of step S refer to a part it
+//                                          never sent (Holdings.shapeRef of another digest)
 #pragma once
 
 #include <cstdint>
@@ -69,6 +71,7 @@ class ControlFaults {
       f.bloat_tensors_ = std::strtoull(bloat, &end, 10);
       f.bloat_step_ = end && *end == ':' ? std::strtoull(end + 1, nullptr, 10) : 0;
     }
+    if (const char* forge = std::getenv("PARAMCAST_FAULT_FORGE_PART")) f.forge_step_ = std::strtoull(forge, nullptr, 10);
     if (const char* claim = std::getenv("PARAMCAST_FAULT_CLAIM_VERSION")) {
       f.claim_relative_ = claim[0] == '+';
       f.claim_ = std::strtoull(claim + (f.claim_relative_ ? 1 : 0), nullptr, 10);
@@ -83,6 +86,7 @@ class ControlFaults {
         refuse_slices_(o.refuse_slices_),
         bloat_tensors_(o.bloat_tensors_),
         bloat_step_(o.bloat_step_),
+        forge_step_(o.forge_step_),
         claim_(o.claim_),
         claim_relative_(o.claim_relative_),
         claim_shed_(o.claim_shed_) {}
@@ -99,6 +103,8 @@ class ControlFaults {
   bool replays_holdings() const { return replay_holdings_; }
   // How many tensors to state beyond those held in the Holdings of `step` (PARAMCAST_FAULT_BLOAT_HOLDINGS).
   uint64_t bloats_holdings(uint64_t step) const { return step == bloat_step_ ? bloat_tensors_ : 0; }
+  // Whether the Holdings of `step` refer to a part never sent (PARAMCAST_FAULT_FORGE_PART).
+  bool forges_part(uint64_t step) const { return forge_step_ && step == forge_step_; }
   // Whether to refuse every sharded plan over its slices (PARAMCAST_FAULT_REFUSE_SLICES=1).
   bool refuses_slices() const { return refuse_slices_; }
   // The members this one claims it shed (PARAMCAST_FAULT_CLAIM_SHED).
@@ -118,6 +124,7 @@ class ControlFaults {
   bool refuse_slices_ = false;
   uint64_t bloat_tensors_ = 0;
   uint64_t bloat_step_ = 0;
+  uint64_t forge_step_ = 0;
   uint64_t claim_ = 0;
   bool claim_relative_ = false;
   std::set<std::string> claim_shed_;

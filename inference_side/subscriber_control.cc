@@ -27,6 +27,10 @@ proto::WeightState to_proto(WeightStateKind k) {
 
 void SubscriberImpl::on_joined() {
   group_->on_joined();
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    part_taken_ = 0;  // a publisher that welcomes it keeps no part of its yet
+  }
   send_wants();  // the publisher plans this engine's slices from them
   std::lock_guard<std::mutex> lock(mu_);
   PC_INFO(id_ << ": holding " << state_.to_string());

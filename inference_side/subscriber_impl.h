@@ -198,6 +198,11 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::map<std::string, ShardView> slices_;  // an engine's registered slices (reg_mu_)
   uint64_t wants_seq_ = 0;                   // reg_mu_
   uint64_t publish_seq_ = 0;         // reg_mu_
+  // A trainer rank's part by reference (Holdings.shapeRef): the call and
+  // digest of the part it sent last, and the digest of the part the plan of
+  // its last call took, which its next call may refer to (0: none; reg_mu_).
+  std::pair<uint64_t, uint64_t> part_sent_{0, 0};
+  uint64_t part_taken_ = 0;
   // The data-plane rank and names of the current epoch (for sharded plans;
   // set by join(), read under mu_).
   int rank_ = -1;

@@ -67,6 +67,20 @@ void shards_to_proto(const std::vector<ShardView>& shards, proto::Holdings::Buil
     }
   }
 }
+
+// The digest of the part `shards` state, as rank 0 computes it from the
+// Holdings shards_to_proto writes (HeldShapeDigest).
+uint64_t part_digest(const std::vector<ShardView>& shards) {
+  HeldShapeDigest named;
+  for (uint32_t i = 0; i < shards.size(); ++i) {
+    const ShardView& s = shards[i];
+    const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
+    named.tensor(s.local.spec.name, s.local.spec.dtype, full);
+    const reshard::Region box = box_of(s, full);
+    named.box(i, box.offsets, box.lengths);
+  }
+  return named.digest();
+}
 }  // namespace
 
 Status SubscriberImpl::publish_refused(const Status& why, uint64_t step) {
@@ -74,6 +88,7 @@ Status SubscriberImpl::publish_refused(const Status& why, uint64_t step) {
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     holdings_.clear();
+    part_taken_ = 0;
     seq = ++publish_seq_;
     active_seq_ = 0;
   }
@@ -117,18 +132,27 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
       if (!d.ok()) return publish_refused(d.status().with_context("shard of '" + s.local.spec.name + "'"), step);
       digests[i] = *d;
     }
-  uint64_t seq = 0;
+  const uint64_t part = part_digest(shards);
+  uint64_t seq = 0, refer = 0;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     holdings_ = shards;
     seq = ++publish_seq_;
     active_seq_ = seq;
+    // The same part as the last call's, which its plan took: by reference.
+    if (std::exchange(part_taken_, 0) == part && !lost_.bloats_holdings(step) && !lost_.replays_holdings()) refer = part;
+    if (lost_.forges_part(step)) refer = part ^ 0x5a5a;  // test hook: a part rank 0 never had
+    part_sent_ = {seq, part};
   }
   auto message = control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
     auto h = b.initHoldings();
     h.setSeq(seq);
     h.setStep(step);
-    shards_to_proto(shards, h, digests, lost_.bloats_holdings(step));
+    if (!refer) return shards_to_proto(shards, h, digests, lost_.bloats_holdings(step));
+    h.setShapeRef(refer);
+    if (digests.empty()) return;
+    auto list = h.initDigests(static_cast<unsigned>(shards.size()));
+    for (const auto& [i, d] : digests) list.set(static_cast<unsigned>(i), d);
   });
   zmq::message_t replay;  // test hook: the last call's Holdings, sent again after this one's
   if (lost_.replays_holdings()) {
@@ -272,6 +296,7 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
                      std::to_string(mine.size()) + " regions of publish call " + std::to_string(active_seq_),
                      std::to_string(planned.size()) + " other regions for rank " + std::to_string(rank)});
     if (out.empty()) {
+      if (part_sent_.first == active_seq_) part_taken_ = part_sent_.second;  // its next call may refer to it
       planned_calls_[plan.version] = active_seq_;
       while (planned_calls_.size() > 16) planned_calls_.erase(planned_calls_.begin());
     }

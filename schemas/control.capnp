@@ -401,6 +401,18 @@ struct Holdings {
   # Not empty: this rank cannot publish its part of step `step` (its shards
   # are refused where it runs, e.g. a transform that cannot apply to them),
   # and says why: rank 0 refuses the update at once, naming it.
+  shapeRef @6 :UInt64;
+  # Non-zero: this call's part by reference. The rank states the same
+  # tensors and boxes as its last part sent whole, which this digest names
+  # (HeldShapeDigest, common/plan.h: each tensor's name, dtype and full
+  # shape, then each box); `tensors` and `holds` are empty. A rank refers
+  # only to the part its previous call sent or referred to, and only when
+  # that call's plan took it; rank 0 keeps each rank's last whole part (per
+  # control incarnation) and refuses a reference to any other.
+  digests @7 :List(UInt64);
+  # With shapeRef and data_plane.checksum: the xxh64 of each box's bytes, in
+  # the order of the referred part's boxes (an empty box's entry is 0 and
+  # unread). Empty: no digests.
 }
 
 enum DeltaKind {

@@ -72,6 +72,11 @@ struct UpdateResult {
   uint64_t plan_whole_bytes = 0;
   uint64_t plan_referred_bytes = 0;
   size_t plan_referred = 0;
+  // A many-sender update: the plan was the last update's (the same parts,
+  // Wants and group: nothing planned), and how many trainer ranks stated
+  // their part by reference to the last one they sent (Holdings.shapeRef).
+  bool plan_kept = false;
+  size_t parts_referred = 0;
   bool delta = false;        // at least one bucket went as a delta
   // publisher.delta on and the update went dense: why ("worker-3 at v5",
   // "no baseline yet", "the manifest changed", ...). Empty otherwise.

@@ -58,8 +58,8 @@ Status add_wants(const std::string& who, int rank, const PublisherImpl::SourceHo
                  const std::map<std::string, std::pair<size_t, std::string>>& index) {
   if (!w.error.empty()) return invalid_argument(w.error);
   std::map<size_t, const reshard::Region*> mine;
-  for (const auto& [t, region] : w.holds) {
-    const TensorSpec& spec = w.tensors[t];
+  for (const auto& [t, region] : w.part->holds) {
+    const TensorSpec& spec = w.part->tensors[t];
     auto it = index.find(spec.name);
     if (it == index.end()) continue;  // not in this update: its plan check names it
     const TensorSpec& known = plan.tensors[it->second.first];
@@ -90,10 +90,13 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
     return;
   }
   if (!h.getWithdrawn() && !newer_holdings(id, h.getSeq(), h.getStep())) return;
-  SourceHoldings out = read_holdings(id, h);
+  SourceHoldings out = h.getShapeRef() ? held_by_reference(id, h) : read_holdings(id, h);
+  const auto member = server_.member(id);
   std::string refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!out.referred && out.error.empty() && !h.getWithdrawn() && member)  // what its next calls may refer to
+      kept_parts_[id] = {member->incarnation, out.part};
     if (h.getWithdrawn()) {
       // Its call ended (it gave up waiting): these shards may change or go.
       if (auto it = holdings_.find(id); it != holdings_.end() && it->second.seq <= h.getSeq()) holdings_.erase(it);
@@ -138,6 +141,11 @@ bool PublisherImpl::newer_holdings(const std::string& id, uint64_t seq, uint64_t
   return false;
 }
 
+std::shared_ptr<const PublisherImpl::HeldShape> PublisherImpl::SourceHoldings::empty_part() {
+  static const auto none = std::make_shared<const HeldShape>();
+  return none;
+}
+
 PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id, proto::Holdings::Reader h) const {
   SourceHoldings out;
   out.seq = h.getSeq();
@@ -155,7 +163,18 @@ PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id
                 " of each an update may name";
     return out;
   }
+  auto part = std::make_shared<HeldShape>();
+  std::string bad = read_part(h, *part, out.digests);
+  if (!bad.empty()) out.error = id + " sent regions the update cannot use: " + bad;
+  out.part = std::move(part);
+  return out;
+}
+
+// The tensors and boxes of a part stated whole (and each box's digest), and
+// the part's digest; what is wrong with them, in words, or empty.
+std::string PublisherImpl::read_part(proto::Holdings::Reader h, HeldShape& part, std::map<size_t, uint64_t>& digests) {
   std::string bad;
+  HeldShapeDigest named;
   for (auto e : h.getTensors()) {
     TensorSpec t;
     t.name = e.getName().cStr();
@@ -164,45 +183,84 @@ PublisherImpl::SourceHoldings PublisherImpl::read_holdings(const std::string& id
     if (!d) bad = "tensor '" + control::printable(t.name) + "' has unknown dtype '" + control::printable(e.getDtype().cStr()) + "'";
     else t.dtype = *d;
     if (bad.empty() && !t.nbytes().ok()) bad = t.nbytes().status().message();
-    out.tensors.push_back(std::move(t));
+    named.tensor(t.name, t.dtype, t.shape);
+    part.tensors.push_back(std::move(t));
   }
   for (auto r : h.getHolds()) {
     reshard::Region region;
     for (int64_t v : r.getOffsets()) region.offsets.push_back(v);
     for (int64_t v : r.getLengths()) region.lengths.push_back(v);
-    if (r.getTensor() >= out.tensors.size()) bad = "a region of tensor #" + std::to_string(r.getTensor());
-    else if (!region.inside(out.tensors[r.getTensor()].shape))
-      bad = "'" + control::printable(out.tensors[r.getTensor()].name) + "' " + region.to_string() +
-            " outside its shape " + out.tensors[r.getTensor()].type_string();
-    if (r.getDigested()) out.digests[out.holds.size()] = r.getDigest();
-    out.holds.emplace_back(r.getTensor(), std::move(region));
+    if (r.getTensor() >= part.tensors.size()) bad = "a region of tensor #" + std::to_string(r.getTensor());
+    else if (!region.inside(part.tensors[r.getTensor()].shape))
+      bad = "'" + control::printable(part.tensors[r.getTensor()].name) + "' " + region.to_string() +
+            " outside its shape " + part.tensors[r.getTensor()].type_string();
+    if (r.getDigested()) digests[part.holds.size()] = r.getDigest();
+    named.box(r.getTensor(), region.offsets, region.lengths);
+    part.holds.emplace_back(r.getTensor(), std::move(region));
   }
+  part.digest = named.digest();
   // Bounded by name: a tensor stated under several entries is one tensor.
   std::map<std::string, uint32_t> per_tensor;
-  for (const auto& t : out.tensors)
+  for (const auto& t : part.tensors)
     if (per_tensor.count(t.name) && bad.empty()) bad = "'" + control::printable(t.name) + "' stated twice";
     else per_tensor[t.name] = 0;
-  for (const auto& [t, region] : out.holds)
-    if (t < out.tensors.size() && ++per_tensor[out.tensors[t].name] > kMaxRegionsPerTensor && bad.empty())
+  for (const auto& [t, region] : part.holds)
+    if (t < part.tensors.size() && ++per_tensor[part.tensors[t].name] > kMaxRegionsPerTensor && bad.empty())
       bad = "more than " + std::to_string(kMaxRegionsPerTensor) + " regions of '" +
-            control::printable(out.tensors[t].name) + "'";
-  if (!bad.empty()) out.error = id + " sent regions the update cannot use: " + bad;
+            control::printable(part.tensors[t].name) + "'";
+  return bad;
+}
+
+// A part stated by reference: the rank's kept part of that digest, stated
+// by this very process, with this call's digests (one per kept box).
+PublisherImpl::SourceHoldings PublisherImpl::held_by_reference(const std::string& id, proto::Holdings::Reader h) {
+  SourceHoldings out;
+  out.seq = h.getSeq();
+  out.step = h.getStep();
+  out.referred = true;
+  const auto m = server_.member(id);
+  KeptPart kept;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = kept_parts_.find(id); it != kept_parts_.end()) kept = it->second;
+  }
+  const std::string call = id + "'s part of its call " + std::to_string(out.seq);
+  if (!kept.part || !m || kept.incarnation != m->incarnation || kept.part->digest != h.getShapeRef()) {
+    out.error = call + " refers to its part " + digest_hex(h.getShapeRef()) + ", which rank 0 does not keep (" +
+                (kept.part && m && kept.incarnation == m->incarnation ? "it keeps " + digest_hex(kept.part->digest)
+                                                                      : std::string("none from this process")) +
+                "); its next call states its part whole";
+    return out;
+  }
+  const auto digests = h.getDigests();
+  if (h.getTensors().size() || h.getHolds().size() || (digests.size() && digests.size() != kept.part->holds.size())) {
+    out.error = call + " by reference carries " + std::to_string(h.getTensors().size()) + " tensors, " +
+                std::to_string(h.getHolds().size()) + " regions and " + std::to_string(digests.size()) +
+                " digests (expected none, none, and 0 or one per kept region: " +
+                std::to_string(kept.part->holds.size()) + ")";
+    return out;
+  }
+  for (unsigned i = 0; i < digests.size(); ++i)
+    if (!kept.part->holds[i].second.empty()) out.digests.emplace_hint(out.digests.end(), i, digests[i]);
+  out.part = std::move(kept.part);
   return out;
 }
 
 Status PublisherImpl::sharded_shape(const ShardedCall& c, UpdatePlan& shape,
-                                    std::map<std::string, std::string>& unusable) const {
+                                    std::map<std::string, std::string>& unusable, std::vector<size_t>& firsts) const {
   const auto& group = c.group;
   const auto& taken = c.taken;
   const auto& wants = c.wants;
   std::map<std::string, std::pair<size_t, std::string>> index;
+  firsts = {0};
   Status held = add_holdings("publisher", 0, 0, c.own.specs, c.own.holds, c.own.digests, shape, index);
   for (size_t i = 0; i < group.size() && held.ok(); ++i) {
     auto it = taken.find(group[i]);
     if (it == taken.end()) continue;
+    firsts.push_back(shape.holders.size());
     if (!it->second.error.empty()) held = invalid_argument(it->second.error);
     else
-      held = add_holdings(group[i], static_cast<int>(i + 1), it->second.seq, it->second.tensors, it->second.holds,
+      held = add_holdings(group[i], static_cast<int>(i + 1), it->second.seq, it->second.part->tensors, it->second.part->holds,
                           it->second.digests, shape, index);
   }
   if (!held.ok()) return held.with_context("sharded update refused before any byte moved");
@@ -215,6 +273,98 @@ Status PublisherImpl::sharded_shape(const ShardedCall& c, UpdatePlan& shape,
       unusable[group[i]] = s.message();
   }
   return Status();
+}
+
+// The update's plan: every rank's holdings and the engines' slices, one
+// plan checked whole before anything moves. An engine whose Wants it cannot
+// use is left out of the update (the others form again without it), not
+// the update. Laid out as a streamed plan (no buckets: none is needed, and
+// a hostile size costs nothing), then marked sharded. The same inputs as
+// the last plan's (kept_plan_) make no plan: only its version, the
+// holders' seqs and their digests are new.
+StatusOr<UpdatePlan> PublisherImpl::sharded_plan(ShardedCall& c) {
+  PlanInputs inputs = plan_inputs(c);
+  if (kept_plan_ && kept_plan_->inputs == inputs) return plan_from_kept(c);
+  if (kept_plan_) PC_INFO("publisher: a sharded plan made afresh: " << plan_change(inputs));
+  UpdatePlan shape;
+  std::map<std::string, std::string> unusable;
+  std::vector<size_t> firsts;
+  Status held = sharded_shape(c, shape, unusable, firsts);
+  const bool keep = held.ok() && unusable.empty();
+  if (held.ok() && !unusable.empty()) {
+    held = leave_out_wants(unusable, c.wants, c.group);
+    shape = UpdatePlan();
+    unusable.clear();
+    if (held.ok()) held = sharded_shape(c, shape, unusable, firsts);
+    if (held.ok() && !unusable.empty())
+      held = invalid_argument("sharded update refused before any byte moved: " + unusable.begin()->second);
+  }
+  if (!held.ok()) return held;
+  auto plan = make_plan(shape.tensors, c.options, true, c.r);
+  if (!plan.ok()) return plan.status();
+  plan->streamed = false;
+  plan->bucket_bytes = 0;
+  plan->covered.clear();
+  plan->sharded = true;
+  plan->holders = std::move(shape.holders);
+  plan->wanters = std::move(shape.wanters);
+  c.r.buckets = 0;
+  if (keep) c.made = KeptPlan{std::move(inputs), *plan, std::move(firsts)};
+  return plan;
+}
+
+// What the call's plan is made from: the group, rank 0's part's digest,
+// each trainer rank's part and each engine's Wants (the objects rank 0
+// read: a new message is a new input, even if it states the same).
+PublisherImpl::PlanInputs PublisherImpl::plan_inputs(const ShardedCall& c) const {
+  PlanInputs in{c.group, c.own.digest, {}, {}, c.options.partial};
+  for (const auto& id : c.group) {
+    auto t = c.taken.find(id);
+    auto w = c.wants.find(id);
+    in.parts.push_back(t != c.taken.end() && t->second.error.empty() ? t->second.part : nullptr);
+    in.wants.push_back(w != c.wants.end() ? w->second.part : nullptr);
+  }
+  return in;
+}
+
+// Why the kept plan does not serve `now`, in words (for the log).
+std::string PublisherImpl::plan_change(const PlanInputs& now) const {
+  const PlanInputs& was = kept_plan_->inputs;
+  if (was.group != now.group) return "the group changed";
+  if (was.own != now.own) return "rank 0's part changed";
+  for (size_t i = 0; i < now.group.size(); ++i) {
+    if (was.parts[i] != now.parts[i]) return now.group[i] + " stated another part";
+    if (was.wants[i] != now.wants[i]) return now.group[i] + " stated other Wants";
+  }
+  return now.partial ? "the update is partial" : "the update is whole";
+}
+
+// The kept plan for this call: its version, and each holder's seq and
+// digests of this call (rank 0's own, then each trainer rank's in group
+// order, as sharded_shape laid them out).
+StatusOr<UpdatePlan> PublisherImpl::plan_from_kept(ShardedCall& c) {
+  const KeptPlan& kept = *kept_plan_;
+  if (Status s = plan_version(kept.plan.tensors.size(), c.options, c.r); !s.ok()) return s;
+  UpdatePlan plan = kept.plan;
+  plan.version = c.r.version;
+  last_version_ = c.r.version;
+  c.r.bytes = plan.total_bytes;
+  c.r.buckets = 0;
+  c.from_kept = c.r.plan_kept = true;
+  size_t source = 0;
+  auto refresh = [&](uint64_t seq, const std::map<size_t, uint64_t>& digests) {
+    const size_t begin = kept.firsts[source];
+    const size_t end = ++source < kept.firsts.size() ? kept.firsts[source] : plan.holders.size();
+    for (size_t i = begin; i < end; ++i) {
+      plan.holders[i].seq = seq;
+      auto d = digests.find(i - begin);
+      plan.holders[i].digest = d != digests.end() ? std::optional<uint64_t>(d->second) : std::nullopt;
+    }
+  };
+  refresh(0, c.own.digests);
+  for (const auto& id : c.group)
+    if (auto it = c.taken.find(id); it != c.taken.end()) refresh(it->second.seq, it->second.digests);
+  return plan;
 }
 
 }  // namespace paramcast

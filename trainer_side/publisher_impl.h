@@ -91,16 +91,31 @@ class PublisherImpl : public control::ControlServer::Listener {
     uint64_t sent = 0;
   };
 
+  // What a rank states it holds (or wants): the full specs of the tensors
+  // and the boxes (index in tensors, box). Shared: a trainer rank's part is
+  // kept for its calls that refer to it (Holdings.shapeRef).
+  struct HeldShape {
+    std::vector<TensorSpec> tensors;
+    std::vector<std::pair<uint32_t, reshard::Region>> holds;
+    uint64_t digest = 0;  // HeldShapeDigest (common/plan.h) of the above
+  };
   // A trainer rank's Holdings or an engine's Wants, read and checked.
   struct SourceHoldings {
     uint64_t seq = 0;
     uint64_t step = 0;
-    std::vector<TensorSpec> tensors;
-    std::vector<std::pair<uint32_t, reshard::Region>> holds;
+    std::shared_ptr<const HeldShape> part = empty_part();
     std::map<size_t, uint64_t> digests;  // index in holds -> the xxh64 of its bytes, where the rank gave one
     std::string error;  // regions the update cannot use, in words
+    bool referred = false;  // stated by reference to the rank's kept part
     // Wants only: it cuts at least one tensor (or sent regions the update cannot use).
-    bool slices() const { return !holds.empty() || !error.empty(); }
+    bool slices() const { return !part->holds.empty() || !error.empty(); }
+    static std::shared_ptr<const HeldShape> empty_part();
+  };
+  // A trainer rank's last part stated whole, with the incarnation of the
+  // process that stated it: what its later calls may refer to.
+  struct KeptPart {
+    uint64_t incarnation = 0;
+    std::shared_ptr<const HeldShape> part;
   };
   explicit PublisherImpl(const Config& config);
   ~PublisherImpl() override;
@@ -118,6 +133,22 @@ class PublisherImpl : public control::ControlServer::Listener {
     std::vector<TensorSpec> specs;
     std::vector<std::pair<uint32_t, reshard::Region>> holds;  // shard index, its box
     std::map<size_t, uint64_t> digests;                       // index in holds -> xxh64
+    uint64_t digest = 0;                                      // HeldShapeDigest of specs and holds
+  };
+  // What a sharded plan is made from, by identity: the same inputs as the
+  // last plan's make no plan (only its version, seqs and digests anew).
+  struct PlanInputs {
+    std::vector<std::string> group;
+    uint64_t own = 0;                                     // rank 0's part's digest
+    std::vector<std::shared_ptr<const HeldShape>> parts;  // each member's part (trainer ranks), group order
+    std::vector<std::shared_ptr<const HeldShape>> wants;  // each member's Wants (engines), group order
+    bool partial = false;
+    bool operator==(const PlanInputs&) const = default;
+  };
+  struct KeptPlan {
+    PlanInputs inputs;
+    UpdatePlan plan;             // as made, before any round changed it
+    std::vector<size_t> firsts;  // where each holding rank's holders begin in plan.holders, rank 0 first
   };
   // One weight_update_sharded call, as its steps pass it on.
   struct ShardedCall {
@@ -130,6 +161,8 @@ class PublisherImpl : public control::ControlServer::Listener {
     std::map<std::string, SourceHoldings> taken;  // the partner ranks' parts
     std::map<std::string, SourceHoldings> wants;  // the group's engines' slices
     UpdateResult r;
+    std::optional<KeptPlan> made;  // the plan made for this call, kept once its moves are
+    bool from_kept = false;        // the call's plan is kept_plan_'s
   };
   Status sharded_precondition(const UpdateOptions& options);
   Status transform_own(const std::vector<ShardView>& shards, const std::vector<transform::Rule>& rules,
@@ -137,6 +170,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   Status state_own_part(const std::vector<ShardView>& sent, OwnPart& own);
   Status take_parts(ShardedCall& c);
   StatusOr<UpdatePlan> sharded_plan(ShardedCall& c);
+  Status plan_version(size_t tensors, const UpdateOptions& options, UpdateResult& r);
+  PlanInputs plan_inputs(const ShardedCall& c) const;
+  std::string plan_change(const PlanInputs& now) const;
+  StatusOr<UpdatePlan> plan_from_kept(ShardedCall& c);
   void run_sharded(ShardedCall& c, UpdatePlan& plan, const reshard::ShardedMoves& moves,
                    const std::vector<ShardView>& sent);
   UpdateResult refuse_sharded(ShardedCall& c, const Status& why);
@@ -253,7 +290,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   // A sharded update's shape: every rank's holdings (an error refuses the
   // update) and the engines' slices; an engine whose Wants it cannot use is
   // put in `unusable` (id -> why) instead (publisher_holdings.cc).
-  Status sharded_shape(const ShardedCall& c, UpdatePlan& shape, std::map<std::string, std::string>& unusable) const;
+  Status sharded_shape(const ShardedCall& c, UpdatePlan& shape, std::map<std::string, std::string>& unusable,
+                       std::vector<size_t>& firsts) const;
   // Leaves the engines in `unusable` out of the update in flight (the group
   // forms again without them; `group` becomes the new one) and out of later
   // formations until they state other Wants than those in `wants`
@@ -366,12 +404,15 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Each trainer rank's part of the next sharded update, until it is taken
   // (guarded by mu_; one entry per trainer rank).
   std::map<std::string, SourceHoldings> holdings_;
+  // Each trainer rank's last part sent whole (mu_; one entry per trainer rank).
+  std::map<std::string, KeptPart> kept_parts_;
   // Each trainer rank's last call heard of (Holdings.seq), and of which
   // process (its control incarnation).
   std::map<std::string, std::pair<uint64_t, uint64_t>> holdings_seq_;
   // The last sharded update's moves, reused while the shape holds (the
   // update thread's, under the update lock).
   reshard::ShardedMovesCache sharded_cache_;
+  std::optional<KeptPlan> kept_plan_;  // the last sharded plan whose moves were found (update thread)
   // Steps this rank refused before their plan (mu_): why, and the trainer
   // ranks whose call for it was ended. A rank whose part arrives after the
   // refusal is ended at once with the reason, not at its own timeout; its
@@ -400,6 +441,8 @@ class PublisherImpl : public control::ControlServer::Listener {
   // before (else dropped and logged). Takes mu_.
   bool newer_holdings(const std::string& id, uint64_t seq, uint64_t step);
   SourceHoldings read_holdings(const std::string& id, proto::Holdings::Reader h) const;
+  static std::string read_part(proto::Holdings::Reader h, HeldShape& part, std::map<size_t, uint64_t>& digests);
+  SourceHoldings held_by_reference(const std::string& id, proto::Holdings::Reader h);
   uint64_t last_round_version_ = 0;  // the version of the last round begun (mu_)
   // A sharded plan's shape: its digest (what Plan.shapeRef names) and a
   // generation that moves on whenever the shape's bytes differ from the

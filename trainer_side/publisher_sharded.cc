@@ -146,8 +146,9 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (Status s = take_parts(c); !s.ok()) return refuse_sharded(c, s);
   auto plan = sharded_plan(c);
   if (!plan.ok()) return refuse_sharded(c, plan.status());
-  auto moves = sharded_cache_.moves(*plan, static_cast<int>(c.group.size() + 1), rank_names(c.group));
+  auto moves = sharded_cache_.moves(*plan, static_cast<int>(c.group.size() + 1), rank_names(c.group), c.from_kept);
   if (!moves.ok()) return refuse_sharded(c, moves.status().with_context("refused before any byte moved"));
+  if (c.made) kept_plan_ = std::move(c.made);
   note_plan_shape(*plan, sharded_cache_.last_was_cached());
   run_sharded(c, *plan, **moves, sent);
   // Failed for good (a plan abandoned for a dense try of the same version
@@ -231,6 +232,10 @@ Status PublisherImpl::state_own_part(const std::vector<ShardView>& sent, OwnPart
     }
     own.holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
   }
+  HeldShapeDigest named;
+  for (const auto& t : own.specs) named.tensor(t.name, t.dtype, t.shape);
+  for (const auto& [t, box] : own.holds) named.box(t, box.offsets, box.lengths);
+  own.digest = named.digest();
   return Status();
 }
 
@@ -318,47 +323,21 @@ Status PublisherImpl::take_parts(ShardedCall& c) {
   if (!missing.empty())
     return timeout_error("update_timeout (" + format_duration(cfg_.publisher.update_timeout) +
                          ") passed before trainer ranks " + join_ids(missing) + " published their part; no byte moved");
-  for (const auto& id : sources) c.taken[id] = std::move(holdings_[id]);
+  for (const auto& id : sources) {
+    c.taken[id] = std::move(holdings_[id]);
+    c.r.parts_referred += c.taken[id].referred;
+  }
   for (const auto& id : sources) holdings_.erase(id);
   for (const auto& id : group_)
     if (auto it = wants_.find(id); it != wants_.end() && it->second.slices()) c.wants[id] = it->second;
   return Status();
 }
 
-// The update's plan: every rank's holdings and the engines' slices, one
-// plan checked whole before anything moves. An engine whose Wants it cannot
-// use is left out of the update (the others form again without it), not
-// the update. Laid out as a streamed plan (no buckets: none is needed, and
-// a hostile size costs nothing), then marked sharded.
-StatusOr<UpdatePlan> PublisherImpl::sharded_plan(ShardedCall& c) {
-  UpdatePlan shape;
-  std::map<std::string, std::string> unusable;
-  Status held = sharded_shape(c, shape, unusable);
-  if (held.ok() && !unusable.empty()) {
-    held = leave_out_wants(unusable, c.wants, c.group);
-    shape = UpdatePlan();
-    unusable.clear();
-    if (held.ok()) held = sharded_shape(c, shape, unusable);
-    if (held.ok() && !unusable.empty())
-      held = invalid_argument("sharded update refused before any byte moved: " + unusable.begin()->second);
-  }
-  if (!held.ok()) return held;
-  auto plan = make_plan(shape.tensors, c.options, true, c.r);
-  if (!plan.ok()) return plan.status();
-  plan->streamed = false;
-  plan->bucket_bytes = 0;
-  plan->covered.clear();
-  plan->sharded = true;
-  plan->holders = std::move(shape.holders);
-  plan->wanters = std::move(shape.wanters);
-  c.r.buckets = 0;
-  return plan;
-}
-
 // The shape of the plan about to go, for its members that hold it
 // (send_plan_frames): the digest is computed here, off the lock.
 void PublisherImpl::note_plan_shape(const UpdatePlan& plan, bool same_as_last) {
-  if (!same_as_last) ++shape_generation_;
+  if (same_as_last && shape_generation_) return;  // plan_shape_ names it already
+  ++shape_generation_;
   const PlanShape shape{shape_generation_, sharded_shape_digest(plan)};
   std::lock_guard<std::mutex> lock(mu_);
   plan_shape_ = shape;

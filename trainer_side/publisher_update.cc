@@ -140,6 +140,19 @@ void PublisherImpl::log_result(UpdateResult& r) {
 // fails later: it is never reused.
 StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorSpec>& specs, const UpdateOptions& options,
                                               bool streamed, UpdateResult& r) {
+  if (Status s = plan_version(specs.size(), options, r); !s.ok()) return s;
+  auto plan = streamed ? build_streamed_plan(r.version, specs, cfg_.data_plane)
+                       : build_plan(r.version, specs, cfg_.data_plane);
+  if (!plan.ok()) return plan.status();
+  plan->partial = options.partial;
+  r.bytes = plan->total_bytes;
+  r.buckets = plan->buckets.size();
+  last_version_ = r.version;
+  return plan;
+}
+
+// The next update's version (r.version), of `tensors` tensors.
+Status PublisherImpl::plan_version(size_t tensors, const UpdateOptions& options, UpdateResult& r) {
   // Versions never go backwards, also across publisher restarts: the floor is
   // the highest version a subscriber in good standing reports holding or
   // having tried, of the versions it can hold (refuse_impossible_versions).
@@ -148,9 +161,9 @@ StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorSpec>& spe
   const uint64_t held = highest_member_version(holder);
   const uint64_t floor = std::max(last_version_, held);
   r.version = options.version.value_or(floor + 1);
-  r.tensors = specs.size();
-  if (specs.size() > kMaxPlanTensors)
-    return invalid_argument("an update of " + std::to_string(specs.size()) + " tensors: more than the " +
+  r.tensors = tensors;
+  if (tensors > kMaxPlanTensors)
+    return invalid_argument("an update of " + std::to_string(tensors) + " tensors: more than the " +
                             std::to_string(kMaxPlanTensors) + " one update may name (kMaxPlanTensors): send them "
                             "as several partial updates (UpdateOptions::partial)");
   if (options.version && *options.version > kMaxVersion)
@@ -164,14 +177,7 @@ StatusOr<UpdatePlan> PublisherImpl::make_plan(const std::vector<TensorSpec>& spe
                             (held > last_version_ ? "version " + std::to_string(held) + " held by subscriber '" +
                                                         holder + "' (versions never go backwards)"
                                                   : "the last version " + std::to_string(last_version_)));
-  auto plan = streamed ? build_streamed_plan(r.version, specs, cfg_.data_plane)
-                       : build_plan(r.version, specs, cfg_.data_plane);
-  if (!plan.ok()) return plan.status();
-  plan->partial = options.partial;
-  r.bytes = plan->total_bytes;
-  r.buckets = plan->buckets.size();
-  last_version_ = r.version;
-  return plan;
+  return Status();
 }
 
 // The caller's tensors of a weight_update: on the publisher's device, with data.

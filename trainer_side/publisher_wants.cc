@@ -124,8 +124,9 @@ void PublisherImpl::strike_wants_contradicted(const UpdatePlan& plan, const std:
           now == wants_.end() || now->second.seq != planned->second.seq)
         continue;
       std::set<std::string> sliced;
-      for (const auto& [tensor, region] : planned->second.holds)
-        if (tensor < planned->second.tensors.size()) sliced.insert(planned->second.tensors[tensor].name);
+      const HeldShape& part = *planned->second.part;
+      for (const auto& [tensor, region] : part.holds)
+        if (tensor < part.tensors.size()) sliced.insert(part.tensors[tensor].name);
       bool contradicts = true;
       for (const auto& m : o.mismatches)
         contradicts &= m.kind != Mismatch::Kind::kMissingName && sliced.count(m.name) && planned_name(m.name);

@@ -106,7 +106,9 @@ std::string wire_text(const UpdateResult& r, int ranks, bool sharded) {
 }
 
 // The plan's control bytes, for a many-sender update: "; plan: 9.80 MiB
-// whole to 2, 576 B by reference to 3" (Plan.shapeRef, docs/protocol.md).
+// whole to 2, 576 B by reference to 3 (kept: nothing planned); trainer
+// ranks' parts by reference: 3" (Plan.shapeRef, Holdings.shapeRef,
+// docs/protocol.md).
 std::string plan_text(const UpdateResult& r) {
   const size_t whole = r.subscribers.size() - std::min(r.subscribers.size(), r.plan_referred);
   std::string out = "; plan:";
@@ -114,6 +116,8 @@ std::string plan_text(const UpdateResult& r) {
   if (r.plan_whole_bytes && r.plan_referred) out += ",";
   if (r.plan_referred)
     out += " " + format_bytes(r.plan_referred_bytes) + " by reference to " + std::to_string(r.plan_referred);
+  if (r.plan_kept) out += " (kept: nothing planned)";
+  if (r.parts_referred) out += "; trainer ranks' parts by reference: " + std::to_string(r.parts_referred);
   return out;
 }
 

@@ -113,9 +113,10 @@ Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::stri
 }  // namespace
 
 StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const UpdatePlan& plan, int world,
-                                                                       const std::vector<std::string>& names) {
-  std::string shape = shape_of(plan, world, names);
-  cached_ = kept_ && shape == shape_;
+                                                                       const std::vector<std::string>& names,
+                                                                       bool same_shape) {
+  std::string shape = same_shape && kept_ ? std::string() : shape_of(plan, world, names);
+  cached_ = kept_ && (same_shape || shape == shape_);
   if (cached_) {
     if (Status s = check_replica_digests(plan, names); !s.ok()) return s;
     return kept_;

@@ -51,8 +51,10 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
 // thread-safe: one owner (the update thread, an engine's data thread).
 class ShardedMovesCache {
  public:
+  // `same_shape`: the caller knows `plan` is of the kept moves' shape (it
+  // made it from the same inputs, as rank 0's kept plan): not compared.
   StatusOr<std::shared_ptr<const ShardedMoves>> moves(const UpdatePlan& plan, int world,
-                                                      const std::vector<std::string>& names);
+                                                      const std::vector<std::string>& names, bool same_shape = false);
   // Whether the last moves() took the kept moves (for tests and logs).
   bool last_was_cached() const { return cached_; }
 

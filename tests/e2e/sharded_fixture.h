@@ -57,7 +57,9 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
   // Rank `r` of 2's rows of every tensor, copied out of the whole model (so
   // that each rank's buffer holds only its shard), shifted by `shift` rows
   // for rank 1 (a negative shift overlaps rank 0, a positive one leaves a gap).
-  std::vector<ShardView> shards(int r, int64_t shift = 0) {
+  // Rank 0 holds each tensor's first rows up to half of them (moved by
+  // `cut`), rank 1 the rest (from `shift` rows later).
+  std::vector<ShardView> shards(int r, int64_t shift = 0, int64_t cut = 0) {
     std::vector<ShardView> out;
     auto& keep = r == 0 ? rows0_ : rows1_;
     keep.clear();
@@ -65,7 +67,7 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     for (size_t i = 0; i < model_.specs.size(); ++i) {
       const TensorSpec& t = model_.specs[i];
       const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-      int64_t half = (rows + 1) / 2;
+      int64_t half = std::clamp<int64_t>((rows + 1) / 2 + cut, 0, rows);
       int64_t begin = r == 0 ? 0 : std::clamp<int64_t>(half + shift, 0, rows);
       int64_t end = r == 0 ? half : rows;
       const uint64_t row_bytes = model_.bytes[i].size() / static_cast<uint64_t>(rows);
@@ -83,10 +85,10 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
     return out;
   }
 
-  std::pair<UpdateResult, UpdateResult> publish_both(uint64_t version, int64_t shift = 0) {
+  std::pair<UpdateResult, UpdateResult> publish_both(uint64_t version, int64_t shift = 0, int64_t cut = 0) {
     model_.fill(version, config_.trainer.seed, config_.trainer.changes);
-    auto s0 = shards(0);
-    auto s1 = shards(1, shift);
+    auto s0 = shards(0, 0, cut);
+    auto s1 = shards(1, shift, cut);
     // Every rank names the step (the version): the calls pair by it.
     auto other = std::async(std::launch::async, [&] { return rank1_->weight_update(s1, version); });
     UpdateOptions o;

@@ -55,6 +55,8 @@ TEST_F(ShardedUpdateTest, ALaterPlanOfTheSameShapeGoesByReferenceAndARestartedEn
   ASSERT_TRUE(first1.ok()) << first1.status.to_string();
   EXPECT_EQ(first.plan_referred, 0u);
   EXPECT_GT(first.plan_whole_bytes, 0u);
+  EXPECT_FALSE(first.plan_kept);
+  EXPECT_EQ(first.parts_referred, 0u);
   std::printf("[figures] v1: plan %llu bytes whole to 3 members\n",
               static_cast<unsigned long long>(first.plan_whole_bytes));
   for (uint64_t v = 2; v <= 3; ++v) {
@@ -62,6 +64,8 @@ TEST_F(ShardedUpdateTest, ALaterPlanOfTheSameShapeGoesByReferenceAndARestartedEn
     ASSERT_TRUE(r0.ok()) << r0.status.to_string() << outputs();
     ASSERT_TRUE(r1.ok()) << r1.status.to_string();
     EXPECT_EQ(r0.plan_referred, 3u) << "trainer-1 and both engines applied a plan of this shape";
+    EXPECT_TRUE(r0.plan_kept) << "the same parts, Wants and group: nothing planned";
+    EXPECT_EQ(r0.parts_referred, 1u) << "trainer-1 states the part rank 0 planned last by reference";
     EXPECT_EQ(r0.plan_whole_bytes, 0u);
     EXPECT_LT(r0.plan_referred_bytes, 3u * 1024u);
     EXPECT_LT(r0.plan_referred_bytes * 20, first.plan_whole_bytes);
@@ -88,6 +92,28 @@ TEST_F(ShardedUpdateTest, ALaterPlanOfTheSameShapeGoesByReferenceAndARestartedEn
   EXPECT_GT(r0.plan_whole_bytes, 0u);
   EXPECT_LT(r0.plan_whole_bytes, first.plan_whole_bytes);  // one member's whole plan, not three
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v4 verified", 20s)) << id << p->output();
+}
+
+// A kept plan is never reused across a change of the parts it was made
+// from: when the ranks split the rows elsewhere, rank 0 plans afresh from
+// trainer-1's part stated whole again, and every engine verifies every
+// byte; the next update of that split is kept again. (Before the plan was
+// kept, every update planned; a kept plan reused across the change would
+// have had each rank send rows it no longer holds.)
+TEST_F(ShardedUpdateTest, AKeptPlanServesOnlyTheSamePartsAndANewSplitIsPlannedAfresh) {
+  const int64_t cuts[] = {0, 0, -1, -1, 0};
+  const bool kept[] = {false, true, false, true, false};
+  for (uint64_t v = 1; v <= 5; ++v) {
+    auto [r0, r1] = publish_both(v, 0, cuts[v - 1]);
+    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+    EXPECT_EQ(r0.plan_kept, kept[v - 1]) << "v" << v;
+    EXPECT_EQ(r0.parts_referred, kept[v - 1] ? 1u : 0u) << "v" << v << ": trainer-1's part";
+    std::string verified = "v";
+    verified += std::to_string(v);
+    verified += " verified";
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(verified, 20s)) << id << p->output();
+  }
 }
 
 // A pipeline-style split: rank 0 holds the first half of the tensors whole,
