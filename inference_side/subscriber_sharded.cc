@@ -417,11 +417,13 @@ Status SubscriberImpl::take_registrations(ShardedMove& m, Communicator* comm) {
 
 // A trainer rank: each piece it sends from the shard that holds it.
 void SubscriberImpl::find_held(ShardedMove& m) {
-  auto index = std::make_shared<reshard::BufferIndex>();
-  for (const auto& s : m.holdings)
-    index->add(s.local.spec.name, static_cast<uint8_t*>(s.local.data),
-               box_of(s, s.full_shape.empty() ? s.local.spec.shape : s.full_shape));
-  m.buffers.find = [index](const TensorSpec& t, const reshard::Region& region) { return index->find(t.name, region); };
+  std::vector<std::pair<uint32_t, reshard::Region>> boxes;
+  boxes.reserve(m.holdings.size());
+  for (uint32_t i = 0; i < m.holdings.size(); ++i) {
+    const ShardView& s = m.holdings[i];
+    boxes.emplace_back(i, box_of(s, s.full_shape.empty() ? s.local.spec.shape : s.full_shape));
+  }
+  m.buffers.find = reshard::held_buffers(m.plan, m.holdings, boxes);
 }
 
 // An engine: each tensor's pieces into its registered slice or buffer, or,
@@ -458,18 +460,19 @@ Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
   }
   // Each tensor's buffer, found once by name (not per piece): its slice,
   // its registration, the kept copy, or the buffer handed to the callback.
-  auto index = std::make_shared<reshard::BufferIndex>();
-  for (const auto& t : plan.tensors) {
+  auto index = std::make_shared<reshard::BufferIndex>(plan.tensors.size());
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorSpec& t = plan.tensors[i];
     if (auto sl = m.slices.find(t.name); sl != m.slices.end())
-      index->add(t.name, static_cast<uint8_t*>(sl->second.local.data), box_of(sl->second, t.shape));
+      index->add(i, static_cast<uint8_t*>(sl->second.local.data), box_of(sl->second, t.shape));
     else if (auto it = m.registry.find(t.name); it != m.registry.end())
-      index->add(t.name, static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape));
+      index->add(i, static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape));
     else if (auto c = copies.find(t.name); c != copies.end())
-      index->add(t.name, c->second, reshard::Region::whole(t.shape));
+      index->add(i, c->second, reshard::Region::whole(t.shape));
     else if (auto h = m.handed.find(t.name); h != m.handed.end())
-      index->add(t.name, h->second.data(), reshard::Region::whole(t.shape));
+      index->add(i, h->second.data(), reshard::Region::whole(t.shape));
   }
-  m.buffers.find = [index](const TensorSpec& t, const reshard::Region& region) { return index->find(t.name, region); };
+  m.buffers.find = [index](size_t i, const TensorSpec&, const reshard::Region& region) { return index->find(i, region); };
   return Status();
 }
 
@@ -531,9 +534,10 @@ Status SubscriberImpl::run_moves(ShardedMove& m, Communicator* comm, bool& colle
 // Every piece landed: the callback gets each of its tensors whole, and the
 // engine's copy is of this version.
 Status SubscriberImpl::hand_over(ShardedMove& m) {
-  for (const auto& t : m.plan.tensors) {
+  for (size_t i = 0; i < m.plan.tensors.size(); ++i) {
+    const TensorSpec& t = m.plan.tensors[i];
     if (source_ || m.registry.count(t.name) || m.slices.count(t.name)) continue;
-    const reshard::LocalBuffer whole = m.buffers.find(t, reshard::Region::whole(t.shape));
+    const reshard::LocalBuffer whole = m.buffers.find(i, t, reshard::Region::whole(t.shape));
     if (!callback_) return internal_error("no callback for '" + t.name + "'");
     Status taken = callback_(TensorView{t, whole.data, Device{}});
     if (!taken.ok()) return taken.with_context("tensor callback for '" + t.name + "'");

@@ -374,10 +374,8 @@ Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::Sharde
                                    const std::vector<std::pair<uint32_t, reshard::Region>>& boxes,
                                    void* after_stream, UpdateResult& r) {
   MoveState m = start_move();
-  auto index = std::make_shared<reshard::BufferIndex>();
-  for (const auto& [i, box] : boxes) index->add(shards[i].local.spec.name, static_cast<uint8_t*>(shards[i].local.data), box);
   reshard::RankBuffers buffers;
-  buffers.find = [index](const TensorSpec& t, const reshard::Region& region) { return index->find(t.name, region); };
+  buffers.find = reshard::held_buffers(plan, shards, boxes);
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;
   run.delta_base = plan.delta_base;

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <algorithm>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -18,17 +19,37 @@ void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Reg
                [&](uint64_t f, uint64_t t, size_t bytes) { std::memcpy(dst + t, src + f, bytes); });
 }
 
-LocalBuffer BufferIndex::find(const std::string& tensor, const Region& region) const {
-  const auto it = by_name_.find(tensor);
-  if (it != by_name_.end())
-    for (const LocalBuffer& b : it->second)
-      if (contains(b.box, region)) return b;
+void BufferIndex::add(size_t tensor, uint8_t* data, const Region& box) {
+  if (tensor >= first_.size()) return;  // not the plan's: found by no transfer
+  if (!first_[tensor].data) first_[tensor] = {data, box};
+  else more_.emplace(tensor, LocalBuffer{data, box});
+}
+
+LocalBuffer BufferIndex::find(size_t tensor, const Region& region) const {
+  if (tensor >= first_.size()) return {};
+  if (first_[tensor].data && contains(first_[tensor].box, region)) return first_[tensor];
+  if (more_.empty()) return {};
+  const auto [begin, end] = more_.equal_range(tensor);
+  for (auto it = begin; it != end; ++it)
+    if (contains(it->second.box, region)) return it->second;
   return {};
+}
+
+std::function<LocalBuffer(size_t, const TensorSpec&, const Region&)> held_buffers(
+    const UpdatePlan& plan, const std::vector<ShardView>& shards, const std::vector<std::pair<uint32_t, Region>>& boxes) {
+  std::unordered_map<std::string_view, size_t> by_name;
+  by_name.reserve(plan.tensors.size());
+  for (size_t i = 0; i < plan.tensors.size(); ++i) by_name.emplace(plan.tensors[i].name, i);
+  auto index = std::make_shared<BufferIndex>(plan.tensors.size());
+  for (const auto& [shard, box] : boxes)
+    if (auto it = by_name.find(shards[shard].local.spec.name); it != by_name.end())
+      index->add(it->second, static_cast<uint8_t*>(shards[shard].local.data), box);
+  return [index](size_t i, const TensorSpec&, const Region& region) { return index->find(i, region); };
 }
 
 StatusOr<LocalBuffer> detail::buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x,
                                         int rank) {
-  LocalBuffer at = buffers.find(plan.tensors[x.tensor], x.region);
+  LocalBuffer at = buffers.find(x.tensor, plan.tensors[x.tensor], x.region);
   if (!at.data || !contains(at.box, x.region))
     return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" +
                           plan.tensors[x.tensor].name + "' " + x.region.to_string());

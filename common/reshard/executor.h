@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "common/data/communicator.h"
+#include "common/plan.h"
 #include "common/data/device_memory.h"
 #include "common/reshard/reshard_plan.h"
 #include "common/reshard/schedule.h"
@@ -99,22 +100,32 @@ struct LocalBuffer {
 
 struct RankBuffers {
   // The buffer holding (for a sender) or receiving (for a receiver) the
-  // region of `tensor` that contains `region`; data null if none.
-  std::function<LocalBuffer(const TensorSpec& tensor, const Region& region)> find;
+  // region of the plan's tensor `index` (its spec: `tensor`) that contains
+  // `region`; data null if none.
+  std::function<LocalBuffer(size_t index, const TensorSpec& tensor, const Region& region)> find;
 };
 
-// A rank's buffers by tensor name, for RankBuffers::find: a lookup by name,
-// then among that tensor's few boxes (the first that contains the region).
-// A scan of every buffer for each transfer costs tensors x transfers: at
-// 50,000 tensors, most of an update.
+// A rank's buffers by the plan's tensor index, for RankBuffers::find: each
+// tensor's first box in a flat table, any further ones (a rank holding
+// several boxes of one tensor) beside it; the first box that contains the
+// region. A lookup by name for each transfer (hashing and comparing the
+// name) was a fifth of an engine's CPU at 50,000 tensors.
 class BufferIndex {
  public:
-  void add(const std::string& tensor, uint8_t* data, const Region& box) { by_name_[tensor].push_back({data, box}); }
-  LocalBuffer find(const std::string& tensor, const Region& region) const;
+  explicit BufferIndex(size_t tensors) : first_(tensors) {}
+  void add(size_t tensor, uint8_t* data, const Region& box);
+  LocalBuffer find(size_t tensor, const Region& region) const;
 
  private:
-  std::unordered_map<std::string, std::vector<LocalBuffer>> by_name_;
+  std::vector<LocalBuffer> first_;
+  std::unordered_multimap<size_t, LocalBuffer> more_;
 };
+
+// A sending rank's buffers for RankBuffers::find: `boxes` (a shard's index
+// in `shards`, the box of its tensor it holds), by the index in `plan` of
+// the shard's tensor (found by name, once).
+std::function<LocalBuffer(size_t, const TensorSpec&, const Region&)> held_buffers(
+    const UpdatePlan& plan, const std::vector<ShardView>& shards, const std::vector<std::pair<uint32_t, Region>>& boxes);
 
 // Copies `region` (inside both boxes) from a row-major buffer of box `from`
 // to one of box `to`, `element` bytes per element, run by run.

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "common/xxhash.h"
 
@@ -65,6 +67,13 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
   auto p = plan_reshard(ranks);
   if (!p.ok()) return p.status().with_context(where);
   out.plan = std::move(p.value());
+  // The moves' tensors are the update plan's, in its order: a transfer's
+  // tensor is the plan's index, by which every rank finds its buffers.
+  std::unordered_map<std::string_view, uint32_t> index;
+  index.reserve(plan.tensors.size());
+  for (size_t i = 0; i < plan.tensors.size(); ++i) index.emplace(plan.tensors[i].name, static_cast<uint32_t>(i));
+  for (auto& x : out.plan.transfers) x.tensor = index.at(out.plan.tensors[x.tensor].name);
+  out.plan.tensors = plan.tensors;
   out.rounds = schedule_rounds(out.plan);
   return out;
 }

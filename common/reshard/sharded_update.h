@@ -28,7 +28,7 @@ struct RankSchedule;
 }
 
 struct ShardedMoves {
-  ReshardPlan plan;
+  ReshardPlan plan;  // its tensors are the UpdatePlan's, in its order (a transfer's tensor: the plan's index)
   std::vector<Round> rounds;
   std::vector<int> receivers;  // the ranks that receive (every rank but the holders)
   // This process's rank's schedule of these moves (RunOptions::schedule),

@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
       if (on_device.count(name)) (void)mem->copy(bw.second.data(), on_device[name], bw.second.size());
   };
   RankBuffers buffers;
-  buffers.find = [&](const TensorSpec& t, const Region& region) -> LocalBuffer {
+  buffers.find = [&](size_t, const TensorSpec& t, const Region& region) -> LocalBuffer {
     const std::string& name = t.name;
     for (auto* m : {&held, &wanted}) {
       auto it = m->find(name);
