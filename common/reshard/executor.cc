@@ -86,8 +86,8 @@ Status HostRun::choose() {
       auto at = buffer_of(plan, buffers, transfer(c.transfer), rank);
       if (!at.ok()) return at.status();
       Posted& p = into.emplace_back();
-      static_cast<Chosen&>(p) = c;
-      p.at = *at;
+      static_cast<Chosen&>(p) = c;  // its buffer still empty: nothing allocated
+      p.at = std::move(*at);
     }
     return Status();
   };
@@ -97,6 +97,14 @@ Status HostRun::choose() {
     if (options.sent) options.sent->end_run(false);
     return s;
   }
+  auto parts = std::make_shared<std::vector<SmallParts>>(sends_.size() + recvs_.size());
+  size_t k = 0;
+  for (auto* list : {&sends_, &recvs_})
+    for (Posted& p : *list) {
+      SmallParts& mine = (*parts)[k++];
+      p.sum = std::shared_ptr<uint64_t>(parts, &mine.sum);  // owned by the slab
+      p.head = std::shared_ptr<PieceHeader>(parts, &mine.head);
+    }
   for (auto& p : sends_) all_.push_back(&p);
   for (auto& p : recvs_) all_.push_back(&p);
   holder_sums_ = by_peer(schedule_->sums_sent);
@@ -276,6 +284,12 @@ uint8_t* HostRun::read(const Posted& p, std::vector<uint8_t>& into) const {
   into.resize(x.bytes);
   copy_region(p.at.data, p.at.box, into.data(), x.region, x.region, element(x));
   return into.data();
+}
+
+uint8_t* HostRun::read_staged(Posted& p) const {
+  const Transfer& x = transfer(p.transfer);
+  if (const auto at = contiguous_at(p.at.box, x.region, element(x))) return p.at.data + *at;
+  return read(p, p.stage());
 }
 
 }  // namespace detail

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -30,13 +31,19 @@ struct Posted : Chosen {
   std::shared_ptr<Work> work;
   std::shared_ptr<Work> sum_work;   // the checksum that follows it (dense plans with checksums)
   std::shared_ptr<Work> head_work;  // its header (delta plans)
-  std::shared_ptr<uint64_t> sum = std::make_shared<uint64_t>(0);  // sent, or received
-  std::shared_ptr<PieceHeader> head = std::make_shared<PieceHeader>();
+  // Sent, or received: both in the run's slab of small parts (choose).
+  std::shared_ptr<uint64_t> sum;
+  std::shared_ptr<PieceHeader> head;
   const uint8_t* bytes = nullptr;  // the bytes on the wire, contiguous (a receive: once landed)
   uint64_t wire = 0;               // how many
   // Packed bytes (a send) or their landing (a receive) when not contiguous;
-  // shared with the sends that relay them (a forward, a repeat).
-  std::shared_ptr<std::vector<uint8_t>> staging = std::make_shared<std::vector<uint8_t>>();
+  // shared with the sends that relay them (a forward, a repeat). Null until
+  // a piece needs it (stage): most pieces land in place or in a bundle's.
+  std::shared_ptr<std::vector<uint8_t>> staging;
+  std::vector<uint8_t>& stage() {
+    if (!staging) staging = std::make_shared<std::vector<uint8_t>>();
+    return *staging;
+  }
   std::shared_ptr<std::vector<uint8_t>> encoded;  // a send's delta encoding (shared by sends of the same piece)
   bool direct = false;                            // a receive straight into the rank's buffer
   // A bundle's piece (plan_bundles): the bundle's first piece carries its
@@ -56,6 +63,13 @@ struct Posted : Chosen {
 // (`peer`: the receiver of the forwards `forwards`, in schedule order), or
 // that a rank takes from one holder (`peer`): one message a pair, tag: the
 // first forward's index | kChecksumTag; both ends list the same forwards.
+// A piece's small parts, one slab a run: a Work that does not settle keeps
+// the whole slab (settle), not one allocation per piece.
+struct SmallParts {
+  uint64_t sum = 0;
+  PieceHeader head;
+};
+
 struct HolderSums {
   int peer = -1;
   std::vector<size_t> forwards;
@@ -96,6 +110,7 @@ class HostRun final : public RankRun {
   void gather_relays(RankSchedule& s) const;
   void bundle(const std::vector<Bundle>& bundles);
   uint8_t* read(const Posted& p, std::vector<uint8_t>& into) const;
+  uint8_t* read_staged(Posted& p) const;  // read, packing into the piece's own staging
 
   // For each piece this rank holds (executor_send.cc): make room in the
   // staging window, read (or pack) it, encode it, hash it, post it.
@@ -140,7 +155,7 @@ class HostRun final : public RankRun {
   // so pointers into them stay.
   std::vector<Posted> sends_, recvs_;
   std::vector<Posted*> all_;
-  std::map<size_t, std::vector<Posted*>> forwards_;  // by the transfer that brings their bytes
+  std::unordered_map<size_t, std::vector<Posted*>> forwards_;  // by the transfer that brings their bytes
   // The hashes this rank sends as a holder, in schedule order, once all its
   // own sends are posted; each rank takes them after all its moves landed,
   // in the same order, and checks the forwards it received then. Last on

@@ -42,7 +42,7 @@ void HostRun::post_dense_receive(Posted& p) {
   p.direct = at.has_value();
   uint8_t* into = at ? p.at.data + *at : nullptr;
   if (!at) {
-    p.staging->resize(x.bytes);
+    p.stage().resize(x.bytes);
     into = p.staging->data();
   }
   p.work = comm.recv(into, x.bytes, x.from, static_cast<uint32_t>(p.transfer));
@@ -61,7 +61,7 @@ void HostRun::post_dense_receive(Posted& p) {
 void HostRun::post_bundle_receive(Posted& lead) {
   uint64_t total = 0;
   for (const Posted* m : lead.members) total += transfer(m->transfer).bytes;
-  lead.staging->resize(total);
+  lead.stage().resize(total);
   uint64_t at = 0;
   for (Posted* m : lead.members) {
     m->staging = lead.staging;
@@ -95,7 +95,7 @@ Status HostRun::post_delta_receive(Posted& p) {
     if (at) into = p.at.data + *at;
   }
   if (!into) {
-    p.staging->resize(p.wire);
+    p.stage().resize(p.wire);
     into = p.staging->data();
   }
   p.bytes = into;
@@ -204,7 +204,9 @@ void HostRun::place(const Posted& p, const uint8_t* bytes) const {
 // to one rank, as one relay once the last of them is placed.
 void HostRun::relay(Posted& p) {
   if (p.lead && p.lead->relay && &p == p.lead->members.back()) send_relay(*p.lead);
-  for (Posted* f : forwards_[p.transfer]) {
+  const auto forwards = forwards_.find(p.transfer);
+  if (forwards == forwards_.end()) return;
+  for (Posted* f : forwards->second) {
     if (f->lead) continue;  // in a relay
     if (delta_) {
       *f->head = *p.head;
@@ -237,7 +239,8 @@ void HostRun::send_relay(Posted& source) {
 Status HostRun::check_forwards() {
   if (!checked_) return Status();
   if (Status s = take_holder_sums(); !s.ok()) return s;
-  std::map<size_t, const Posted*> received;  // the forwards, by index
+  std::unordered_map<size_t, const Posted*> received;  // the forwards, by index
+  received.reserve(recvs_.size());
   for (const auto& p : recvs_)
     if (transfer(p.transfer).after >= 0) received[p.transfer] = &p;
   std::vector<uint8_t> packed;

@@ -10,7 +10,7 @@ namespace paramcast::reshard::detail {
 namespace {
 
 uint64_t held_by(const Posted& q) {
-  return static_cast<uint64_t>(q.staging->size()) + (q.encoded ? q.encoded->size() : 0);
+  return static_cast<uint64_t>(q.staging ? q.staging->size() : 0) + (q.encoded ? q.encoded->size() : 0);
 }
 
 }  // namespace
@@ -62,7 +62,7 @@ Status HostRun::make_room(uint64_t need) {
     holding_.pop_front();
     if (Status s = wait_moves(*q); !s.ok()) return s;
     held_ -= held_by(*q);
-    q->staging = std::make_shared<std::vector<uint8_t>>();  // sent: its bytes are free (a repeat holds its own)
+    q->staging.reset();  // sent: its bytes are free (a repeat holds its own)
     q->encoded.reset();
   }
   return Status();
@@ -72,7 +72,7 @@ Status HostRun::make_room(uint64_t need) {
 // baseline when this rank holds it.
 void HostRun::read_dense(Posted& p) {
   const Transfer& x = transfer(p.transfer);
-  p.bytes = read(p, *p.staging);
+  p.bytes = read_staged(p);
   p.wire = x.bytes;
   if (x.after < 0) record(x, p.bytes);
   ++stats.dense;
@@ -87,7 +87,7 @@ Status HostRun::send_bundle(Posted& lead) {
   uint64_t total = 0;
   for (const Posted* m : lead.members) total += transfer(m->transfer).bytes;
   if (Status s = make_room(total); !s.ok()) return s;
-  lead.staging->resize(total);
+  lead.stage().resize(total);
   uint64_t at = 0;
   for (Posted* m : lead.members) {
     const Transfer& x = transfer(m->transfer);
@@ -144,7 +144,7 @@ void HostRun::encode(Posted& p) {
     return;
   }
   encoded_[key(p)] = &p;
-  const uint8_t* now = read(p, *p.staging);
+  const uint8_t* now = read_staged(p);
   SentBaseline::Piece* base = options.sent ? &options.sent->piece(name(x), x.region) : nullptr;
   p.bytes = now;
   p.wire = x.bytes;

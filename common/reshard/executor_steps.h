@@ -29,6 +29,7 @@
 
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -159,7 +160,7 @@ class RankRun {
   RunOptions::Stats stats;
 
  private:
-  std::map<size_t, uint64_t> held_hashes_;  // a transfer this rank sent as holder -> its piece's hash
+  std::unordered_map<size_t, uint64_t> held_hashes_;  // a transfer this rank sent as holder -> its piece's hash
 };
 
 }  // namespace paramcast::reshard::detail
