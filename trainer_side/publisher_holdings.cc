@@ -90,7 +90,9 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
     return;
   }
   if (!h.getWithdrawn() && !newer_holdings(id, h.getSeq(), h.getStep())) return;
-  SourceHoldings out = h.getShapeRef() ? held_by_reference(id, h) : read_holdings(id, h);
+  // A part the rank refused itself is read as such (its error), by reference or not.
+  const bool own_error = h.hasError() && h.getError().size() > 0;
+  SourceHoldings out = h.getShapeRef() && !own_error ? held_by_reference(id, h) : read_holdings(id, h);
   const auto member = server_.member(id);
   std::string refused;
   {
@@ -286,6 +288,10 @@ StatusOr<UpdatePlan> PublisherImpl::sharded_plan(ShardedCall& c) {
   PlanInputs inputs = plan_inputs(c);
   if (kept_plan_ && kept_plan_->inputs == inputs) return plan_from_kept(c);
   if (kept_plan_) PC_INFO("publisher: a sharded plan made afresh: " << plan_change(inputs));
+  // The kept plan serves only while its moves are the moves cache's last:
+  // this plan replaces them, whether or not it is kept itself (an engine
+  // left out for its Wants makes a plan that is not).
+  kept_plan_.reset();
   UpdatePlan shape;
   std::map<std::string, std::string> unusable;
   std::vector<size_t> firsts;

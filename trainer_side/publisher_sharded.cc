@@ -325,7 +325,7 @@ Status PublisherImpl::take_parts(ShardedCall& c) {
                          ") passed before trainer ranks " + join_ids(missing) + " published their part; no byte moved");
   for (const auto& id : sources) {
     c.taken[id] = std::move(holdings_[id]);
-    c.r.parts_referred += c.taken[id].referred;
+    c.r.parts_referred += c.taken[id].referred && c.taken[id].error.empty();
   }
   for (const auto& id : sources) holdings_.erase(id);
   for (const auto& id : group_)

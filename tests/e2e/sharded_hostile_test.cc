@@ -1,12 +1,14 @@
 // Many-sender updates beside one hostile or broken member: an engine whose
 // Wants no plan can use, an engine that refuses the very slices it asked
 // for, a trainer rank whose older Holdings arrive again, one whose Holdings
-// name more tensors than an update may. Each costs the others at most the
+// name more tensors than an update may, an engine left out and back. Each costs the others at most the
 // update in flight; the honest engines (paramcast-worker processes
 // verifying every byte) get every later version.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "common/plan.h"
@@ -198,6 +200,86 @@ TEST_F(ShardedForgedPartTest, AReferenceToAPartRankZeroDoesNotKeepIsRefusedNamin
     EXPECT_EQ(r0.parts_referred, referred[v - 1]) << "v" << v;
   }
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v5 verified", 20s)) << id << p->output();
+}
+
+// The kept plan (rank 0 plans nothing for the last plan's inputs) serves
+// only while its moves are the moves rank 0 made last. worker-3 (in this
+// process) takes v1 whole; it comes back with Wants no plan can use and is
+// left out of v2 (a plan made afresh without it, and not kept); it comes
+// back whole again, so v3's inputs are v1's. v3 is planned afresh, reaches
+// worker-3 and lands bit-exact. Before, v3 took v1's kept plan with v2's
+// moves (made for a group without worker-3): the ranks disagreed on the
+// plan and v3 failed.
+class ShardedKeptPlanAfterALeftOutEngineTest : public ShardedUpdateTest {
+ protected:
+  void SetUp() override {
+    extra_engines_ = 1;
+    before_start_ = [this] { join_worker3(/*whole=*/true); };
+    start_cluster("  ranks: 2\n  on_member_loss: continue\n  update_timeout: 15s\n");
+  }
+  void TearDown() override {
+    if (worker3_) worker3_->stop();
+    ShardedUpdateTest::TearDown();
+  }
+  // worker-3 anew: every tensor registered whole, or one unusable slice.
+  void join_worker3(bool whole) {
+    if (pub_)
+      while (pub_->poll_event()) {
+      }
+    if (worker3_) worker3_->stop();
+    Config cfg = config_;
+    cfg.control.endpoint = pub_->endpoint();
+    auto sub = Subscriber::create(cfg, "worker-3");
+    ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+    worker3_ = std::move(sub.value());
+    const auto layout = synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype);
+    whole_.clear();
+    whole_.reserve(layout.size());
+    if (whole) {
+      for (const auto& t : layout) {
+        whole_.emplace_back(*t.nbytes());
+        ASSERT_TRUE(worker3_->register_tensor(TensorView{t, whole_.back().data(), Device::cpu()}).ok());
+      }
+    } else {
+      ShardView bad{TensorView{TensorSpec{layout[0].name, DType::kF32, {1, 1}}, cell_.data(), Device::cpu()},
+                    {1, 1}, {0, 0}};
+      ASSERT_TRUE(worker3_->register_slice(bad).ok());
+    }
+    ASSERT_TRUE(worker3_->start().ok());
+    if (pub_->stats().epoch == 0) return;  // before the publisher's start: its start-up formation takes it
+    // Rank 0 knows it (its Wants come before its answer to the next formation).
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    for (;;) {
+      auto e = pub_->poll_event();
+      if (e && e->worker_id == "worker-3" &&
+          (e->kind == MemberEvent::Kind::kJoined || e->kind == MemberEvent::Kind::kRejoined))
+        break;
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "worker-3 never joined again" << outputs();
+      if (!e) std::this_thread::sleep_for(10ms);
+    }
+  }
+  std::unique_ptr<Subscriber> worker3_;
+  std::vector<std::vector<uint8_t>> whole_;
+  std::vector<float> cell_ = std::vector<float>(1);
+};
+
+TEST_F(ShardedKeptPlanAfterALeftOutEngineTest, AFreshPlanThatIsNotKeptEndsTheKeptOne) {
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v == 2) join_worker3(/*whole=*/false);
+    if (v == 3) join_worker3(/*whole=*/true);
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+    EXPECT_FALSE(r0.plan_kept) << "v" << v << ": every update's inputs differ from the last plan's";
+    ASSERT_EQ(r0.left_out.size(), v == 2 ? 1u : 0u) << "v" << v;
+    std::string verified = "v";
+    verified += std::to_string(v);
+    verified += " verified";
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output(verified, 20s)) << id << p->output();
+  }
+  ASSERT_EQ(whole_.size(), model_.bytes.size());
+  for (size_t i = 0; i < whole_.size(); ++i)
+    ASSERT_EQ(whole_[i], model_.bytes[i]) << "worker-3's '" << model_.specs[i].name << "' is not v3";
 }
 
 // A process's resident memory, now and at its peak (VmRSS, VmHWM), in bytes.
