@@ -423,7 +423,7 @@ void SubscriberImpl::find_held(ShardedMove& m) {
     const ShardView& s = m.holdings[i];
     boxes.emplace_back(i, box_of(s, s.full_shape.empty() ? s.local.spec.shape : s.full_shape));
   }
-  m.buffers.find = reshard::held_buffers(m.plan, m.holdings, boxes);
+  m.buffers.index = reshard::held_buffers(*m.moves, m.holdings, boxes);
 }
 
 // An engine: each tensor's pieces into its registered slice or buffer, or,
@@ -472,7 +472,7 @@ Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
     else if (auto h = m.handed.find(t.name); h != m.handed.end())
       index->add(i, h->second.data(), reshard::Region::whole(t.shape));
   }
-  m.buffers.find = [index](size_t i, const TensorSpec&, const reshard::Region& region) { return index->find(i, region); };
+  m.buffers.index = std::move(index);
   return Status();
 }
 
@@ -537,7 +537,7 @@ Status SubscriberImpl::hand_over(ShardedMove& m) {
   for (size_t i = 0; i < m.plan.tensors.size(); ++i) {
     const TensorSpec& t = m.plan.tensors[i];
     if (source_ || m.registry.count(t.name) || m.slices.count(t.name)) continue;
-    const reshard::LocalBuffer whole = m.buffers.find(i, t, reshard::Region::whole(t.shape));
+    const reshard::LocalBuffer whole = m.buffers.index->find(i, reshard::Region::whole(t.shape));
     if (!callback_) return internal_error("no callback for '" + t.name + "'");
     Status taken = callback_(TensorView{t, whole.data, Device{}});
     if (!taken.ok()) return taken.with_context("tensor callback for '" + t.name + "'");

@@ -375,7 +375,7 @@ Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::Sharde
                                    void* after_stream, UpdateResult& r) {
   MoveState m = start_move();
   reshard::RankBuffers buffers;
-  buffers.find = reshard::held_buffers(plan, shards, boxes);
+  buffers.index = reshard::held_buffers(moves, shards, boxes);
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;
   run.delta_base = plan.delta_base;

@@ -51,7 +51,7 @@ struct Move : Chosen {
   uint64_t digest = 0;              // a send's checksum as its holder took it; a forward's as it landed here
   const uint8_t* source = nullptr;  // a send's bytes (a forward's: where its piece landed)
   std::shared_ptr<Work> work, sum_work;
-  uint8_t* landing() const { return in_place ? at.data + *in_place : staging->data(); }
+  uint8_t* landing() const { return in_place ? at->data + *in_place : staging->data(); }
 };
 
 // Closes a group the round opened, also when it unwinds (an exception
@@ -141,7 +141,7 @@ Status DeviceRun::choose() {
   for (const Chosen& c : *chosen) {
     Move m;
     static_cast<Chosen&>(m) = c;
-    m.in_place = contiguous_at(m.at.box, transfer(c.transfer).region, element(transfer(c.transfer)));
+    m.in_place = contiguous_at(m.at->box, transfer(c.transfer).region, element(transfer(c.transfer)));
     all_.push_back(std::move(m));
   }
   for (auto& m : all_) {
@@ -179,13 +179,13 @@ Status DeviceRun::stage(Move& m) {
     return Status();
   }
   if (m.in_place || !x.bytes) {
-    m.source = m.at.data + m.in_place.value_or(0);
+    m.source = m.at->data + m.in_place.value_or(0);
     return Status();
   }
   if (Status s = allocate(*m.staging, x.bytes); !s.ok()) return fail(m.transfer, s);
   uint8_t* into = m.staging->data();
-  for_each_run(m.at.box, x.region, x.region, element(x), [&](uint64_t from, uint64_t to, size_t bytes) {
-    ops_.push_back({into + to, m.at.data + from, bytes});
+  for_each_run(m.at->box, x.region, x.region, element(x), [&](uint64_t from, uint64_t to, size_t bytes) {
+    ops_.push_back({into + to, m.at->data + from, bytes});
   });
   m.source = into;
   return Status();
@@ -264,8 +264,8 @@ void DeviceRun::place(const Move& m) {
   const Transfer& x = transfer(m.transfer);
   if (m.in_place || !x.bytes) return;
   const uint8_t* from = m.staging->data();
-  for_each_run(x.region, m.at.box, x.region, element(x),
-               [&](uint64_t f, uint64_t t, size_t bytes) { ops_.push_back({m.at.data + t, from + f, bytes}); });
+  for_each_run(x.region, m.at->box, x.region, element(x),
+               [&](uint64_t f, uint64_t t, size_t bytes) { ops_.push_back({m.at->data + t, from + f, bytes}); });
 }
 
 // The forwards of a landed piece send it from where it landed.

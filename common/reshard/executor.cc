@@ -25,32 +25,25 @@ void BufferIndex::add(size_t tensor, uint8_t* data, const Region& box) {
   else more_.emplace(tensor, LocalBuffer{data, box});
 }
 
-LocalBuffer BufferIndex::find(size_t tensor, const Region& region) const {
-  if (tensor >= first_.size()) return {};
-  if (first_[tensor].data && contains(first_[tensor].box, region)) return first_[tensor];
-  if (more_.empty()) return {};
+const LocalBuffer* BufferIndex::locate(size_t tensor, const Region& region) const {
+  if (tensor >= first_.size()) return nullptr;
+  if (first_[tensor].data && contains(first_[tensor].box, region)) return &first_[tensor];
+  if (more_.empty()) return nullptr;
   const auto [begin, end] = more_.equal_range(tensor);
   for (auto it = begin; it != end; ++it)
-    if (contains(it->second.box, region)) return it->second;
-  return {};
+    if (contains(it->second.box, region)) return &it->second;
+  return nullptr;
 }
 
-std::function<LocalBuffer(size_t, const TensorSpec&, const Region&)> held_buffers(
-    const UpdatePlan& plan, const std::vector<ShardView>& shards, const std::vector<std::pair<uint32_t, Region>>& boxes) {
-  std::unordered_map<std::string_view, size_t> by_name;
-  by_name.reserve(plan.tensors.size());
-  for (size_t i = 0; i < plan.tensors.size(); ++i) by_name.emplace(plan.tensors[i].name, i);
-  auto index = std::make_shared<BufferIndex>(plan.tensors.size());
-  for (const auto& [shard, box] : boxes)
-    if (auto it = by_name.find(shards[shard].local.spec.name); it != by_name.end())
-      index->add(it->second, static_cast<uint8_t*>(shards[shard].local.data), box);
-  return [index](size_t i, const TensorSpec&, const Region& region) { return index->find(i, region); };
-}
-
-StatusOr<LocalBuffer> detail::buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x,
-                                        int rank) {
-  LocalBuffer at = buffers.find(x.tensor, plan.tensors[x.tensor], x.region);
-  if (!at.data || !contains(at.box, x.region))
+StatusOr<const LocalBuffer*> detail::buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x,
+                                               int rank, std::deque<LocalBuffer>& found) {
+  const LocalBuffer* at = nullptr;
+  if (buffers.index) {
+    at = buffers.index->locate(x.tensor, x.region);
+  } else if (LocalBuffer b = buffers.find(x.tensor, plan.tensors[x.tensor], x.region); b.data) {
+    at = &found.emplace_back(std::move(b));
+  }
+  if (!at || !at->data || !contains(at->box, x.region))
     return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" +
                           plan.tensors[x.tensor].name + "' " + x.region.to_string());
   return at;
@@ -83,11 +76,11 @@ Status HostRun::choose() {
   auto with_buffers = [&](const std::vector<Chosen>& chosen, std::vector<Posted>& into) -> Status {
     into.reserve(chosen.size());
     for (const Chosen& c : chosen) {
-      auto at = buffer_of(plan, buffers, transfer(c.transfer), rank);
+      auto at = buffer_of(plan, buffers, transfer(c.transfer), rank, found_);
       if (!at.ok()) return at.status();
       Posted& p = into.emplace_back();
-      static_cast<Chosen&>(p) = c;  // its buffer still empty: nothing allocated
-      p.at = std::move(*at);
+      static_cast<Chosen&>(p) = c;
+      p.at = *at;
     }
     return Status();
   };
@@ -280,15 +273,15 @@ Status HostRun::out_of_memory() {
 // The region's bytes in the rank's buffer, contiguous: in place, or packed into `into`.
 uint8_t* HostRun::read(const Posted& p, std::vector<uint8_t>& into) const {
   const Transfer& x = transfer(p.transfer);
-  if (const auto at = contiguous_at(p.at.box, x.region, element(x))) return p.at.data + *at;
+  if (const auto at = contiguous_at(p.at->box, x.region, element(x))) return p.at->data + *at;
   into.resize(x.bytes);
-  copy_region(p.at.data, p.at.box, into.data(), x.region, x.region, element(x));
+  copy_region(p.at->data, p.at->box, into.data(), x.region, x.region, element(x));
   return into.data();
 }
 
 uint8_t* HostRun::read_staged(Posted& p) const {
   const Transfer& x = transfer(p.transfer);
-  if (const auto at = contiguous_at(p.at.box, x.region, element(x))) return p.at.data + *at;
+  if (const auto at = contiguous_at(p.at->box, x.region, element(x))) return p.at->data + *at;
   return read(p, p.stage());
 }
 

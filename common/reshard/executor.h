@@ -77,6 +77,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <unordered_map>
 #include <memory>
@@ -98,13 +99,6 @@ struct LocalBuffer {
   Region box;
 };
 
-struct RankBuffers {
-  // The buffer holding (for a sender) or receiving (for a receiver) the
-  // region of the plan's tensor `index` (its spec: `tensor`) that contains
-  // `region`; data null if none.
-  std::function<LocalBuffer(size_t index, const TensorSpec& tensor, const Region& region)> find;
-};
-
 // A rank's buffers by the plan's tensor index, for RankBuffers::find: each
 // tensor's first box in a flat table, any further ones (a rank holding
 // several boxes of one tensor) beside it; the first box that contains the
@@ -114,18 +108,27 @@ class BufferIndex {
  public:
   explicit BufferIndex(size_t tensors) : first_(tensors) {}
   void add(size_t tensor, uint8_t* data, const Region& box);
-  LocalBuffer find(size_t tensor, const Region& region) const;
+  // The buffer, where the index keeps it (null if none): read in place.
+  const LocalBuffer* locate(size_t tensor, const Region& region) const;
+  LocalBuffer find(size_t tensor, const Region& region) const {
+    const LocalBuffer* at = locate(tensor, region);
+    return at ? *at : LocalBuffer{};
+  }
 
  private:
   std::vector<LocalBuffer> first_;
   std::unordered_multimap<size_t, LocalBuffer> more_;
 };
 
-// A sending rank's buffers for RankBuffers::find: `boxes` (a shard's index
-// in `shards`, the box of its tensor it holds), by the index in `plan` of
-// the shard's tensor (found by name, once).
-std::function<LocalBuffer(size_t, const TensorSpec&, const Region&)> held_buffers(
-    const UpdatePlan& plan, const std::vector<ShardView>& shards, const std::vector<std::pair<uint32_t, Region>>& boxes);
+struct RankBuffers {
+  // The buffers by the plan's tensor index, read in place (no copy of a
+  // box per transfer); where set, `find` is not called.
+  std::shared_ptr<const BufferIndex> index;
+  // Else: the buffer holding (for a sender) or receiving (for a receiver)
+  // the region of the plan's tensor `index` (its spec: `tensor`) that
+  // contains `region`; data null if none.
+  std::function<LocalBuffer(size_t index, const TensorSpec& tensor, const Region& region)> find;
+};
 
 // Copies `region` (inside both boxes) from a row-major buffer of box `from`
 // to one of box `to`, `element` bytes per element, run by run.
@@ -215,8 +218,10 @@ StatusOr<uint64_t> holding_digest(const void* data, uint64_t bytes, const Device
 
 namespace detail {
 // The rank's buffer that holds or receives the region of `x`, or an error
-// naming the tensor and the region (both executors).
-StatusOr<LocalBuffer> buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x, int rank);
+// naming the tensor and the region (both executors): where the index keeps
+// it, else what `find` gave, kept in `found` (which must outlive its use).
+StatusOr<const LocalBuffer*> buffer_of(const ReshardPlan& plan, const RankBuffers& buffers, const Transfer& x,
+                                       int rank, std::deque<LocalBuffer>& found);
 // run_reshard's path for RunOptions::memory (device_executor.cc).
 Status run_reshard_by_rounds(const ReshardPlan& plan, const std::vector<Round>& rounds, int rank, Communicator& comm,
                              const RankBuffers& buffers, Deadline deadline, const RunOptions& options);

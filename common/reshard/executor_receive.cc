@@ -38,9 +38,9 @@ void HostRun::post_dense_receive(Posted& p) {
     return;
   }
   const Transfer& x = transfer(p.transfer);
-  const auto at = contiguous_at(p.at.box, x.region, element(x));
+  const auto at = contiguous_at(p.at->box, x.region, element(x));
   p.direct = at.has_value();
-  uint8_t* into = at ? p.at.data + *at : nullptr;
+  uint8_t* into = at ? p.at->data + *at : nullptr;
   if (!at) {
     p.stage().resize(x.bytes);
     into = p.staging->data();
@@ -90,9 +90,9 @@ Status HostRun::post_delta_receive(Posted& p) {
   if (!p.wire) return Status();
   uint8_t* into = nullptr;
   if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
-    const auto at = contiguous_at(p.at.box, x.region, element(x));
+    const auto at = contiguous_at(p.at->box, x.region, element(x));
     p.direct = at.has_value();
-    if (at) into = p.at.data + *at;
+    if (at) into = p.at->data + *at;
   }
   if (!into) {
     p.stage().resize(p.wire);
@@ -194,8 +194,8 @@ StatusOr<const uint8_t*> HostRun::check_decode(Posted& p) {
 // piece lands in the bundle's staging).
 void HostRun::place(const Posted& p, const uint8_t* bytes) const {
   const Transfer& x = transfer(p.transfer);
-  if (p.lead || !contiguous_at(p.at.box, x.region, element(x)))
-    copy_region(bytes, x.region, p.at.data, p.at.box, x.region, element(x));
+  if (p.lead || !contiguous_at(p.at->box, x.region, element(x)))
+    copy_region(bytes, x.region, p.at->data, p.at->box, x.region, element(x));
 }
 
 // A received piece goes on to the ranks it is forwarded to: in a delta

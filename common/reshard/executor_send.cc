@@ -32,7 +32,7 @@ Status HostRun::send_held() {
         if (Status s = send_bundle(p); !s.ok()) return s;
       continue;
     }
-    const bool packs = !contiguous_at(p.at.box, x.region, element(x)).has_value();
+    const bool packs = !contiguous_at(p.at->box, x.region, element(x)).has_value();
     if (Status s = make_room(delta_ || packs ? x.bytes : 0); !s.ok()) return s;
     if (delta_)
       encode(p);  // read (or pack), encode against the baseline, hash
@@ -92,7 +92,7 @@ Status HostRun::send_bundle(Posted& lead) {
   for (Posted* m : lead.members) {
     const Transfer& x = transfer(m->transfer);
     uint8_t* into = lead.staging->data() + at;
-    copy_region(m->at.data, m->at.box, into, x.region, x.region, element(x));
+    copy_region(m->at->data, m->at->box, into, x.region, x.region, element(x));
     m->bytes = into;
     m->wire = x.bytes;
     at += x.bytes;

@@ -115,7 +115,7 @@ StatusOr<std::vector<Chosen>> RankRun::choose_transfers(const std::function<Stat
     for (size_t i : rounds[k].transfers) {
       const Transfer& x = plan.transfers[i];
       if (x.from != rank && x.to != rank) continue;
-      auto at = buffer_of(plan, buffers, x, rank);
+      auto at = buffer_of(plan, buffers, x, rank, found_);
       if (!at.ok()) return at.status();
       if (admit)
         if (Status s = admit(x); !s.ok()) return s;

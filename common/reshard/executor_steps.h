@@ -27,6 +27,7 @@
 // one group of moves). This header is theirs only.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <unordered_map>
@@ -42,7 +43,7 @@ namespace paramcast::reshard::detail {
 struct Chosen {
   size_t transfer = 0;  // its index in the plan (its tag)
   size_t round = 0;
-  LocalBuffer at;  // this rank's buffer the region is in
+  const LocalBuffer* at = nullptr;  // this rank's buffer the region is in (RankBuffers' or the run's found_)
 };
 
 // The end of the round that starts at `begin` in a list in schedule order.
@@ -158,6 +159,8 @@ class RankRun {
   const Deadline deadline;
   const RunOptions& options;
   RunOptions::Stats stats;
+  // The buffers RankBuffers::find gave (buffer_of), kept for the run.
+  mutable std::deque<LocalBuffer> found_;
 
  private:
   std::unordered_map<size_t, uint64_t> held_hashes_;  // a transfer this rank sent as holder -> its piece's hash

@@ -74,6 +74,8 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
   for (size_t i = 0; i < plan.tensors.size(); ++i) index.emplace(plan.tensors[i].name, static_cast<uint32_t>(i));
   for (auto& x : out.plan.transfers) x.tensor = index.at(out.plan.tensors[x.tensor].name);
   out.plan.tensors = plan.tensors;
+  out.by_name.reserve(out.plan.tensors.size());
+  for (size_t i = 0; i < out.plan.tensors.size(); ++i) out.by_name.emplace(out.plan.tensors[i].name, i);
   out.rounds = schedule_rounds(out.plan);
   return out;
 }
@@ -136,6 +138,15 @@ StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const Upd
   kept_ = std::make_shared<const ShardedMoves>(std::move(fresh.value()));
   shape_ = std::move(shape);
   return kept_;
+}
+
+std::shared_ptr<const BufferIndex> held_buffers(const ShardedMoves& moves, const std::vector<ShardView>& shards,
+                                                const std::vector<std::pair<uint32_t, Region>>& boxes) {
+  auto index = std::make_shared<BufferIndex>(moves.plan.tensors.size());
+  for (const auto& [shard, box] : boxes)
+    if (auto it = moves.by_name.find(shards[shard].local.spec.name); it != moves.by_name.end())
+      index->add(it->second, static_cast<uint8_t*>(shards[shard].local.data), box);
+  return index;
 }
 
 }  // namespace paramcast::reshard

@@ -15,9 +15,13 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/plan.h"
+#include "common/reshard/executor.h"
 #include "common/reshard/reshard_plan.h"
 #include "common/reshard/schedule.h"
 
@@ -28,9 +32,18 @@ struct RankSchedule;
 }
 
 struct ShardedMoves {
+  ShardedMoves() = default;
+  ShardedMoves(ShardedMoves&&) = default;  // by_name's views stay in the moved tensors
+  ShardedMoves(const ShardedMoves&) = delete;
+  ShardedMoves& operator=(const ShardedMoves&) = delete;
+
   ReshardPlan plan;  // its tensors are the UpdatePlan's, in its order (a transfer's tensor: the plan's index)
   std::vector<Round> rounds;
   std::vector<int> receivers;  // the ranks that receive (every rank but the holders)
+  // Each tensor's index by its name (views of plan.tensors' names, which a
+  // move of the moves leaves in place): made once with the moves, for
+  // every update that finds its buffers by name.
+  std::unordered_map<std::string_view, size_t> by_name;
   // This process's rank's schedule of these moves (RunOptions::schedule),
   // kept with them while the cache keeps them: set by the run that derives
   // it (one owner, as the cache).
@@ -40,6 +53,12 @@ struct ShardedMoves {
 // `names[r]` names rank r in messages ("publisher", worker ids); ranks
 // without a name are "rank r".
 StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names);
+
+// A sending rank's buffers (RankBuffers::index): `boxes` (a shard's index
+// in `shards`, the box of its tensor it holds), by the index in the moves'
+// plan of the shard's tensor.
+std::shared_ptr<const BufferIndex> held_buffers(const ShardedMoves& moves, const std::vector<ShardView>& shards,
+                                                const std::vector<std::pair<uint32_t, Region>>& boxes);
 
 // A rank's last ShardedMoves, kept for the next update of the same shape:
 // the same tensors, the same holders' and wanters' regions, the same ranks

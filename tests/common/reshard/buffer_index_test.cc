@@ -30,16 +30,26 @@ TEST(BufferIndexTest, FindsTheBoxOfThatTensorWhichContainsTheRegion) {
 
 TEST(BufferIndexTest, HeldBuffersFindEachShardByItsTensorsIndexInThePlan) {
   UpdatePlan plan;
+  plan.sharded = true;
   plan.tensors = {{"b", DType::kF32, {4}}, {"a", DType::kF32, {4}}};
+  plan.holders = {{0, 0, {0}, {2}, 0, std::nullopt},
+                  {0, 1, {2}, {2}, 0, std::nullopt},
+                  {1, 0, {2}, {2}, 1, std::nullopt},
+                  {1, 1, {0}, {2}, 1, std::nullopt}};
+  auto moves = sharded_moves(plan, 3, {"publisher", "trainer-1", "worker-1"});
+  ASSERT_TRUE(moves.ok()) << moves.status().to_string();
+  EXPECT_EQ(moves->by_name.at("a"), 1u);
+  EXPECT_EQ(moves->by_name.at("b"), 0u);
   std::vector<ShardView> shards(3);
   float a[2], b[2], c[2];
   shards[0].local = {{"a", DType::kF32, {2}}, a, Device{}};
   shards[1].local = {{"b", DType::kF32, {2}}, b, Device{}};
   shards[2].local = {{"c", DType::kF32, {2}}, c, Device{}};  // not in the plan
-  const auto find = held_buffers(plan, shards, {{0, Region{{2}, {2}}}, {1, Region{{0}, {2}}}, {2, Region{{0}, {2}}}});
-  EXPECT_EQ(find(1, plan.tensors[1], Region{{2}, {2}}).data, reinterpret_cast<uint8_t*>(a));
-  EXPECT_EQ(find(0, plan.tensors[0], Region{{0}, {1}}).data, reinterpret_cast<uint8_t*>(b));
-  EXPECT_EQ(find(0, plan.tensors[0], Region{{2}, {2}}).data, nullptr) << "rank holds only b's first rows";
+  const auto index = held_buffers(*moves, shards, {{0, Region{{2}, {2}}}, {1, Region{{0}, {2}}}, {2, Region{{0}, {2}}}});
+  ASSERT_NE(index->locate(1, Region{{2}, {2}}), nullptr);
+  EXPECT_EQ(index->locate(1, Region{{2}, {2}})->data, reinterpret_cast<uint8_t*>(a));
+  EXPECT_EQ(index->find(0, Region{{0}, {1}}).data, reinterpret_cast<uint8_t*>(b));
+  EXPECT_EQ(index->locate(0, Region{{2}, {2}}), nullptr) << "rank holds only b's first rows";
 }
 
 // Rank 1 holds "z" and rank 2 holds "y", planned in that order, while the
