@@ -91,6 +91,7 @@ Status SubscriberImpl::register_tensor(const TensorView& d) {
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     registry_[d.spec.name] = d;
+    ++registrations_;
     was_slice = slices_.erase(d.spec.name) > 0;  // a name is whole or a slice: the last registration wins
   }
   {

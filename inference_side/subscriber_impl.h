@@ -48,6 +48,11 @@
 
 namespace paramcast {
 
+// The box of its tensor a shard holds (or a slice receives), in a tensor of `full`.
+inline reshard::Region box_of(const ShardView& s, const std::vector<int64_t>& full) {
+  return {s.offsets.empty() ? std::vector<int64_t>(full.size(), 0) : s.offsets, s.local.spec.shape};
+}
+
 class SubscriberImpl : public control::ControlClient::Listener {
  public:
   // `source`: a trainer rank of a many-sender job (PublisherRank), which
@@ -127,7 +132,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   void on_commit(uint64_t epoch, uint64_t version);
   void abort_comm(const std::string& why, uint64_t only_version = 0);
   void push_job(Job job);
-  std::vector<Mismatch> check(const UpdatePlan& plan);
+  // `shape`: a sharded plan's shape digest (Plan.shapeRef when it came
+  // `by_reference`, else computed from the plan; 0 for other plans).
+  std::vector<Mismatch> check(const UpdatePlan& plan, uint64_t shape = 0, bool by_reference = false);
 
   // Data thread.
   void data_loop();
@@ -145,7 +152,16 @@ class SubscriberImpl : public control::ControlClient::Listener {
   Status check_registrations(ShardedMove& m, Communicator* comm);
   Status run_moves(ShardedMove& m, Communicator* comm, bool& collective_done);
   Status hand_over(ShardedMove& m);
-  std::vector<Mismatch> check_sharded(const UpdatePlan& plan);
+  // The checks of a sharded plan (subscriber_sharded_check.cc).
+  std::vector<Mismatch> check_sharded(const UpdatePlan& plan, uint64_t shape, bool by_reference);
+  std::vector<Mismatch> check_not_sharded();
+  struct PlanShapeSeen {
+    uint64_t shape = 0;
+    bool by_reference = false;
+  };
+  void check_source_part(const UpdatePlan& plan, int rank, PlanShapeSeen seen, std::vector<Mismatch>& out);
+  void check_engine_part(const UpdatePlan& plan, int rank, PlanShapeSeen seen, std::vector<Mismatch>& out);
+  void check_planned_slices(const UpdatePlan& plan, int rank, std::vector<Mismatch>& out) const;
   // A delta plan's "<delta>" mismatch when this engine cannot apply it now
   // (broadcast and sharded alike); nullopt when it can or the plan is dense.
   std::optional<Mismatch> delta_refusal(const UpdatePlan& plan);
@@ -194,7 +210,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
 
   mutable std::mutex reg_mu_;
   std::map<std::string, TensorView> registry_;
-  std::vector<ShardView> holdings_;  // a source's shards of the update it published (reg_mu_)
+  // A source's shards of the update it published (reg_mu_), shared with its move.
+  std::shared_ptr<const std::vector<ShardView>> holdings_;
   std::map<std::string, ShardView> slices_;  // an engine's registered slices (reg_mu_)
   uint64_t wants_seq_ = 0;                   // reg_mu_
   uint64_t publish_seq_ = 0;         // reg_mu_
@@ -203,6 +220,28 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // its last call took, which its next call may refer to (0: none; reg_mu_).
   std::pair<uint64_t, uint64_t> part_sent_{0, 0};
   uint64_t part_taken_ = 0;
+  // Registrations so far (reg_mu_): a registration changes what a plan is
+  // checked against.
+  uint64_t registrations_ = 0;
+  // An engine's registrations as a move takes them: one snapshot until the
+  // next registration (reg_mu_).
+  struct Registered {
+    std::map<std::string, TensorView> registry;
+    std::map<std::string, ShardView> slices;
+  };
+  std::shared_ptr<const Registered> registered();
+  std::shared_ptr<const Registered> registered_;
+  uint64_t registered_at_ = 0;
+  // The sharded plan shape whose checks against the registrations (an
+  // engine) or the part (a trainer rank) passed last, and what they were
+  // checked against (reg_mu_): a plan by reference to it passes them again.
+  struct CheckedShape {
+    uint64_t shape = 0, registrations = 0, part = 0;
+    int rank = -1;
+    bool partial = false;
+    bool operator==(const CheckedShape&) const = default;
+  };
+  CheckedShape checked_;
   // The data-plane rank and names of the current epoch (for sharded plans;
   // set by join(), read under mu_).
   int rank_ = -1;

@@ -21,9 +21,6 @@
 namespace paramcast {
 
 namespace {
-reshard::Region box_of(const ShardView& s, const std::vector<int64_t>& full) {
-  return {s.offsets.empty() ? std::vector<int64_t>(full.size(), 0) : s.offsets, s.local.spec.shape};
-}
 // Holdings and Wants alike: the full spec of each shard's tensor and the box held or wanted;
 // with `digests` (Holdings, checksums on; one per shard, empty boxes aside), each box's
 // holding_digest, for the publisher to compare replicas.
@@ -87,7 +84,7 @@ Status SubscriberImpl::publish_refused(const Status& why, uint64_t step) {
   uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    holdings_.clear();
+    holdings_.reset();
     part_taken_ = 0;
     seq = ++publish_seq_;
     active_seq_ = 0;
@@ -136,7 +133,7 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
   uint64_t seq = 0, refer = 0;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
-    holdings_ = shards;
+    holdings_ = std::make_shared<const std::vector<ShardView>>(shards);
     seq = ++publish_seq_;
     active_seq_ = seq;
     // The same part as the last call's, which its plan took: by reference.
@@ -182,6 +179,7 @@ Status SubscriberImpl::register_slice(const ShardView& slice) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     registry_.erase(local.name);  // a name is whole or a slice, the last registration wins
     slices_[local.name] = slice;
+    ++registrations_;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -214,7 +212,7 @@ void SubscriberImpl::end_publish(uint64_t seq, bool ran) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     if (active_seq_ != seq) return;
     active_seq_ = 0;
-    holdings_.clear();
+    holdings_.reset();
   }
   if (!ran)
     client_->send(control::make_message(client_epoch(), client_->incarnation(), [&](auto b) {
@@ -236,106 +234,14 @@ void SubscriberImpl::end_publish(uint64_t seq, bool ran) {
   cv_.wait_for(lock, std::chrono::seconds(30), [&] { return receiving_version_ != running; });
 }
 
-// A trainer rank takes sharded plans only, and only with its own holdings in
-// them; an engine checks the tensors as for any plan (on a GPU: registered
-// buffers only, no callback), and must be planned exactly the slices it
-// registered (else a piece would not fit its buffer): its rank's wants in
-// the plan, region by region.
-std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan) {
-  std::vector<Mismatch> out;
-  if (!plan.sharded) {
-    std::lock_guard<std::mutex> lock(reg_mu_);
-    if (source_)
-      out.push_back({Mismatch::Kind::kOther, "<plan>", "a sharded plan (this is trainer rank " + id_ + ")",
-                     "a broadcast plan"});
-    for (const auto& [name, s] : slices_)
-      out.push_back({Mismatch::Kind::kOther, name,
-                     "a sharded (many-sender) plan: a slice " + box_of(s, s.full_shape).to_string() + " is registered",
-                     "a broadcast plan, which carries the whole tensor"});
-    return out;
+// The registrations now, as one snapshot shared by the moves until the next
+// registration (reg_mu_ held): not a copy of 50,000 names each update.
+std::shared_ptr<const SubscriberImpl::Registered> SubscriberImpl::registered() {
+  if (!registered_ || registered_at_ != registrations_) {
+    registered_ = std::make_shared<const Registered>(Registered{registry_, slices_});
+    registered_at_ = registrations_;
   }
-  if (lost_.refuses_slices()) {  // test hook: a lying engine
-    std::lock_guard<std::mutex> lock(reg_mu_);
-    if (!slices_.empty())
-      out.push_back({Mismatch::Kind::kOther, slices_.begin()->first, "its slice", "PARAMCAST_FAULT_REFUSE_SLICES"});
-  }
-  // A trainer rank takes a delta plan as any: it sends a delta of each
-  // piece it sent as the base version, the rest dense.
-  if (!source_)
-    if (auto refusal = delta_refusal(plan)) out.push_back(*refusal);
-  int rank = -1;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    rank = rank_;
-  }
-  if (source_) {
-    // Only during a publish call, and only the shards of that call: a plan
-    // made from an older call's holdings would send bytes that changed.
-    std::lock_guard<std::mutex> lock(reg_mu_);
-    if (!active_seq_) {
-      out.push_back({Mismatch::Kind::kOther, "<holdings>", "a publish call of " + id_ + " under way",
-                     "none (its last call ended)"});
-      return out;
-    }
-    for (const auto& h : plan.holders)
-      if (h.rank == rank && h.seq != active_seq_) {
-        out.push_back({Mismatch::Kind::kOther, "<holdings>", "the part of publish call " + std::to_string(active_seq_),
-                       "the part of call " + std::to_string(h.seq)});
-        return out;
-      }
-    std::set<std::pair<std::string, reshard::Region>> mine, planned;
-    for (const auto& h : holdings_) {
-      const auto& full = h.full_shape.empty() ? h.local.spec.shape : h.full_shape;
-      mine.insert({h.local.spec.name, box_of(h, full)});
-    }
-    for (const auto& h : plan.holders)
-      if (h.rank == rank && h.tensor >= 0)
-        planned.insert({plan.tensors[static_cast<size_t>(h.tensor)].name, reshard::Region{h.offsets, h.lengths}});
-    if (mine != planned)
-      out.push_back({Mismatch::Kind::kOther, "<holdings>",
-                     std::to_string(mine.size()) + " regions of publish call " + std::to_string(active_seq_),
-                     std::to_string(planned.size()) + " other regions for rank " + std::to_string(rank)});
-    if (out.empty()) {
-      if (part_sent_.first == active_seq_) part_taken_ = part_sent_.second;  // its next call may refer to it
-      planned_calls_[plan.version] = active_seq_;
-      while (planned_calls_.size() > 16) planned_calls_.erase(planned_calls_.begin());
-    }
-    return out;
-  }
-  std::lock_guard<std::mutex> lock(reg_mu_);
-  // On a GPU every piece lands in place: the callback's tensors are
-  // assembled in host memory, which a sharded update on NCCL never writes.
-  if (device_.is_cuda())
-    for (const auto& t : plan.tensors)
-      if (!registry_.count(t.name) && !slices_.count(t.name))
-        out.push_back({Mismatch::Kind::kDevice, t.name,
-                       "a buffer registered on " + device_.to_string() + " (a sharded update on a GPU lands in place)",
-                       "the tensor callback"});
-  // The names and full shapes as for any plan (a slice stands for its tensor).
-  auto registry = registry_;
-  for (const auto& [name, s] : slices_)
-    registry[name] = TensorView{TensorSpec{name, s.local.spec.dtype, s.full_shape}, s.local.data, s.local.device};
-  auto more = check_plan(plan, registry, bool(callback_));
-  out.insert(out.end(), more.begin(), more.end());
-  // What the plan has this rank receive, against what it registered.
-  std::map<std::string, reshard::Region> planned;
-  bool listed = false;
-  for (const auto& w : plan.wanters) {
-    if (w.rank != rank) continue;
-    listed = true;
-    if (w.tensor >= 0) planned[plan.tensors[static_cast<size_t>(w.tensor)].name] = reshard::Region{w.offsets, w.lengths};
-  }
-  for (const auto& t : plan.tensors) {
-    auto slice = slices_.find(t.name);
-    const reshard::Region mine = slice != slices_.end() ? box_of(slice->second, t.shape) : reshard::Region::whole(t.shape);
-    auto it = planned.find(t.name);
-    const std::string got = !listed ? "the whole tensor (the plan lists no slices for rank " + std::to_string(rank) + ")"
-                            : it == planned.end() ? "nothing"
-                                                  : it->second.to_string();
-    if (listed ? (it == planned.end() || !(it->second == mine)) : slice != slices_.end())
-      out.push_back({Mismatch::Kind::kOther, t.name, "the slice " + mine.to_string() + " this engine registered", got});
-  }
-  return out;
+  return registered_;
 }
 
 // One sharded move on this rank, shared by move_sharded's steps: the plan's
@@ -346,9 +252,8 @@ struct SubscriberImpl::ShardedMove {
   int rank = -1;
   std::shared_ptr<const reshard::ShardedMoves> moves;
   reshard::RankBuffers buffers;
-  std::vector<ShardView> holdings;
-  std::map<std::string, TensorView> registry;
-  std::map<std::string, ShardView> slices;
+  std::shared_ptr<const std::vector<ShardView>> holdings;  // a trainer rank's
+  std::shared_ptr<const Registered> registered;            // an engine's
   std::map<std::string, std::vector<uint8_t>> handed;  // tensors for the callback, whole
   bool kept_copy = false;                              // those tensors are assembled in copy_
 };
@@ -402,8 +307,7 @@ Status SubscriberImpl::take_registrations(ShardedMove& m, Communicator* comm) {
     std::lock_guard<std::mutex> lock(reg_mu_);
     active_seq = active_seq_;
     m.holdings = holdings_;
-    m.registry = registry_;
-    m.slices = slices_;
+    if (!source_) m.registered = registered();
   }
   if (!source_ || !planned_seq || planned_seq == active_seq) return Status();
   std::string why = id_ + " cannot send its part of sharded plan v" + std::to_string(m.plan.version) +
@@ -418,12 +322,13 @@ Status SubscriberImpl::take_registrations(ShardedMove& m, Communicator* comm) {
 // A trainer rank: each piece it sends from the shard that holds it.
 void SubscriberImpl::find_held(ShardedMove& m) {
   std::vector<std::pair<uint32_t, reshard::Region>> boxes;
-  boxes.reserve(m.holdings.size());
-  for (uint32_t i = 0; i < m.holdings.size(); ++i) {
-    const ShardView& s = m.holdings[i];
+  if (!m.holdings) return;
+  boxes.reserve(m.holdings->size());
+  for (uint32_t i = 0; i < m.holdings->size(); ++i) {
+    const ShardView& s = (*m.holdings)[i];
     boxes.emplace_back(i, box_of(s, s.full_shape.empty() ? s.local.spec.shape : s.full_shape));
   }
-  m.buffers.index = reshard::held_buffers(*m.moves, m.holdings, boxes);
+  m.buffers.index = reshard::held_buffers(*m.moves, *m.holdings, boxes);
 }
 
 // An engine: each tensor's pieces into its registered slice or buffer, or,
@@ -439,7 +344,7 @@ Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
       copy_version_ = 0;  // being written
     }
     auto handed_here = [&](size_t i) {
-      return !m.registry.count(plan.tensors[i].name) && !m.slices.count(plan.tensors[i].name);
+      return !m.registered->registry.count(plan.tensors[i].name) && !m.registered->slices.count(plan.tensors[i].name);
     };
     if (Status c = copy_.prepare(plan, handed_here); c.ok()) {
       for (size_t i = 0; i < plan.tensors.size(); ++i)
@@ -451,7 +356,7 @@ Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
   }
   try {
     for (const auto& t : plan.tensors)
-      if (!m.registry.count(t.name) && !m.slices.count(t.name) && !copies.count(t.name))
+      if (!m.registered->registry.count(t.name) && !m.registered->slices.count(t.name) && !copies.count(t.name))
         m.handed[t.name].resize(t.nbytes().ok() ? *t.nbytes() : 0);
   } catch (const std::bad_alloc&) {
     comm->abort(id_ + " has no host memory for the tensors its callback takes");
@@ -463,9 +368,9 @@ Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
   auto index = std::make_shared<reshard::BufferIndex>(plan.tensors.size());
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorSpec& t = plan.tensors[i];
-    if (auto sl = m.slices.find(t.name); sl != m.slices.end())
+    if (auto sl = m.registered->slices.find(t.name); sl != m.registered->slices.end())
       index->add(i, static_cast<uint8_t*>(sl->second.local.data), box_of(sl->second, t.shape));
-    else if (auto it = m.registry.find(t.name); it != m.registry.end())
+    else if (auto it = m.registered->registry.find(t.name); it != m.registered->registry.end())
       index->add(i, static_cast<uint8_t*>(it->second.data), reshard::Region::whole(t.shape));
     else if (auto c = copies.find(t.name); c != copies.end())
       index->add(i, c->second, reshard::Region::whole(t.shape));
@@ -485,9 +390,9 @@ Status SubscriberImpl::check_registrations(ShardedMove& m, Communicator* comm) {
     if (w.rank == m.rank && w.tensor >= 0)
       planned[plan.tensors[static_cast<size_t>(w.tensor)].name] = reshard::Region{w.offsets, w.lengths};
   for (const auto& t : plan.tensors) {
-    auto sl = m.slices.find(t.name);
+    auto sl = m.registered->slices.find(t.name);
     auto pl = planned.find(t.name);
-    const bool fits = sl == m.slices.end()
+    const bool fits = sl == m.registered->slices.end()
                           ? pl == planned.end() || pl->second == reshard::Region::whole(t.shape)
                           : pl != planned.end() && sl->second.local.spec.dtype == t.dtype &&
                                 box_of(sl->second, t.shape) == pl->second;
@@ -536,7 +441,7 @@ Status SubscriberImpl::run_moves(ShardedMove& m, Communicator* comm, bool& colle
 Status SubscriberImpl::hand_over(ShardedMove& m) {
   for (size_t i = 0; i < m.plan.tensors.size(); ++i) {
     const TensorSpec& t = m.plan.tensors[i];
-    if (source_ || m.registry.count(t.name) || m.slices.count(t.name)) continue;
+    if (source_ || m.registered->registry.count(t.name) || m.registered->slices.count(t.name)) continue;
     const reshard::LocalBuffer whole = m.buffers.index->find(i, reshard::Region::whole(t.shape));
     if (!callback_) return internal_error("no callback for '" + t.name + "'");
     Status taken = callback_(TensorView{t, whole.data, Device{}});

@@ -282,6 +282,34 @@ TEST_F(ShardedKeptPlanAfterALeftOutEngineTest, AFreshPlanThatIsNotKeptEndsTheKep
     ASSERT_EQ(whole_[i], model_.bytes[i]) << "worker-3's '" << model_.specs[i].name << "' is not v3";
 }
 
+// An engine checks a plan by reference (Plan.shapeRef) without a walk only
+// against the registrations it checked the shape against: worker-3
+// registers a tensor anew under another shape after v2, whose plan it took
+// by reference; v3 comes by reference too (nothing rank 0 plans from
+// changed), and worker-3 refuses it naming the tensor and both shapes, and
+// none of v3 lands in its buffers.
+TEST_F(ShardedKeptPlanAfterALeftOutEngineTest, ARegistrationSinceThePlanByReferenceIsCheckedAgain) {
+  for (uint64_t v = 1; v <= 2; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+  }
+  const TensorSpec& second = model_.specs[1];
+  TensorSpec other = second;
+  other.shape = {1};
+  std::vector<uint8_t> small(*other.nbytes());
+  ASSERT_TRUE(worker3_->register_tensor(TensorView{other, small.data(), Device::cpu()}).ok());
+  const std::vector<uint8_t> before = whole_[0];
+  auto [r0, r1] = publish_both(3);
+  EXPECT_GT(r0.plan_referred, 0u) << "v3's plan went whole to every member";
+  ASSERT_FALSE(r0.ok()) << outputs();
+  const std::string& why = r0.status.message();
+  EXPECT_NE(why.find("worker-3"), std::string::npos) << why;
+  EXPECT_NE(why.find("'" + second.name + "'"), std::string::npos) << why;
+  EXPECT_NE(why.find(second.shape_string()), std::string::npos) << why;
+  EXPECT_EQ(whole_[0], before) << "v3 landed in worker-3's buffers";
+}
+
 // A process's resident memory, now and at its peak (VmRSS, VmHWM), in bytes.
 std::pair<uint64_t, uint64_t> resident(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
