@@ -245,7 +245,10 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
   if (plan.ok() && plan->sharded && !by_reference && mismatches.empty())
     kept_shape_ = {shape, std::make_shared<const UpdatePlan>(*plan)};
   if (!msg.getPrecommitted()) {
-    if (mismatches.empty()) pending_plan_ = std::make_shared<UpdatePlan>(std::move(plan.value()));
+    if (mismatches.empty()) {
+      pending_plan_ = std::make_shared<UpdatePlan>(std::move(plan.value()));
+      pending_shape_ = shape;
+    }
     answer_plan(version, mismatches);
     return;
   }
@@ -262,6 +265,7 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
   job.kind = Job::Kind::kReceive;
   job.epoch = env.getEpoch();
   job.plan = std::make_shared<UpdatePlan>(std::move(plan.value()));
+  job.shape = shape;
   if (!mismatches.empty()) {
     job.discard = std::to_string(mismatches.size()) + " mismatches, first: " + mismatches[0].to_string();
     PC_WARN(id_ << ": rejected precommitted plan v" << version << " (" << job.discard
@@ -324,6 +328,7 @@ void SubscriberImpl::on_commit(uint64_t epoch, uint64_t version) {
   job.kind = Job::Kind::kReceive;
   job.epoch = epoch;
   job.plan = std::move(pending_plan_);
+  job.shape = pending_shape_;
   push_job(std::move(job));
 }
 

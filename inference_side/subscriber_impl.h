@@ -118,6 +118,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
     uint64_t epoch = 0;
     GroupOptions group;
     std::shared_ptr<UpdatePlan> plan;
+    uint64_t shape = 0;  // a sharded plan's shape digest (this member's, or checked by it)
     // Non-empty: a precommitted plan this subscriber cannot take. Its buckets
     // are received and dropped so that the collective completes; no tensor is
     // touched and the update is reported rejected with this text.
@@ -250,6 +251,17 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::atomic<uint64_t> sharded_received_{0};
   // The last sharded plan's moves, reused while its shape holds (the data thread's).
   reshard::ShardedMovesCache sharded_cache_;
+  // An engine's buffers for those moves, while its registrations are the
+  // same snapshot and hold every tensor (no copy, nothing for the
+  // callback): the data thread's.
+  struct WantedIndex {
+    std::shared_ptr<const reshard::ShardedMoves> moves;
+    std::shared_ptr<const Registered> registered;
+    std::shared_ptr<const reshard::BufferIndex> index;
+  };
+  WantedIndex wanted_index_;
+  // The moves and registrations check_registrations last passed.
+  std::pair<std::shared_ptr<const reshard::ShardedMoves>, std::shared_ptr<const Registered>> registrations_checked_;
   // A trainer rank's baseline: the pieces it sent last and as which
   // version (publisher.delta; data thread only, its size read anywhere).
   reshard::SentBaseline sent_;
@@ -288,6 +300,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_
   std::shared_ptr<UpdatePlan> pending_plan_;  // control thread only
+  uint64_t pending_shape_ = 0;                // its shape digest (sharded)
   // The last whole sharded plan this member accepted, under its shape's
   // digest: a later plan may name it instead of listing it (Plan.shapeRef).
   // Control thread only.

@@ -146,7 +146,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (Status s = take_parts(c); !s.ok()) return refuse_sharded(c, s);
   auto plan = sharded_plan(c);
   if (!plan.ok()) return refuse_sharded(c, plan.status());
-  auto moves = sharded_cache_.moves(*plan, static_cast<int>(c.group.size() + 1), rank_names(c.group), c.from_kept);
+  auto moves = sharded_cache_.moves(*plan, static_cast<int>(c.group.size() + 1), rank_names(c.group), {c.from_kept, 0});
   if (!moves.ok()) return refuse_sharded(c, moves.status().with_context("refused before any byte moved"));
   if (c.made) kept_plan_ = std::move(c.made);
   note_plan_shape(*plan, sharded_cache_.last_was_cached());

@@ -97,26 +97,54 @@ std::string shape_of(const UpdatePlan& plan, int world, const std::vector<std::s
   return out;
 }
 
-// Replicas (holders of the same region of a tensor) whose digests differ:
-// the check plan_reshard() makes, on its own for a cached plan.
-Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::string>& names) {
-  std::map<std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>>, std::pair<int, uint64_t>> first;
+// Two replicas of a region with different bytes, named.
+Status replicas_differ(const UpdatePlan& plan, const std::vector<std::string>& names, const UpdatePlan::Holding& a,
+                       const UpdatePlan::Holding& b) {
   auto name = [&](int r) {
     return static_cast<size_t>(r) < names.size() && !names[static_cast<size_t>(r)].empty()
                ? names[static_cast<size_t>(r)]
                : "rank " + std::to_string(r);
   };
-  for (const auto& h : plan.holders) {
-    if (!h.digest || h.tensor < 0) continue;
-    auto [it, fresh] = first.try_emplace({h.tensor, h.offsets, h.lengths}, h.rank, *h.digest);
-    if (fresh || it->second.second == *h.digest) continue;
-    const auto& t = plan.tensors[static_cast<size_t>(h.tensor)];
-    return invalid_argument("sharded update v" + std::to_string(plan.version) +
-                            ": the many-sender plan has 1 mismatch: tensor '" + t.name + "': " +
-                            name(it->second.first) + " and " + name(h.rank) + " hold " +
-                            Region{h.offsets, h.lengths}.to_string() + " with different bytes (xxh64 " +
-                            digest_hex(it->second.second) + " and " + digest_hex(*h.digest) +
-                            "): replicas must hold the same version");
+  const auto& t = plan.tensors[static_cast<size_t>(a.tensor)];
+  return invalid_argument("sharded update v" + std::to_string(plan.version) +
+                          ": the many-sender plan has 1 mismatch: tensor '" + t.name + "': " + name(a.rank) + " and " +
+                          name(b.rank) + " hold " + Region{a.offsets, a.lengths}.to_string() +
+                          " with different bytes (xxh64 " + digest_hex(*a.digest) + " and " + digest_hex(*b.digest) +
+                          "): replicas must hold the same version");
+}
+
+// Replicas (holders of the same region of a tensor) whose digests differ:
+// the check plan_reshard() makes, on its own for a cached plan. The holders
+// with digests are grouped by tensor (a counting sort), and each tensor's
+// boxes sorted among themselves: no allocation per holder.
+Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::string>& names) {
+  const size_t tensors = plan.tensors.size();
+  auto counted = [&](const UpdatePlan::Holding& h) {
+    return h.digest && h.tensor >= 0 && static_cast<size_t>(h.tensor) < tensors;
+  };
+  std::vector<uint32_t> start(tensors + 1, 0);
+  for (const auto& h : plan.holders)
+    if (counted(h)) ++start[static_cast<size_t>(h.tensor) + 1];
+  for (size_t t = 0; t < tensors; ++t) start[t + 1] += start[t];
+  std::vector<uint32_t> order(start.back()), next(start.begin(), start.end() - 1);
+  for (uint32_t i = 0; i < plan.holders.size(); ++i)
+    if (counted(plan.holders[i])) order[next[static_cast<size_t>(plan.holders[i].tensor)]++] = i;
+  auto box_less = [&](uint32_t a, uint32_t b) {
+    const auto &x = plan.holders[a], &y = plan.holders[b];
+    return x.offsets != y.offsets ? x.offsets < y.offsets : x.lengths < y.lengths;
+  };
+  for (size_t t = 0; t < tensors; ++t) {
+    const auto begin = order.begin() + start[t], end = order.begin() + start[t + 1];
+    if (end - begin < 2) continue;
+    std::stable_sort(begin, end, box_less);  // equal boxes stay in plan order
+    for (auto first = begin, it = begin + 1; it != end; ++it) {
+      if (box_less(*first, *it)) {
+        first = it;
+        continue;
+      }
+      const auto &a = plan.holders[*first], &b = plan.holders[*it];
+      if (*a.digest != *b.digest) return replicas_differ(plan, names, a, b);
+    }
   }
   return Status();
 }
@@ -125,10 +153,13 @@ Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::stri
 
 StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const UpdatePlan& plan, int world,
                                                                        const std::vector<std::string>& names,
-                                                                       bool same_shape) {
-  std::string shape = same_shape && kept_ ? std::string() : shape_of(plan, world, names);
-  cached_ = kept_ && (same_shape || shape == shape_);
+                                                                       KnownShape known) {
+  const bool same = kept_ && (known.same_as_kept || (known.digest && known.digest == digest_ && world == world_ &&
+                                                     names == names_));
+  std::string shape = same ? std::string() : shape_of(plan, world, names);
+  cached_ = kept_ && (same || shape == shape_);
   if (cached_) {
+    if (known.digest && !same) digest_ = known.digest;  // the same bytes: the same digest
     if (Status s = check_replica_digests(plan, names); !s.ok()) return s;
     return kept_;
   }
@@ -137,6 +168,9 @@ StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const Upd
   if (!fresh.ok()) return fresh.status();
   kept_ = std::make_shared<const ShardedMoves>(std::move(fresh.value()));
   shape_ = std::move(shape);
+  digest_ = known.digest;
+  world_ = world;
+  names_ = names;
   return kept_;
 }
 

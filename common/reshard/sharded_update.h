@@ -68,17 +68,28 @@ std::shared_ptr<const BufferIndex> held_buffers(const ShardedMoves& moves, const
 // (rank 0 has them). Anything else plans again. The shape is compared byte
 // for byte, never by a hash: a hostile holder cannot forge a match. Not
 // thread-safe: one owner (the update thread, an engine's data thread).
+struct KnownShape {
+  bool same_as_kept = false;
+  uint64_t digest = 0;
+};
 class ShardedMovesCache {
  public:
-  // `same_shape`: the caller knows `plan` is of the kept moves' shape (it
-  // made it from the same inputs, as rank 0's kept plan): not compared.
+  // What the caller knows of `plan`'s shape, which spares the comparison:
+  // `same_as_kept`, it is the kept moves' shape (rank 0 made it from the
+  // same inputs: its kept plan); or its `digest` (sharded_shape_digest,
+  // which a member computed from a whole plan, or checked a plan by
+  // reference against), the same as that of the kept moves' plan, under
+  // the same ranks and names. 0: unknown.
   StatusOr<std::shared_ptr<const ShardedMoves>> moves(const UpdatePlan& plan, int world,
-                                                      const std::vector<std::string>& names, bool same_shape = false);
+                                                      const std::vector<std::string>& names, KnownShape known = {});
   // Whether the last moves() took the kept moves (for tests and logs).
   bool last_was_cached() const { return cached_; }
 
  private:
   std::string shape_;
+  uint64_t digest_ = 0;  // the kept moves' plan's, where a caller told it
+  int world_ = 0;
+  std::vector<std::string> names_;
   std::shared_ptr<const ShardedMoves> kept_;
   bool cached_ = false;
 };

@@ -521,5 +521,46 @@ TEST(ShardedMovesCacheTest, TheSameShapeReusesItsMovesAndAnyChangePlansAgain) {
   EXPECT_FALSE(cache.last_was_cached());
 }
 
+// A member tells the cache its plan's shape digest (sharded_shape_digest,
+// which it computed from a whole plan or checked a plan by reference
+// against): the same digest under the same ranks and names takes the kept
+// moves without building the shape; another digest, or other names, compares
+// (or plans) as before, and a digest learnt by comparison serves the next.
+TEST(ShardedMovesCacheTest, AKnownDigestTakesTheKeptMovesOnlyUnderTheSameRanksAndNames) {
+  ShardedMovesCache cache;
+  const std::vector<std::string> names = {"publisher", "trainer-1", "worker-1"};
+  const uint64_t digest = sharded_shape_digest(two_rank_plan(1));
+  auto first = cache.moves(two_rank_plan(1), 3, names, {false, digest});
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_FALSE(cache.last_was_cached());
+  auto second = cache.moves(two_rank_plan(2), 3, names, {false, digest});
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(cache.last_was_cached());
+  EXPECT_EQ(second->get(), first->get());
+  // Other names under the same digest: compared, and planned again.
+  auto renamed = cache.moves(two_rank_plan(3), 3, {"publisher", "trainer-1", "worker-9"}, {false, digest});
+  ASSERT_TRUE(renamed.ok());
+  EXPECT_FALSE(cache.last_was_cached());
+  EXPECT_NE(renamed->get(), first->get());
+  // Another digest (a plan of another shape): compared, and planned again.
+  UpdatePlan moved = two_rank_plan(4);
+  moved.holders[0].lengths = {5, 4};
+  moved.holders[1].offsets = {5, 0};
+  moved.holders[1].lengths = {3, 4};
+  auto replanned = cache.moves(moved, 3, names, {false, sharded_shape_digest(moved)});
+  ASSERT_TRUE(replanned.ok());
+  EXPECT_FALSE(cache.last_was_cached());
+  // No digest, the same shape: compared byte for byte, cached; a digest
+  // told then serves the next without the comparison.
+  ASSERT_TRUE(cache.moves(moved, 3, names).ok());
+  EXPECT_TRUE(cache.last_was_cached());
+  ASSERT_TRUE(cache.moves(moved, 3, names, {false, 42}).ok());
+  EXPECT_TRUE(cache.last_was_cached());
+  auto by_digest = cache.moves(moved, 3, names, {false, 42});
+  ASSERT_TRUE(by_digest.ok());
+  EXPECT_TRUE(cache.last_was_cached());
+  EXPECT_EQ(by_digest->get(), replanned->get());
+}
+
 }  // namespace
 }  // namespace paramcast::reshard
