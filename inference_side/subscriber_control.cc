@@ -189,8 +189,8 @@ void SubscriberImpl::on_join_group(proto::Envelope::Reader env) {
   push_job(std::move(job));
 }
 
-std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan, uint64_t shape, bool by_reference) {
-  if (plan.sharded || source_) return check_sharded(plan, shape, by_reference);
+std::vector<Mismatch> SubscriberImpl::check(const UpdatePlan& plan, const ShapeId& shape) {
+  if (plan.sharded || source_) return check_sharded(plan, shape);
   std::vector<Mismatch> out;
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
@@ -238,12 +238,13 @@ void SubscriberImpl::on_plan(proto::Envelope::Reader env) {
   }
   auto plan = read_plan(msg);
   const bool by_reference = msg.getShapeRef() != 0;
-  const uint64_t shape = !plan.ok() || !plan->sharded ? 0 : by_reference ? msg.getShapeRef() : sharded_shape_digest(*plan);
+  ShapeId shape;  // by reference: the kept plan; whole: its own copy, kept once accepted
+  if (plan.ok() && plan->sharded) shape = by_reference ? kept_shape_.plan : std::make_shared<const UpdatePlan>(*plan);
   std::vector<Mismatch> mismatches;
   if (!plan.ok()) mismatches.push_back({Mismatch::Kind::kOther, "<plan>", "a well-formed plan", plan.status().message()});
-  else mismatches = check(*plan, shape, by_reference);
+  else mismatches = check(*plan, shape);
   if (plan.ok() && plan->sharded && !by_reference && mismatches.empty())
-    kept_shape_ = {shape, std::make_shared<const UpdatePlan>(*plan)};
+    kept_shape_ = {sharded_shape_digest(*plan), shape};
   if (!msg.getPrecommitted()) {
     if (mismatches.empty()) {
       pending_plan_ = std::make_shared<UpdatePlan>(std::move(plan.value()));

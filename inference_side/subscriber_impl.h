@@ -118,7 +118,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
     uint64_t epoch = 0;
     GroupOptions group;
     std::shared_ptr<UpdatePlan> plan;
-    uint64_t shape = 0;  // a sharded plan's shape digest (this member's, or checked by it)
+    std::shared_ptr<const UpdatePlan> shape;  // a sharded plan's shape (SubscriberImpl::ShapeId)
     // Non-empty: a precommitted plan this subscriber cannot take. Its buckets
     // are received and dropped so that the collective completes; no tensor is
     // touched and the update is reported rejected with this text.
@@ -133,9 +133,11 @@ class SubscriberImpl : public control::ControlClient::Listener {
   void on_commit(uint64_t epoch, uint64_t version);
   void abort_comm(const std::string& why, uint64_t only_version = 0);
   void push_job(Job job);
-  // `shape`: a sharded plan's shape digest (Plan.shapeRef when it came
-  // `by_reference`, else computed from the plan; 0 for other plans).
-  std::vector<Mismatch> check(const UpdatePlan& plan, uint64_t shape = 0, bool by_reference = false);
+  // A sharded plan's shape, by the object that holds it: the kept whole
+  // plan a plan by reference copies, or the whole plan's own copy (which
+  // becomes the kept one once accepted). Null for other plans.
+  using ShapeId = std::shared_ptr<const UpdatePlan>;
+  std::vector<Mismatch> check(const UpdatePlan& plan, const ShapeId& shape = nullptr);
 
   // Data thread.
   void data_loop();
@@ -154,14 +156,10 @@ class SubscriberImpl : public control::ControlClient::Listener {
   Status run_moves(ShardedMove& m, Communicator* comm, bool& collective_done);
   Status hand_over(ShardedMove& m);
   // The checks of a sharded plan (subscriber_sharded_check.cc).
-  std::vector<Mismatch> check_sharded(const UpdatePlan& plan, uint64_t shape, bool by_reference);
+  std::vector<Mismatch> check_sharded(const UpdatePlan& plan, const ShapeId& shape);
   std::vector<Mismatch> check_not_sharded();
-  struct PlanShapeSeen {
-    uint64_t shape = 0;
-    bool by_reference = false;
-  };
-  void check_source_part(const UpdatePlan& plan, int rank, PlanShapeSeen seen, std::vector<Mismatch>& out);
-  void check_engine_part(const UpdatePlan& plan, int rank, PlanShapeSeen seen, std::vector<Mismatch>& out);
+  void check_source_part(const UpdatePlan& plan, int rank, const ShapeId& shape, std::vector<Mismatch>& out);
+  void check_engine_part(const UpdatePlan& plan, int rank, const ShapeId& shape, std::vector<Mismatch>& out);
   void check_planned_slices(const UpdatePlan& plan, int rank, std::vector<Mismatch>& out) const;
   // A delta plan's "<delta>" mismatch when this engine cannot apply it now
   // (broadcast and sharded alike); nullopt when it can or the plan is dense.
@@ -237,7 +235,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // engine) or the part (a trainer rank) passed last, and what they were
   // checked against (reg_mu_): a plan by reference to it passes them again.
   struct CheckedShape {
-    uint64_t shape = 0, registrations = 0, part = 0;
+    ShapeId shape;  // by identity: a fresh whole plan is never the last one
+    uint64_t registrations = 0, part = 0;
     int rank = -1;
     bool partial = false;
     bool operator==(const CheckedShape&) const = default;
@@ -300,7 +299,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   uint64_t receiving_version_ = 0;
   std::shared_ptr<Communicator> comm_;        // abort() is called outside mu_
   std::shared_ptr<UpdatePlan> pending_plan_;  // control thread only
-  uint64_t pending_shape_ = 0;                // its shape digest (sharded)
+  std::shared_ptr<const UpdatePlan> pending_shape_;  // its shape (ShapeId; sharded)
   // The last whole sharded plan this member accepted, under its shape's
   // digest: a later plan may name it instead of listing it (Plan.shapeRef).
   // Control thread only.

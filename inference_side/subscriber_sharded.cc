@@ -269,8 +269,8 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
     names = rank_names_;
   }
   sharded_received_ = 0;
-  // The last update's, when of the same shape (known by its digest, which
-  // this member computed or checked: no comparison of the shape).
+  // The last update's, when of the same shape: known without a comparison
+  // when the plan copies the very kept plan the moves were made for.
   auto moves = sharded_cache_.moves(m.plan, world, names, {false, job.shape});
   if (!moves.ok()) {
     // The publisher checked this plan; a rank that cannot follow it fails
@@ -324,7 +324,10 @@ Status SubscriberImpl::take_registrations(ShardedMove& m, Communicator* comm) {
 // A trainer rank: each piece it sends from the shard that holds it.
 void SubscriberImpl::find_held(ShardedMove& m) {
   std::vector<std::pair<uint32_t, reshard::Region>> boxes;
-  if (!m.holdings) return;
+  if (!m.holdings) {  // no call's shards: a piece of this rank finds no buffer, and the run says so
+    m.buffers.index = std::make_shared<const reshard::BufferIndex>(0);
+    return;
+  }
   boxes.reserve(m.holdings->size());
   for (uint32_t i = 0; i < m.holdings->size(); ++i) {
     const ShardView& s = (*m.holdings)[i];

@@ -7,8 +7,9 @@
 //
 // The checks of the plan's shape against the registrations (or a trainer
 // rank's part) are the costly ones at 50,000 tensors; a plan by reference
-// (Plan.shapeRef) to the shape they last passed, with the same
-// registrations and part, passes them again without a walk (checked_).
+// (Plan.shapeRef) to the very kept plan they last passed (by identity,
+// never by digest), with the same registrations and part, passes them
+// again without a walk (checked_).
 #include <set>
 
 #include "inference_side/plan_check.h"
@@ -16,7 +17,7 @@
 
 namespace paramcast {
 
-std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan, uint64_t shape, bool by_reference) {
+std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan, const ShapeId& shape) {
   std::vector<Mismatch> out;
   if (!plan.sharded) return check_not_sharded();
   if (lost_.refuses_slices()) {  // test hook: a lying engine
@@ -33,8 +34,8 @@ std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan, uint
     std::lock_guard<std::mutex> lock(mu_);
     rank = rank_;
   }
-  if (source_) check_source_part(plan, rank, {shape, by_reference}, out);
-  else check_engine_part(plan, rank, {shape, by_reference}, out);
+  if (source_) check_source_part(plan, rank, shape, out);
+  else check_engine_part(plan, rank, shape, out);
   return out;
 }
 
@@ -55,7 +56,7 @@ std::vector<Mismatch> SubscriberImpl::check_not_sharded() {
 // A trainer rank: only during a publish call, and only the shards of that
 // call (a plan made from an older call's holdings would send bytes that
 // changed), region by region.
-void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, PlanShapeSeen seen,
+void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, const ShapeId& shape,
                                        std::vector<Mismatch>& out) {
   std::lock_guard<std::mutex> lock(reg_mu_);
   if (!active_seq_) {
@@ -70,8 +71,8 @@ void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, PlanSha
       return;
     }
   const uint64_t part = part_sent_.first == active_seq_ ? part_sent_.second : 0;
-  const CheckedShape now{seen.shape, 0, part, rank, plan.partial};
-  if (!(seen.by_reference && seen.shape && part && checked_ == now)) {
+  const CheckedShape now{shape, 0, part, rank, plan.partial};
+  if (!(shape && part && checked_ == now)) {
     std::set<std::pair<std::string, reshard::Region>> mine, planned;
     if (holdings_)
       for (const auto& h : *holdings_) {
@@ -97,11 +98,11 @@ void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, PlanSha
 
 // An engine: the plan's tensors against its registrations, and the plan's
 // wants for its rank against the slices it registered.
-void SubscriberImpl::check_engine_part(const UpdatePlan& plan, int rank, PlanShapeSeen seen,
+void SubscriberImpl::check_engine_part(const UpdatePlan& plan, int rank, const ShapeId& shape,
                                        std::vector<Mismatch>& out) {
   std::lock_guard<std::mutex> lock(reg_mu_);
-  const CheckedShape now{seen.shape, registrations_, 0, rank, plan.partial};
-  if (seen.by_reference && seen.shape && checked_ == now) return;
+  const CheckedShape now{shape, registrations_, 0, rank, plan.partial};
+  if (shape && checked_ == now) return;
   const size_t before = out.size();
   // On a GPU every piece lands in place: the callback's tensors are
   // assembled in host memory, which a sharded update on NCCL never writes.

@@ -40,8 +40,9 @@ StatusOr<const LocalBuffer*> detail::buffer_of(const ReshardPlan& plan, const Ra
   const LocalBuffer* at = nullptr;
   if (buffers.index) {
     at = buffers.index->locate(x.tensor, x.region);
-  } else if (LocalBuffer b = buffers.find(x.tensor, plan.tensors[x.tensor], x.region); b.data) {
-    at = &found.emplace_back(std::move(b));
+  } else if (buffers.find) {
+    if (LocalBuffer b = buffers.find(x.tensor, plan.tensors[x.tensor], x.region); b.data)
+      at = &found.emplace_back(std::move(b));
   }
   if (!at || !at->data || !contains(at->box, x.region))
     return internal_error("many-sender plan: rank " + std::to_string(rank) + " has no buffer for '" +

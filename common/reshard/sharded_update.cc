@@ -154,12 +154,12 @@ Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::stri
 StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const UpdatePlan& plan, int world,
                                                                        const std::vector<std::string>& names,
                                                                        KnownShape known) {
-  const bool same = kept_ && (known.same_as_kept || (known.digest && known.digest == digest_ && world == world_ &&
+  const bool same = kept_ && (known.same_as_kept || (known.shape && known.shape == owner_ && world == world_ &&
                                                      names == names_));
   std::string shape = same ? std::string() : shape_of(plan, world, names);
   cached_ = kept_ && (same || shape == shape_);
   if (cached_) {
-    if (known.digest && !same) digest_ = known.digest;  // the same bytes: the same digest
+    if (known.shape && !same) owner_ = known.shape;  // the same bytes: that object's shape
     if (Status s = check_replica_digests(plan, names); !s.ok()) return s;
     return kept_;
   }
@@ -168,7 +168,7 @@ StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const Upd
   if (!fresh.ok()) return fresh.status();
   kept_ = std::make_shared<const ShardedMoves>(std::move(fresh.value()));
   shape_ = std::move(shape);
-  digest_ = known.digest;
+  owner_ = known.shape;
   world_ = world;
   names_ = names;
   return kept_;

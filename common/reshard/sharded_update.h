@@ -66,20 +66,21 @@ std::shared_ptr<const BufferIndex> held_buffers(const ShardedMoves& moves, const
 // planning (4 s a rank for 50k tensors on 4 trainer ranks): only the
 // replicas' digests, which change with every version, are compared afresh
 // (rank 0 has them). Anything else plans again. The shape is compared byte
-// for byte, never by a hash: a hostile holder cannot forge a match. Not
-// thread-safe: one owner (the update thread, an engine's data thread).
+// for byte, or known by the caller (KnownShape), never by a hash: a hostile
+// holder cannot forge a match. Not thread-safe: one owner (the update
+// thread, an engine's data thread).
 struct KnownShape {
   bool same_as_kept = false;
-  uint64_t digest = 0;
+  std::shared_ptr<const void> shape;
 };
 class ShardedMovesCache {
  public:
   // What the caller knows of `plan`'s shape, which spares the comparison:
   // `same_as_kept`, it is the kept moves' shape (rank 0 made it from the
-  // same inputs: its kept plan); or its `digest` (sharded_shape_digest,
-  // which a member computed from a whole plan, or checked a plan by
-  // reference against), the same as that of the kept moves' plan, under
-  // the same ranks and names. 0: unknown.
+  // same inputs: its kept plan); or `shape`, the object whose shape it has
+  // (a member's kept whole plan, which a plan by reference copies), the
+  // same object as the kept moves were made or compared for, under the
+  // same ranks and names. Never a digest: a hostile holder could forge one.
   StatusOr<std::shared_ptr<const ShardedMoves>> moves(const UpdatePlan& plan, int world,
                                                       const std::vector<std::string>& names, KnownShape known = {});
   // Whether the last moves() took the kept moves (for tests and logs).
@@ -87,7 +88,7 @@ class ShardedMovesCache {
 
  private:
   std::string shape_;
-  uint64_t digest_ = 0;  // the kept moves' plan's, where a caller told it
+  std::shared_ptr<const void> owner_;  // the object whose shape the kept moves are of, where a caller told it
   int world_ = 0;
   std::vector<std::string> names_;
   std::shared_ptr<const ShardedMoves> kept_;

@@ -202,15 +202,16 @@ TEST_F(ShardedForgedPartTest, AReferenceToAPartRankZeroDoesNotKeepIsRefusedNamin
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v5 verified", 20s)) << id << p->output();
 }
 
-// The kept plan (rank 0 plans nothing for the last plan's inputs) serves
-// only while its moves are the moves rank 0 made last. worker-3 (in this
-// process) takes v1 whole; it comes back with Wants no plan can use and is
+// worker-3, an engine in this process, comes and goes and registers anew
+// between updates (join_worker3). The kept plan (rank 0 plans nothing for
+// the last plan's inputs) serves only while its moves are the moves rank 0
+// made last: worker-3 takes v1 whole; it comes back with Wants no plan can use and is
 // left out of v2 (a plan made afresh without it, and not kept); it comes
 // back whole again, so v3's inputs are v1's. v3 is planned afresh, reaches
 // worker-3 and lands bit-exact. Before, v3 took v1's kept plan with v2's
 // moves (made for a group without worker-3): the ranks disagreed on the
 // plan and v3 failed.
-class ShardedKeptPlanAfterALeftOutEngineTest : public ShardedUpdateTest {
+class ShardedChangingEngineTest : public ShardedUpdateTest {
  protected:
   void SetUp() override {
     extra_engines_ = 1;
@@ -263,7 +264,7 @@ class ShardedKeptPlanAfterALeftOutEngineTest : public ShardedUpdateTest {
   std::vector<float> cell_ = std::vector<float>(1);
 };
 
-TEST_F(ShardedKeptPlanAfterALeftOutEngineTest, AFreshPlanThatIsNotKeptEndsTheKeptOne) {
+TEST_F(ShardedChangingEngineTest, AFreshPlanThatIsNotKeptEndsTheKeptOne) {
   for (uint64_t v = 1; v <= 3; ++v) {
     if (v == 2) join_worker3(/*whole=*/false);
     if (v == 3) join_worker3(/*whole=*/true);
@@ -288,7 +289,7 @@ TEST_F(ShardedKeptPlanAfterALeftOutEngineTest, AFreshPlanThatIsNotKeptEndsTheKep
 // by reference; v3 comes by reference too (nothing rank 0 plans from
 // changed), and worker-3 refuses it naming the tensor and both shapes, and
 // none of v3 lands in its buffers.
-TEST_F(ShardedKeptPlanAfterALeftOutEngineTest, ARegistrationSinceThePlanByReferenceIsCheckedAgain) {
+TEST_F(ShardedChangingEngineTest, ARegistrationSinceThePlanByReferenceIsCheckedAgain) {
   for (uint64_t v = 1; v <= 2; ++v) {
     auto [r0, r1] = publish_both(v);
     ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();

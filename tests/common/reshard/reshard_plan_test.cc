@@ -521,45 +521,47 @@ TEST(ShardedMovesCacheTest, TheSameShapeReusesItsMovesAndAnyChangePlansAgain) {
   EXPECT_FALSE(cache.last_was_cached());
 }
 
-// A member tells the cache its plan's shape digest (sharded_shape_digest,
-// which it computed from a whole plan or checked a plan by reference
-// against): the same digest under the same ranks and names takes the kept
-// moves without building the shape; another digest, or other names, compares
-// (or plans) as before, and a digest learnt by comparison serves the next.
-TEST(ShardedMovesCacheTest, AKnownDigestTakesTheKeptMovesOnlyUnderTheSameRanksAndNames) {
+// A member tells the cache which object holds its plan's shape (its kept
+// whole plan, which a plan by reference copies): the same object under the
+// same ranks and names takes the kept moves without building the shape;
+// another object, even of the same digest, or other names, compares (or
+// plans) as before; an object learnt by comparison serves the next.
+TEST(ShardedMovesCacheTest, AKnownShapeTakesTheKeptMovesOnlyAsTheSameObjectUnderTheSameRanksAndNames) {
   ShardedMovesCache cache;
   const std::vector<std::string> names = {"publisher", "trainer-1", "worker-1"};
-  const uint64_t digest = sharded_shape_digest(two_rank_plan(1));
-  auto first = cache.moves(two_rank_plan(1), 3, names, {false, digest});
+  const auto kept = std::make_shared<const UpdatePlan>(two_rank_plan(1));
+  auto first = cache.moves(*kept, 3, names, {false, kept});
   ASSERT_TRUE(first.ok()) << first.status().to_string();
   EXPECT_FALSE(cache.last_was_cached());
-  auto second = cache.moves(two_rank_plan(2), 3, names, {false, digest});
+  auto second = cache.moves(two_rank_plan(2), 3, names, {false, kept});
   ASSERT_TRUE(second.ok());
   EXPECT_TRUE(cache.last_was_cached());
   EXPECT_EQ(second->get(), first->get());
-  // Other names under the same digest: compared, and planned again.
-  auto renamed = cache.moves(two_rank_plan(3), 3, {"publisher", "trainer-1", "worker-9"}, {false, digest});
+  // Other names for the same object: compared, and planned again.
+  auto renamed = cache.moves(two_rank_plan(3), 3, {"publisher", "trainer-1", "worker-9"}, {false, kept});
   ASSERT_TRUE(renamed.ok());
   EXPECT_FALSE(cache.last_was_cached());
   EXPECT_NE(renamed->get(), first->get());
-  // Another digest (a plan of another shape): compared, and planned again.
-  UpdatePlan moved = two_rank_plan(4);
-  moved.holders[0].lengths = {5, 4};
-  moved.holders[1].offsets = {5, 0};
-  moved.holders[1].lengths = {3, 4};
-  auto replanned = cache.moves(moved, 3, names, {false, sharded_shape_digest(moved)});
+  // Another object whose shape differs: compared, and planned again; the
+  // same object after it names its moves, not the first's.
+  auto moved = std::make_shared<UpdatePlan>(two_rank_plan(4));
+  moved->holders[0].lengths = {5, 4};
+  moved->holders[1].offsets = {5, 0};
+  moved->holders[1].lengths = {3, 4};
+  auto replanned = cache.moves(*moved, 3, names, {false, moved});
   ASSERT_TRUE(replanned.ok());
   EXPECT_FALSE(cache.last_was_cached());
-  // No digest, the same shape: compared byte for byte, cached; a digest
-  // told then serves the next without the comparison.
-  ASSERT_TRUE(cache.moves(moved, 3, names).ok());
+  // A new object of the same bytes: compared, cached, and then known.
+  const auto again = std::make_shared<const UpdatePlan>(*moved);
+  ASSERT_TRUE(cache.moves(*again, 3, names, {false, again}).ok());
   EXPECT_TRUE(cache.last_was_cached());
-  ASSERT_TRUE(cache.moves(moved, 3, names, {false, 42}).ok());
+  auto by_object = cache.moves(*again, 3, names, {false, again});
+  ASSERT_TRUE(by_object.ok());
   EXPECT_TRUE(cache.last_was_cached());
-  auto by_digest = cache.moves(moved, 3, names, {false, 42});
-  ASSERT_TRUE(by_digest.ok());
-  EXPECT_TRUE(cache.last_was_cached());
-  EXPECT_EQ(by_digest->get(), replanned->get());
+  EXPECT_EQ(by_object->get(), replanned->get());
+  // The first object again (its shape no longer the kept moves'): compared, planned.
+  ASSERT_TRUE(cache.moves(*kept, 3, names, {false, kept}).ok());
+  EXPECT_FALSE(cache.last_was_cached());
 }
 
 }  // namespace
