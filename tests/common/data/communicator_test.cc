@@ -216,9 +216,10 @@ TEST_P(CommunicatorTest, KilledPeerFailsOthersWithinDeadline) {
       ASSERT_GE(ns, 0) << out;
       const double failed = (ns - ns_of(killed_at)) / 1e9;
       // About a second in a Release build; the bound is half the operation
-      // timeout, to hold in a sanitizer build on a loaded machine.
+      // timeout (three quarters under a sanitizer: ThreadSanitizer on CI's
+      // loaded 2 cores took 5.3 s of 10), well before the timeout itself.
       std::printf("[figures] rank %d: communicator failed %.2f s after the kill\n", r, failed);
-      EXPECT_LE(failed, timeout_ms / 2000.0) << "rank " << r << ":\n" << out;
+      EXPECT_LE(failed, timeout_ms / 1000.0 * (test::kSanitized ? 0.75 : 0.5)) << "rank " << r << ":\n" << out;
     }
     EXPECT_NE(ranks[r]->output().find("ABORTED"), std::string::npos) << ranks[r]->output();
   }
