@@ -25,22 +25,30 @@ namespace {
 using namespace std::chrono_literals;
 using sharded_test::ShardedUpdateTest;
 
+// worker-3, an engine in this process, made (not started) against rank 0.
+class ShardedInProcessEngineTest : public ShardedUpdateTest {
+ protected:
+  void worker3(std::unique_ptr<Subscriber>* into) {
+    Config cfg = config_;
+    cfg.control.endpoint = pub_->endpoint();
+    auto sub = Subscriber::create(cfg, "worker-3");
+    ASSERT_TRUE(sub.ok()) << sub.status().to_string();
+    *into = std::move(sub.value());
+  }
+};
+
 // One engine's Wants that no plan can use (a slice of the first tensor
 // under another dtype and shape, as a hostile or broken engine states it)
 // cost the others nothing: it is left out of every update and named with
 // why, and the honest engines (paramcast-worker, checking every byte)
 // verify every version. Before, rank 0 refused every update for every
 // engine ("serves a slice of it as ...").
-class ShardedHostileWantsTest : public ShardedUpdateTest {
+class ShardedHostileWantsTest : public ShardedInProcessEngineTest {
  protected:
   void SetUp() override {
     extra_engines_ = 1;
     before_start_ = [this] {
-      Config cfg = config_;
-      cfg.control.endpoint = pub_->endpoint();
-      auto sub = Subscriber::create(cfg, "worker-3");
-      ASSERT_TRUE(sub.ok()) << sub.status().to_string();
-      hostile_ = std::move(sub.value());
+      ASSERT_NO_FATAL_FAILURE(worker3(&hostile_));
       first_ = synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype)[0].name;
       ShardView slice{TensorView{TensorSpec{first_, DType::kF32, {1, 1}}, cell_.data(), Device::cpu()}, {1, 1}, {0, 0}};
       ASSERT_TRUE(hostile_->register_slice(slice).ok());
@@ -86,16 +94,12 @@ TEST_F(ShardedHostileWantsTest, AnEngineWhoseWantsNoPlanCanUseIsLeftOutAndNamedA
 // quarantines it (once may be a registration racing its Wants; twice
 // cannot), and with on_member_loss: continue the next updates form without
 // it and land on the honest engines. Before, every update failed.
-class ShardedLyingSliceTest : public ShardedUpdateTest {
+class ShardedLyingSliceTest : public ShardedInProcessEngineTest {
  protected:
   void SetUp() override {
     extra_engines_ = 1;
     before_start_ = [this] {
-      Config cfg = config_;
-      cfg.control.endpoint = pub_->endpoint();
-      auto sub = Subscriber::create(cfg, "worker-3");
-      ASSERT_TRUE(sub.ok()) << sub.status().to_string();
-      liar_ = std::move(sub.value());
+      ASSERT_NO_FATAL_FAILURE(worker3(&liar_));
       const auto layout = synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype);
       const TensorSpec& first = layout[0];
       ASSERT_GE(first.shape.size(), 1u);
@@ -211,7 +215,7 @@ TEST_F(ShardedForgedPartTest, AReferenceToAPartRankZeroDoesNotKeepIsRefusedNamin
 // worker-3 and lands bit-exact. Before, v3 took v1's kept plan with v2's
 // moves (made for a group without worker-3): the ranks disagreed on the
 // plan and v3 failed.
-class ShardedChangingEngineTest : public ShardedUpdateTest {
+class ShardedChangingEngineTest : public ShardedInProcessEngineTest {
  protected:
   void SetUp() override {
     extra_engines_ = 1;
@@ -228,11 +232,7 @@ class ShardedChangingEngineTest : public ShardedUpdateTest {
       while (pub_->poll_event()) {
       }
     if (worker3_) worker3_->stop();
-    Config cfg = config_;
-    cfg.control.endpoint = pub_->endpoint();
-    auto sub = Subscriber::create(cfg, "worker-3");
-    ASSERT_TRUE(sub.ok()) << sub.status().to_string();
-    worker3_ = std::move(sub.value());
+    ASSERT_NO_FATAL_FAILURE(worker3(&worker3_));
     const auto layout = synthetic_llm_layout(config_.trainer.model_bytes, config_.trainer.layers, config_.trainer.dtype);
     whole_.clear();
     whole_.reserve(layout.size());
