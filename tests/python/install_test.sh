@@ -2,7 +2,8 @@
 # A Python user's path, on both interpreters the project supports:
 #   1. the python3 on PATH (pyenv's, with a current PyTorch): `python3 -m build --wheel`, then the wheel
 #      installed into a venv that sees that PyTorch;
-#   2. Debian's /usr/bin/python3 (PyTorch 1.13): `pip install <repo>` into a venv that sees it;
+#   2. Debian's /usr/bin/python3 (PyTorch 1.13): a venv that sees it, with `pip install <repo>`, or
+#      the wheel of step 1 where both interpreters share one CPython ABI (this machine's case);
 #   3. a venv with no PyTorch at all: the example says PyTorch is missing, in so many words;
 #   4. the README's quick start on the python3 on PATH: a fresh venv (nothing of the system's),
 #      `pip install <repo>`, `pip install torch==<that python's torch>` (which brings no numpy), and
@@ -65,12 +66,16 @@ export CC="${CC:-$(command -v gcc)}" CXX="${CXX:-$(command -v g++)}"
 # is compiled and linked as for a user's two, in half the nvcc time (CI's critical path runs here).
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DPARAMCAST_CUDA_ARCHITECTURES=90"
 ext() { "$1" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))'; }
-# Where both interpreters take the same extension (one CPython ABI), Debian's pip install reuses the
-# wheel's build directory: only the Python bindings compile again, against Debian's headers.
-debian_build="$work/build-debian"
-[ "$(ext "$current")" = "$(ext /usr/bin/python3)" ] && debian_build="$work/build-current"
+# Where both interpreters take the same extension (one CPython ABI), Debian's venv takes the wheel
+# built above: the same binary a pip install there would build (the regular build compiles the
+# package against Debian's headers, and its suite runs under Debian's PyTorch). Recompiling the
+# bindings here cost CI several minutes beside the ThreadSanitizer suite.
+same_abi=0
+[ "$(ext "$current")" = "$(ext /usr/bin/python3)" ] && same_abi=1
+# Each step's start, in seconds since the test began: where a slow machine or PyPI spends the time.
+step() { echo "== [${SECONDS} s] $*"; }
 if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
-  echo "== $current: python3 -m build --wheel, installed into a venv"
+  step "$current: python3 -m build --wheel, installed into a venv"
   "$current" -m build --wheel --outdir "$work/dist" -C build-dir="$work/build-current" "$src" > "$work/build-current.log" 2>&1 \
     || { tail -40 "$work/build-current.log"; exit 1; }
   wheel=$(ls "$work"/dist/paramcast-*.whl)
@@ -83,7 +88,7 @@ if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
   "$work/venv-current/bin/pip" install --quiet --disable-pip-version-check "$wheel"
   check_venv "$work/venv-current" "$("$current" -c 'import torch; print(torch.__version__)')"
 
-  echo "== a venv without PyTorch: the example names what is missing"
+  step "a venv without PyTorch: the example names what is missing"
   "$current" -m venv "$work/venv-bare"
   "$work/venv-bare/bin/pip" install --quiet --disable-pip-version-check "$wheel"
   if "$work/venv-bare/bin/python" "$src/examples/python/trainer.py" > "$work/bare.out" 2>&1; then
@@ -94,7 +99,7 @@ if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
 
   # The same build directory as the wheel's above: pip's build recompiles nothing of the project.
   torch_want="$("$current" -c 'import torch; print(torch.__version__.split("+")[0])')"
-  echo "== a fresh venv: pip install $src, pip install torch==$torch_want, examples/python/launch.py"
+  step "a fresh venv: pip install $src, pip install torch==$torch_want, examples/python/launch.py"
   "$current" -m venv "$work/venv-fresh"
   "$work/venv-fresh/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$work/build-current" "$src" \
     > "$work/build-fresh.log" 2>&1 || { tail -40 "$work/build-fresh.log"; exit 1; }
@@ -109,9 +114,16 @@ if [ "$(readlink -f "$current")" != "$(readlink -f /usr/bin/python3)" ]; then
   grep -q "^launch: " "$work/fresh.out" && grep "^launch: " "$work/fresh.out"
 fi
 
-echo "== /usr/bin/python3: pip install $src"
 /usr/bin/python3 -m venv --system-site-packages "$work/venv-debian"
-"$work/venv-debian/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$debian_build" "$src" \
-  > "$work/build-debian.log" 2>&1 || { tail -40 "$work/build-debian.log"; exit 1; }
+if [ $same_abi -eq 1 ] && [ -n "${wheel:-}" ]; then
+  step "/usr/bin/python3 (the same ABI): pip install $(basename "$wheel")"
+  "$work/venv-debian/bin/pip" install --quiet --disable-pip-version-check "$wheel" \
+    > "$work/build-debian.log" 2>&1 || { tail -40 "$work/build-debian.log"; exit 1; }
+else
+  step "/usr/bin/python3: pip install $src"
+  "$work/venv-debian/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$work/build-debian" "$src" \
+    > "$work/build-debian.log" 2>&1 || { tail -40 "$work/build-debian.log"; exit 1; }
+fi
 check_venv "$work/venv-debian" "1.13"
+step "done"
 echo "install_test: the wheel and pip install . work for both interpreters"
