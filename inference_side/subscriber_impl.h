@@ -159,6 +159,8 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::vector<Mismatch> check_sharded(const UpdatePlan& plan, const ShapeId& shape);
   std::vector<Mismatch> check_not_sharded();
   void check_source_part(const UpdatePlan& plan, int rank, const ShapeId& shape, std::vector<Mismatch>& out);
+  Status digest_boxes(const std::vector<ShardView>& shards, const std::vector<uint32_t>* only,
+                      std::map<size_t, uint64_t>& out);
   void check_engine_part(const UpdatePlan& plan, int rank, const ShapeId& shape, std::vector<Mismatch>& out);
   void check_planned_slices(const UpdatePlan& plan, int rank, std::vector<Mismatch>& out) const;
   // A delta plan's "<delta>" mismatch when this engine cannot apply it now
@@ -219,6 +221,10 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // its last call took, which its next call may refer to (0: none; reg_mu_).
   std::pair<uint64_t, uint64_t> part_sent_{0, 0};
   uint64_t part_taken_ = 0;
+  // The boxes of part `first` (indices in its shards' order) that the plan
+  // which took it gave another holder too: a call by reference digests only
+  // these (Holdings.digestBoxes; reg_mu_).
+  std::pair<uint64_t, std::shared_ptr<const std::vector<uint32_t>>> replicated_;
   // Registrations so far (reg_mu_): a registration changes what a plan is
   // checked against.
   uint64_t registrations_ = 0;

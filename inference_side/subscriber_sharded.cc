@@ -98,6 +98,28 @@ Status SubscriberImpl::publish_refused(const Status& why, uint64_t step) {
   return why;
 }
 
+// The xxh64 of each non-empty box of `shards`, or of the boxes `only` names.
+Status SubscriberImpl::digest_boxes(const std::vector<ShardView>& shards, const std::vector<uint32_t>* only,
+                                    std::map<size_t, uint64_t>& out) {
+  auto digest = [&](size_t i) -> Status {
+    const ShardView& s = shards[i];
+    const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
+    const reshard::Region box = box_of(s, full);
+    if (box.empty()) return Status();
+    auto d = reshard::holding_digest(s.local.data, static_cast<uint64_t>(box.elements()) * dtype_size(s.local.spec.dtype),
+                                     s.local.device, publish_mem_.get());
+    if (!d.ok()) return d.status().with_context("shard of '" + s.local.spec.name + "'");
+    out[i] = *d;
+    return Status();
+  };
+  if (!only)
+    for (size_t i = 0; i < shards.size(); ++i) PC_RETURN_IF_ERROR(digest(i));
+  else
+    for (uint32_t i : *only)
+      if (i < shards.size()) PC_RETURN_IF_ERROR(digest(i));
+  return Status();
+}
+
 Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t step, void* after_stream) {
   for (const auto& s : shards) {
     const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
@@ -117,27 +139,26 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
     if (s.ok()) s = publish_mem_->synchronize();
     if (!s.ok()) return publish_refused(s.with_context("waiting for the caller's writes on " + device_.to_string()), step);
   }
-  std::map<size_t, uint64_t> digests;
-  if (cfg_.data_plane.checksum != Checksum::kNone)
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const ShardView& s = shards[i];
-      const auto& full = s.full_shape.empty() ? s.local.spec.shape : s.full_shape;
-      const reshard::Region box = box_of(s, full);
-      if (box.empty()) continue;
-      auto d = reshard::holding_digest(s.local.data, static_cast<uint64_t>(box.elements()) * dtype_size(s.local.spec.dtype),
-                                       s.local.device, publish_mem_.get());
-      if (!d.ok()) return publish_refused(d.status().with_context("shard of '" + s.local.spec.name + "'"), step);
-      digests[i] = *d;
-    }
   const uint64_t part = part_digest(shards);
   uint64_t seq = 0, refer = 0;
+  std::shared_ptr<const std::vector<uint32_t>> replicas;  // by reference: the boxes to digest
+  {
+    std::lock_guard<std::mutex> lock(reg_mu_);
+    // The same part as the last call's, which its plan took: by reference.
+    if (std::exchange(part_taken_, 0) == part && !lost_.bloats_holdings(step) && !lost_.replays_holdings()) {
+      refer = part;
+      if (replicated_.first == part) replicas = replicated_.second;
+    }
+  }
+  std::map<size_t, uint64_t> digests;
+  if (cfg_.data_plane.checksum != Checksum::kNone) {
+    if (Status s = digest_boxes(shards, replicas.get(), digests); !s.ok()) return publish_refused(s, step);
+  }
   {
     std::lock_guard<std::mutex> lock(reg_mu_);
     holdings_ = std::make_shared<const std::vector<ShardView>>(shards);
     seq = ++publish_seq_;
     active_seq_ = seq;
-    // The same part as the last call's, which its plan took: by reference.
-    if (std::exchange(part_taken_, 0) == part && !lost_.bloats_holdings(step) && !lost_.replays_holdings()) refer = part;
     if (lost_.forges_part(step)) refer = part ^ 0x5a5a;  // test hook: a part rank 0 never had
     part_sent_ = {seq, part};
   }
@@ -148,8 +169,18 @@ Status SubscriberImpl::publish(const std::vector<ShardView>& shards, uint64_t st
     if (!refer) return shards_to_proto(shards, h, digests, lost_.bloats_holdings(step));
     h.setShapeRef(refer);
     if (digests.empty()) return;
-    auto list = h.initDigests(static_cast<unsigned>(shards.size()));
-    for (const auto& [i, d] : digests) list.set(static_cast<unsigned>(i), d);
+    if (!replicas) {
+      auto list = h.initDigests(static_cast<unsigned>(shards.size()));
+      for (const auto& [i, d] : digests) list.set(static_cast<unsigned>(i), d);
+      return;
+    }
+    auto list = h.initDigests(static_cast<unsigned>(digests.size()));
+    auto boxes = h.initDigestBoxes(static_cast<unsigned>(digests.size()));
+    unsigned k = 0;
+    for (const auto& [i, d] : digests) {
+      boxes.set(k, static_cast<uint32_t>(i));
+      list.set(k++, d);
+    }
   });
   zmq::message_t replay;  // test hook: the last call's Holdings, sent again after this one's
   if (lost_.replays_holdings()) {

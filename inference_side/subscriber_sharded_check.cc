@@ -11,11 +11,38 @@
 // never by digest), with the same registrations and part, passes them
 // again without a walk (checked_).
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "inference_side/plan_check.h"
 #include "inference_side/subscriber_impl.h"
 
 namespace paramcast {
+namespace {
+
+// The boxes of `shards` (indices in their order) that a holder other than
+// `rank` holds too in `plan`: replicas, whose digests rank 0 compares.
+std::vector<uint32_t> replicated_boxes(const UpdatePlan& plan, int rank, const std::vector<ShardView>& shards) {
+  std::unordered_map<std::string_view, std::vector<std::pair<reshard::Region, uint32_t>>> mine;
+  for (uint32_t i = 0; i < shards.size(); ++i) {
+    const auto& full = shards[i].full_shape.empty() ? shards[i].local.spec.shape : shards[i].full_shape;
+    mine[shards[i].local.spec.name].push_back({box_of(shards[i], full), i});
+  }
+  std::vector<bool> shared(shards.size(), false);
+  for (const auto& h : plan.holders) {
+    if (h.rank == rank || h.tensor < 0 || static_cast<size_t>(h.tensor) >= plan.tensors.size()) continue;
+    auto it = mine.find(plan.tensors[static_cast<size_t>(h.tensor)].name);
+    if (it == mine.end()) continue;
+    for (const auto& [box, i] : it->second)
+      if (box.offsets == h.offsets && box.lengths == h.lengths) shared[i] = true;
+  }
+  std::vector<uint32_t> out;
+  for (uint32_t i = 0; i < shared.size(); ++i)
+    if (shared[i]) out.push_back(i);
+  return out;
+}
+
+}  // namespace
 
 std::vector<Mismatch> SubscriberImpl::check_sharded(const UpdatePlan& plan, const ShapeId& shape) {
   std::vector<Mismatch> out;
@@ -88,6 +115,10 @@ void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, const S
                      std::to_string(planned.size()) + " other regions for rank " + std::to_string(rank)});
       return;
     }
+    // A partial plan need not name every holder: the next call digests every box.
+    replicated_ = {};
+    if (part && holdings_ && !plan.partial)
+      replicated_ = {part, std::make_shared<const std::vector<uint32_t>>(replicated_boxes(plan, rank, *holdings_))};
   }
   if (!out.empty()) return;
   checked_ = now;                // a later plan by reference to it passes as this one

@@ -379,6 +379,7 @@ void bind_results(py::module_& m) {
       .def_readonly("plan_referred", &UpdateResult::plan_referred)
       .def_readonly("plan_kept", &UpdateResult::plan_kept)
       .def_readonly("parts_referred", &UpdateResult::parts_referred)
+      .def_readonly("holdings_bytes", &UpdateResult::holdings_bytes)
       .def_readonly("delta", &UpdateResult::delta)
       .def_readonly("dense_because", &UpdateResult::dense_because)
       .def_readonly("tensors", &UpdateResult::tensors)

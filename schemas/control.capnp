@@ -412,7 +412,12 @@ struct Holdings {
   digests @7 :List(UInt64);
   # With shapeRef and data_plane.checksum: the xxh64 of each box's bytes, in
   # the order of the referred part's boxes (an empty box's entry is 0 and
-  # unread). Empty: no digests.
+  # unread), or of the boxes digestBoxes names. Empty: no digests.
+  digestBoxes @8 :List(UInt32);
+  # With shapeRef and digests: the referred part's box of each digest, in
+  # increasing order. A rank digests only the boxes that its last plan gave
+  # another holder too (replicas: the only boxes rank 0 compares), so a
+  # rank that shares no box sends no digest. Empty: one digest per box.
 }
 
 enum DeltaKind {

@@ -77,6 +77,10 @@ struct UpdateResult {
   // their part by reference to the last one they sent (Holdings.shapeRef).
   bool plan_kept = false;
   size_t parts_referred = 0;
+  // The trainer ranks' Holdings messages of this update, summed: a part by
+  // reference is a few dozen bytes, plus 12 a box another rank holds too
+  // where data_plane.checksum is on (Holdings.digestBoxes).
+  uint64_t holdings_bytes = 0;
   bool delta = false;        // at least one bucket went as a delta
   // publisher.delta on and the update went dense: why ("worker-3 at v5",
   // "no baseline yet", "the manifest changed", ...). Empty otherwise.

@@ -93,6 +93,7 @@ void PublisherImpl::on_holdings(const std::string& id, proto::Holdings::Reader h
   // A part the rank refused itself is read as such (its error), by reference or not.
   const bool own_error = h.hasError() && h.getError().size() > 0;
   SourceHoldings out = h.getShapeRef() && !own_error ? held_by_reference(id, h) : read_holdings(id, h);
+  out.bytes = h.totalSize().wordCount * sizeof(capnp::word);
   const auto member = server_.member(id);
   std::string refused;
   {
@@ -235,15 +236,27 @@ PublisherImpl::SourceHoldings PublisherImpl::held_by_reference(const std::string
     return out;
   }
   const auto digests = h.getDigests();
-  if (h.getTensors().size() || h.getHolds().size() || (digests.size() && digests.size() != kept.part->holds.size())) {
+  const auto boxes = h.getDigestBoxes();
+  const size_t held = kept.part->holds.size();
+  if (h.getTensors().size() || h.getHolds().size() ||
+      (boxes.size() ? boxes.size() != digests.size() : digests.size() && digests.size() != held)) {
     out.error = call + " by reference carries " + std::to_string(h.getTensors().size()) + " tensors, " +
-                std::to_string(h.getHolds().size()) + " regions and " + std::to_string(digests.size()) +
-                " digests (expected none, none, and 0 or one per kept region: " +
-                std::to_string(kept.part->holds.size()) + ")";
+                std::to_string(h.getHolds().size()) + " regions, " + std::to_string(digests.size()) + " digests and " +
+                std::to_string(boxes.size()) + " digest boxes (expected none, none, and 0 or one digest per kept " +
+                "region (" + std::to_string(held) + ") or per box named)";
     return out;
   }
-  for (unsigned i = 0; i < digests.size(); ++i)
-    if (!kept.part->holds[i].second.empty()) out.digests.emplace_hint(out.digests.end(), i, digests[i]);
+  for (unsigned k = 0; k < digests.size(); ++k) {
+    const size_t i = boxes.size() ? boxes[k] : k;
+    if (i >= held || (k && boxes.size() && i <= boxes[k - 1])) {
+      out.error = call + " by reference names box " + std::to_string(i) + " after box " +
+                  (k ? std::to_string(boxes[k - 1]) : std::string("none")) + " of its " + std::to_string(held) +
+                  " (expected increasing box numbers below " + std::to_string(held) + ")";
+      out.digests.clear();
+      return out;
+    }
+    if (!kept.part->holds[i].second.empty()) out.digests.emplace_hint(out.digests.end(), i, digests[k]);
+  }
   out.part = std::move(kept.part);
   return out;
 }

@@ -107,6 +107,7 @@ class PublisherImpl : public control::ControlServer::Listener {
     std::map<size_t, uint64_t> digests;  // index in holds -> the xxh64 of its bytes, where the rank gave one
     std::string error;  // regions the update cannot use, in words
     bool referred = false;  // stated by reference to the rank's kept part
+    uint64_t bytes = 0;     // the Holdings message's size
     // Wants only: it cuts at least one tensor (or sent regions the update cannot use).
     bool slices() const { return !part->holds.empty() || !error.empty(); }
     static std::shared_ptr<const HeldShape> empty_part();

@@ -146,6 +146,9 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (Status s = take_parts(c); !s.ok()) return refuse_sharded(c, s);
   auto plan = sharded_plan(c);
   if (!plan.ok()) return refuse_sharded(c, plan.status());
+  if (cfg_.data_plane.checksum != Checksum::kNone)
+    if (Status s = reshard::check_replicas_digested(*plan, rank_names(c.group)); !s.ok())
+      return refuse_sharded(c, s.with_context("refused before any byte moved"));
   auto moves = sharded_cache_.moves(*plan, static_cast<int>(c.group.size() + 1), rank_names(c.group), {c.from_kept, 0});
   if (!moves.ok()) return refuse_sharded(c, moves.status().with_context("refused before any byte moved"));
   if (c.made) kept_plan_ = std::move(c.made);
@@ -326,6 +329,7 @@ Status PublisherImpl::take_parts(ShardedCall& c) {
   for (const auto& id : sources) {
     c.taken[id] = std::move(holdings_[id]);
     c.r.parts_referred += c.taken[id].referred && c.taken[id].error.empty();
+    c.r.holdings_bytes += c.taken[id].bytes;
   }
   for (const auto& id : sources) holdings_.erase(id);
   for (const auto& id : group_)

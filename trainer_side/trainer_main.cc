@@ -118,6 +118,7 @@ std::string plan_text(const UpdateResult& r) {
     out += " " + format_bytes(r.plan_referred_bytes) + " by reference to " + std::to_string(r.plan_referred);
   if (r.plan_kept) out += " (kept: nothing planned)";
   if (r.parts_referred) out += "; trainer ranks' parts by reference: " + std::to_string(r.parts_referred);
+  if (r.holdings_bytes) out += "; trainer ranks' parts: " + format_bytes(r.holdings_bytes);
   return out;
 }
 

@@ -97,38 +97,41 @@ std::string shape_of(const UpdatePlan& plan, int world, const std::vector<std::s
   return out;
 }
 
+// Rank r by its name in messages ("publisher", a worker id), or "rank r".
+std::string rank_name(const std::vector<std::string>& names, int r) {
+  return static_cast<size_t>(r) < names.size() && !names[static_cast<size_t>(r)].empty()
+             ? names[static_cast<size_t>(r)]
+             : "rank " + std::to_string(r);
+}
+
 // Two replicas of a region with different bytes, named.
 Status replicas_differ(const UpdatePlan& plan, const std::vector<std::string>& names, const UpdatePlan::Holding& a,
                        const UpdatePlan::Holding& b) {
-  auto name = [&](int r) {
-    return static_cast<size_t>(r) < names.size() && !names[static_cast<size_t>(r)].empty()
-               ? names[static_cast<size_t>(r)]
-               : "rank " + std::to_string(r);
-  };
   const auto& t = plan.tensors[static_cast<size_t>(a.tensor)];
   return invalid_argument("sharded update v" + std::to_string(plan.version) +
-                          ": the many-sender plan has 1 mismatch: tensor '" + t.name + "': " + name(a.rank) + " and " +
-                          name(b.rank) + " hold " + Region{a.offsets, a.lengths}.to_string() +
+                          ": the many-sender plan has 1 mismatch: tensor '" + t.name + "': " + rank_name(names, a.rank) +
+                          " and " + rank_name(names, b.rank) + " hold " + Region{a.offsets, a.lengths}.to_string() +
                           " with different bytes (xxh64 " + digest_hex(*a.digest) + " and " + digest_hex(*b.digest) +
                           "): replicas must hold the same version");
 }
 
-// Replicas (holders of the same region of a tensor) whose digests differ:
-// the check plan_reshard() makes, on its own for a cached plan. The holders
-// with digests are grouped by tensor (a counting sort), and each tensor's
-// boxes sorted among themselves: no allocation per holder.
-Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::string>& names) {
+// Calls `pair(a, b)` for each holder b whose box equals that of an earlier
+// holder a of the same tensor, among the holders `counted` takes, until one
+// fails: a counting sort by tensor, then each tensor's boxes sorted among
+// themselves (no allocation per holder).
+template <class Counted, class Pair>
+Status for_each_replica(const UpdatePlan& plan, Counted counted, Pair pair) {
   const size_t tensors = plan.tensors.size();
-  auto counted = [&](const UpdatePlan::Holding& h) {
-    return h.digest && h.tensor >= 0 && static_cast<size_t>(h.tensor) < tensors;
+  auto taken = [&](const UpdatePlan::Holding& h) {
+    return h.tensor >= 0 && static_cast<size_t>(h.tensor) < tensors && counted(h);
   };
   std::vector<uint32_t> start(tensors + 1, 0);
   for (const auto& h : plan.holders)
-    if (counted(h)) ++start[static_cast<size_t>(h.tensor) + 1];
+    if (taken(h)) ++start[static_cast<size_t>(h.tensor) + 1];
   for (size_t t = 0; t < tensors; ++t) start[t + 1] += start[t];
   std::vector<uint32_t> order(start.back()), next(start.begin(), start.end() - 1);
   for (uint32_t i = 0; i < plan.holders.size(); ++i)
-    if (counted(plan.holders[i])) order[next[static_cast<size_t>(plan.holders[i].tensor)]++] = i;
+    if (taken(plan.holders[i])) order[next[static_cast<size_t>(plan.holders[i].tensor)]++] = i;
   auto box_less = [&](uint32_t a, uint32_t b) {
     const auto &x = plan.holders[a], &y = plan.holders[b];
     return x.offsets != y.offsets ? x.offsets < y.offsets : x.lengths < y.lengths;
@@ -142,11 +145,20 @@ Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::stri
         first = it;
         continue;
       }
-      const auto &a = plan.holders[*first], &b = plan.holders[*it];
-      if (*a.digest != *b.digest) return replicas_differ(plan, names, a, b);
+      if (Status s = pair(plan.holders[*first], plan.holders[*it]); !s.ok()) return s;
     }
   }
   return Status();
+}
+
+// Replicas (holders of the same region of a tensor) whose digests differ:
+// the check plan_reshard() makes, on its own for a cached plan.
+Status check_replica_digests(const UpdatePlan& plan, const std::vector<std::string>& names) {
+  return for_each_replica(
+      plan, [](const UpdatePlan::Holding& h) { return h.digest.has_value(); },
+      [&](const UpdatePlan::Holding& a, const UpdatePlan::Holding& b) {
+        return *a.digest != *b.digest ? replicas_differ(plan, names, a, b) : Status();
+      });
 }
 
 }  // namespace
@@ -181,6 +193,24 @@ std::shared_ptr<const BufferIndex> held_buffers(const ShardedMoves& moves, const
     if (auto it = moves.by_name.find(shards[shard].local.spec.name); it != moves.by_name.end())
       index->add(it->second, static_cast<uint8_t*>(shards[shard].local.data), box);
   return index;
+}
+
+Status check_replicas_digested(const UpdatePlan& plan, const std::vector<std::string>& names) {
+  auto filled = [](const UpdatePlan::Holding& h) {
+    for (int64_t n : h.lengths)
+      if (n <= 0) return false;
+    return true;
+  };
+  return for_each_replica(plan, filled, [&](const UpdatePlan::Holding& a, const UpdatePlan::Holding& b) {
+    if (a.digest && b.digest) return Status();
+    const auto& missing = a.digest ? b : a;
+    const auto& other = a.digest ? a : b;
+    return invalid_argument("sharded update v" + std::to_string(plan.version) + ": tensor '" +
+                            plan.tensors[static_cast<size_t>(a.tensor)].name + "': " + rank_name(names, missing.rank) +
+                            " gave no digest of " + Region{missing.offsets, missing.lengths}.to_string() + ", which " +
+                            rank_name(names, other.rank) + " holds too (data_plane.checksum compares replicas); " +
+                            rank_name(names, missing.rank) + "'s next call states its part whole");
+  });
 }
 
 }  // namespace paramcast::reshard

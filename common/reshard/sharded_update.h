@@ -54,6 +54,13 @@ struct ShardedMoves {
 // without a name are "rank r".
 StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names);
 
+// Where the data plane's checksums are on, every replica (a holder of the
+// same non-empty box of a tensor as another) must come with its digest: a
+// rank by reference digests only the boxes its last plan gave another holder
+// (Holdings.digestBoxes), so a box that a changed part now shares has none.
+// Rank 0's check before the plan goes out; names the holder without one.
+Status check_replicas_digested(const UpdatePlan& plan, const std::vector<std::string>& names);
+
 // A sending rank's buffers (RankBuffers::index): `boxes` (a shard's index
 // in `shards`, the box of its tensor it holds), by the index in the moves'
 // plan of the shard's tensor.
