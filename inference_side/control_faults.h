@@ -31,6 +31,8 @@
 //                                          control plane lets through
 //   PARAMCAST_FAULT_FORGE_PART=S           a trainer rank's Holdings of step S refer to a part it
 //                                          never sent (Holdings.shapeRef of another digest)
+//   PARAMCAST_FAULT_DIGEST_PAST=S          a trainer rank's Holdings of step S by reference carry
+//                                          one digest, of a box past the part's last
 #pragma once
 
 #include <cstdint>
@@ -72,6 +74,7 @@ class ControlFaults {
       f.bloat_step_ = end && *end == ':' ? std::strtoull(end + 1, nullptr, 10) : 0;
     }
     if (const char* forge = std::getenv("PARAMCAST_FAULT_FORGE_PART")) f.forge_step_ = std::strtoull(forge, nullptr, 10);
+    if (const char* past = std::getenv("PARAMCAST_FAULT_DIGEST_PAST")) f.digest_past_step_ = std::strtoull(past, nullptr, 10);
     if (const char* claim = std::getenv("PARAMCAST_FAULT_CLAIM_VERSION")) {
       f.claim_relative_ = claim[0] == '+';
       f.claim_ = std::strtoull(claim + (f.claim_relative_ ? 1 : 0), nullptr, 10);
@@ -105,6 +108,8 @@ class ControlFaults {
   uint64_t bloats_holdings(uint64_t step) const { return step == bloat_step_ ? bloat_tensors_ : 0; }
   // Whether the Holdings of `step` refer to a part never sent (PARAMCAST_FAULT_FORGE_PART).
   bool forges_part(uint64_t step) const { return forge_step_ && step == forge_step_; }
+  // Whether the Holdings of `step` by reference digest a box past the part (PARAMCAST_FAULT_DIGEST_PAST).
+  bool digests_past(uint64_t step) const { return digest_past_step_ && step == digest_past_step_; }
   // Whether to refuse every sharded plan over its slices (PARAMCAST_FAULT_REFUSE_SLICES=1).
   bool refuses_slices() const { return refuse_slices_; }
   // The members this one claims it shed (PARAMCAST_FAULT_CLAIM_SHED).
@@ -125,6 +130,7 @@ class ControlFaults {
   uint64_t bloat_tensors_ = 0;
   uint64_t bloat_step_ = 0;
   uint64_t forge_step_ = 0;
+  uint64_t digest_past_step_ = 0;
   uint64_t claim_ = 0;
   bool claim_relative_ = false;
   std::set<std::string> claim_shed_;

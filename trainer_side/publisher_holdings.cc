@@ -249,9 +249,10 @@ PublisherImpl::SourceHoldings PublisherImpl::held_by_reference(const std::string
   for (unsigned k = 0; k < digests.size(); ++k) {
     const size_t i = boxes.size() ? boxes[k] : k;
     if (i >= held || (k && boxes.size() && i <= boxes[k - 1])) {
-      out.error = call + " by reference names box " + std::to_string(i) + " after box " +
-                  (k ? std::to_string(boxes[k - 1]) : std::string("none")) + " of its " + std::to_string(held) +
-                  " (expected increasing box numbers below " + std::to_string(held) + ")";
+      out.error = call + " by reference digests box " + std::to_string(i) +
+                  (i >= held ? ", past its " + std::to_string(held) + " boxes"
+                             : " after box " + std::to_string(boxes[k - 1]) + " (the boxes increase)") +
+                  "; its next call states its part whole";
       out.digests.clear();
       return out;
     }

@@ -171,39 +171,61 @@ TEST_F(ShardedReplayedHoldingsTest, AnOlderCallsHoldingsNeverReplaceThePendingPa
   for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v4 verified", 20s)) << id << p->output();
 }
 
-// A trainer rank states its part by reference only to the part rank 0
-// keeps from it: trainer-1's step 3 refers to a part it never sent. Rank 0
-// refuses that step before any byte moves, naming the rank and both
-// digests; step 4's part goes whole again, step 5's by reference, and the
-// engines verify every byte of both.
-class ShardedForgedPartTest : public ShardedUpdateTest {
+// trainer-1 under a test hook of its Holdings (PARAMCAST_FAULT_*) at step
+// 3: steps 1-5 with step 3 refused before any byte moves, each of `why`
+// in both calls' reasons; step 4's part goes whole again, step 5's by
+// reference, and the engines verify every byte of both.
+class ShardedHoldingsHookTest : public ShardedUpdateTest {
  protected:
-  void SetUp() override {
-    rank1_env_ = {{"PARAMCAST_FAULT_FORGE_PART", "3"}};
+  void start_with(const std::string& hook) {
+    rank1_env_ = {{hook, "3"}};
     start_cluster("  ranks: 2\n  update_timeout: 10s\n");
+  }
+  void expect_step_3_refused_and_the_next_whole(const std::vector<std::string>& why) {
+    const size_t referred[] = {0, 1, 0, 0, 1};
+    for (uint64_t v = 1; v <= 5; ++v) {
+      auto [r0, r1] = publish_both(v);
+      if (v == 3) {
+        ASSERT_FALSE(r0.ok()) << outputs();
+        ASSERT_FALSE(r1.ok());
+        for (const UpdateResult* r : {&r0, &r1}) {
+          EXPECT_NE(r->status.message().find("before any byte moved"), std::string::npos) << r->status.message();
+          for (const auto& w : why) EXPECT_NE(r->status.message().find(w), std::string::npos) << r->status.message();
+        }
+        continue;
+      }
+      ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+      ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+      EXPECT_EQ(r0.parts_referred, referred[v - 1]) << "v" << v;
+    }
+    for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v5 verified", 20s)) << id << p->output();
   }
 };
 
+// A trainer rank states its part by reference only to the part rank 0
+// keeps from it: trainer-1's step 3 refers to a part it never sent. Rank 0
+// refuses that step, naming the rank and both digests.
+class ShardedForgedPartTest : public ShardedHoldingsHookTest {
+ protected:
+  void SetUp() override { start_with("PARAMCAST_FAULT_FORGE_PART"); }
+};
+
 TEST_F(ShardedForgedPartTest, AReferenceToAPartRankZeroDoesNotKeepIsRefusedNamingTheRankAndTheNextGoesWhole) {
-  const size_t referred[] = {0, 1, 0, 0, 1};
-  for (uint64_t v = 1; v <= 5; ++v) {
-    auto [r0, r1] = publish_both(v);
-    if (v == 3) {
-      ASSERT_FALSE(r0.ok()) << outputs();
-      ASSERT_FALSE(r1.ok());
-      for (const UpdateResult* r : {&r0, &r1}) {
-        const std::string& why = r->status.message();
-        EXPECT_NE(why.find("before any byte moved"), std::string::npos) << why;
-        EXPECT_NE(why.find("trainer-1's part of its call 3 refers to its part "), std::string::npos) << why;
-        EXPECT_NE(why.find("which rank 0 does not keep (it keeps "), std::string::npos) << why;
-      }
-      continue;
-    }
-    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
-    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
-    EXPECT_EQ(r0.parts_referred, referred[v - 1]) << "v" << v;
-  }
-  for (auto& [id, p] : workers_) EXPECT_TRUE(p->wait_for_output("v5 verified", 20s)) << id << p->output();
+  expect_step_3_refused_and_the_next_whole(
+      {"trainer-1's part of its call 3 refers to its part ", "which rank 0 does not keep (it keeps "});
+}
+
+// A part by reference digests boxes of the part only (Holdings.digestBoxes):
+// trainer-1's step 3 digests a box past its part's last. Rank 0 refuses that
+// step, naming the rank and the box, before it reads any box by that number.
+class ShardedDigestPastTest : public ShardedHoldingsHookTest {
+ protected:
+  void SetUp() override { start_with("PARAMCAST_FAULT_DIGEST_PAST"); }
+};
+
+TEST_F(ShardedDigestPastTest, ADigestOfABoxPastThePartIsRefusedNamingTheRankAndTheNextGoesWhole) {
+  expect_step_3_refused_and_the_next_whole(
+      {"trainer-1's part of its call 3 by reference digests box ", " boxes; its next call states its part whole"});
 }
 
 // worker-3, an engine in this process, comes and goes and registers anew
