@@ -214,6 +214,10 @@ auth:
     plans = re.findall(r"; plan: ([^;\n]*)", outs[0])
     if plans:
         print(f"  plan messages: first update {plans[0]}; last {plans[-1]}", flush=True)
+    # The trainer ranks' parts (Holdings), summed: whole on the first update, by reference after.
+    parts = re.findall(r"; trainer ranks' parts: ([^;\n]*)", outs[0])
+    if parts:
+        print(f"  trainer ranks' part messages: first update {parts[0]}; last {parts[-1]}", flush=True)
     if getattr(args, "local", False):
         return times[1:], model[0] if model else 0, plane[1:]
     return times[1:], model[0] if model else 0
