@@ -10,6 +10,17 @@
 
 namespace paramcast::reshard {
 
+namespace {
+
+// Rank r by its name in messages ("publisher", a worker id), or "rank r".
+std::string rank_name(const std::vector<std::string>& names, int r) {
+  return static_cast<size_t>(r) < names.size() && !names[static_cast<size_t>(r)].empty()
+             ? names[static_cast<size_t>(r)]
+             : "rank " + std::to_string(r);
+}
+
+}  // namespace
+
 StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names) {
   const std::string where = "sharded update v" + std::to_string(plan.version);
   if (!plan.sharded) return invalid_argument(where + ": the plan is not sharded");
@@ -18,9 +29,7 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
     RankManifest& m = by_rank[rank];
     if (m.rank < 0) {
       m.rank = rank;
-      m.name = static_cast<size_t>(rank) < names.size() && !names[static_cast<size_t>(rank)].empty()
-                   ? names[static_cast<size_t>(rank)]
-                   : "rank " + std::to_string(rank);
+      m.name = rank_name(names, rank);
       m.tensors = plan.tensors;
     }
     return m;
@@ -95,13 +104,6 @@ std::string shape_of(const UpdatePlan& plan, int world, const std::vector<std::s
   }
   append_sharded_shape(plan, out);
   return out;
-}
-
-// Rank r by its name in messages ("publisher", a worker id), or "rank r".
-std::string rank_name(const std::vector<std::string>& names, int r) {
-  return static_cast<size_t>(r) < names.size() && !names[static_cast<size_t>(r)].empty()
-             ? names[static_cast<size_t>(r)]
-             : "rank " + std::to_string(r);
 }
 
 // Two replicas of a region with different bytes, named.
