@@ -265,6 +265,14 @@ class SubscriberImpl : public control::ControlClient::Listener {
     std::shared_ptr<const reshard::BufferIndex> index;
   };
   WantedIndex wanted_index_;
+  // A trainer rank's buffers for those moves, while its calls hold the same
+  // shards in the same memory (the data thread's).
+  struct HeldIndex {
+    std::shared_ptr<const reshard::ShardedMoves> moves;
+    std::shared_ptr<const std::vector<ShardView>> holdings;
+    std::shared_ptr<const reshard::BufferIndex> index;
+  };
+  HeldIndex held_index_;
   // The moves and registrations check_registrations last passed.
   std::pair<std::shared_ptr<const reshard::ShardedMoves>, std::shared_ptr<const Registered>> registrations_checked_;
   // A trainer rank's baseline: the pieces it sent last and as which

@@ -5,9 +5,11 @@
 #include "common/reshard/executor_host.h"
 #include "common/xxhash.h"
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
+#include <map>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -74,37 +76,57 @@ namespace detail {
 Status HostRun::choose() {
   if (options.sent) options.sent->begin_run();
   schedule_ = schedule();
-  auto with_buffers = [&](const std::vector<Chosen>& chosen, std::vector<Posted>& into) -> Status {
-    into.reserve(chosen.size());
-    for (const Chosen& c : chosen) {
-      auto at = buffer_of(plan, buffers, transfer(c.transfer), rank, found_);
-      if (!at.ok()) return at.status();
-      Posted& p = into.emplace_back();
-      static_cast<Chosen&>(p) = c;
-      p.at = *at;
-    }
-    return Status();
-  };
-  Status s = with_buffers(schedule_->sends, sends_);
-  if (s.ok()) s = with_buffers(schedule_->recvs, recvs_);
-  if (!s.ok()) {
+  auto found = find_buffers();
+  if (!found.ok()) {
     if (options.sent) options.sent->end_run(false);
-    return s;
+    return found.status();
+  }
+  for (auto [chosen, at, into] : {std::tuple{&schedule_->sends, &(*found)->sends, &sends_},
+                                  std::tuple{&schedule_->recvs, &(*found)->recvs, &recvs_}}) {
+    into->resize(chosen->size());
+    for (size_t k = 0; k < chosen->size(); ++k) {
+      static_cast<Chosen&>((*into)[k]) = (*chosen)[k];
+      (*into)[k].at = (*at)[k];
+    }
   }
   auto parts = std::make_shared<std::vector<SmallParts>>(sends_.size() + recvs_.size());
   size_t k = 0;
+  all_.reserve(parts->size());
   for (auto* list : {&sends_, &recvs_})
     for (Posted& p : *list) {
       SmallParts& mine = (*parts)[k++];
       p.sum = std::shared_ptr<uint64_t>(parts, &mine.sum);  // owned by the slab
       p.head = std::shared_ptr<PieceHeader>(parts, &mine.head);
+      all_.push_back(&p);
     }
-  for (auto& p : sends_) all_.push_back(&p);
-  for (auto& p : recvs_) all_.push_back(&p);
   holder_sums_ = by_peer(schedule_->sums_sent);
-  chained_ = schedule_->chained;
-  bundle(schedule_->bundles);
+  chained_ = &schedule_->chained;
+  bundle(*schedule_);
   return Status();
+}
+
+// Each send's and receive's buffer: as the schedule kept them for the
+// run's index, or found piece by piece (and kept, where the run has an index).
+StatusOr<std::shared_ptr<const RankSchedule::Found>> HostRun::find_buffers() const {
+  if (buffers.index) {
+    std::lock_guard<std::mutex> lock(schedule_->found_mu);
+    if (schedule_->found && schedule_->found->index == buffers.index) return schedule_->found;
+  }
+  auto found = std::make_shared<RankSchedule::Found>();
+  found->index = buffers.index;
+  for (auto [chosen, into] : {std::pair{&schedule_->sends, &found->sends}, std::pair{&schedule_->recvs, &found->recvs}}) {
+    into->reserve(chosen->size());
+    for (const Chosen& c : *chosen) {
+      auto at = buffer_of(plan, buffers, transfer(c.transfer), rank, found_);
+      if (!at.ok()) return at.status();
+      into->push_back(*at);
+    }
+  }
+  if (buffers.index) {
+    std::lock_guard<std::mutex> lock(schedule_->found_mu);
+    schedule_->found = found;
+  }
+  return std::shared_ptr<const RankSchedule::Found>(std::move(found));
 }
 
 // The schedule kept for this plan (RunOptions::schedule), or a new one.
@@ -143,7 +165,30 @@ std::shared_ptr<RankSchedule> HostRun::derive_schedule() const {
     s->bundles = plan_bundles(plan, rounds, rank);
     gather_relays(*s);
   }
+  place_pieces(*s);
   return s;
+}
+
+// Where the bundles' pieces and the forwards taken stand in this rank's
+// lists (sends then receives), found once a schedule.
+void HostRun::place_pieces(RankSchedule& s) const {
+  std::unordered_map<size_t, uint32_t> place;  // a transfer -> its place
+  place.reserve(s.sends.size() + s.recvs.size());
+  for (const auto* list : {&s.sends, &s.recvs})
+    for (const Chosen& c : *list) place.emplace(c.transfer, static_cast<uint32_t>(place.size()));
+  for (const Bundle& b : s.bundles)
+    for (size_t i : b.transfers) s.bundled.push_back(place.at(i));
+  if (!checked_) return;
+  std::map<int, RankSchedule::Taken> by_holder;
+  for (uint32_t k = 0; k < s.recvs.size(); ++k) {
+    const size_t i = s.recvs[k].transfer;
+    if (transfer(i).after < 0) continue;
+    RankSchedule::Taken& t = by_holder[holder(i)];
+    t.holder = holder(i);
+    t.forwards.push_back(i);
+    t.at.push_back(k);
+  }
+  for (auto& [holder, t] : by_holder) s.taken.push_back(std::move(t));
 }
 
 // A relay this rank receives comes whole once every forward in it can have
@@ -178,18 +223,16 @@ void HostRun::gather_relays(RankSchedule& s) const {
 // (plan_bundles): each piece points to its bundle's first, which lists
 // them; a received bundle whose pieces all go on to one rank points to the
 // relay that takes them.
-void HostRun::bundle(const std::vector<Bundle>& bundles) {
-  if (bundles.empty()) return;
-  std::unordered_map<size_t, Posted*> by_transfer;
-  by_transfer.reserve(all_.size());
-  for (Posted* p : all_) by_transfer[p->transfer] = p;
+void HostRun::bundle(const RankSchedule& s) {
   std::vector<Posted*> leads;
-  leads.reserve(bundles.size());
-  for (const Bundle& b : bundles) {
-    Posted* lead = leads.emplace_back(by_transfer.at(b.transfers.front()));
+  leads.reserve(s.bundles.size());
+  size_t k = 0;
+  for (const Bundle& b : s.bundles) {
+    Posted* lead = leads.emplace_back(all_[s.bundled[k]]);
     lead->relayed = b.relay;
-    for (size_t i : b.transfers) {
-      Posted* p = by_transfer.at(i);
+    lead->members.reserve(b.transfers.size());
+    for (size_t n = 0; n < b.transfers.size(); ++n) {
+      Posted* p = all_[s.bundled[k++]];
       p->lead = lead;
       lead->members.push_back(p);
     }

@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -89,6 +90,26 @@ struct RankSchedule {
   std::vector<Bundle> bundles;       // dense plans (plan_bundles)
   std::vector<std::pair<int, size_t>> sums_sent;  // checked: (a forward's receiver, the forward) whose holder this rank is
   std::set<size_t> chained;                       // the pieces this rank holds whose chains go on
+  // Each bundle's pieces, bundle after bundle, as places in this rank's
+  // list of sends then receives (bundle()).
+  std::vector<uint32_t> bundled;
+  // Checked: the forwards this rank receives, by their holder (ascending),
+  // each holder's in schedule order with its place in `recvs` (check_forwards).
+  struct Taken {
+    int holder = -1;
+    std::vector<size_t> forwards;
+    std::vector<uint32_t> at;
+  };
+  std::vector<Taken> taken;
+  // Each send's and receive's buffer as an index gave them (find_buffers),
+  // kept while runs of this schedule come with that very index (the same
+  // shards, or the same registrations): no lookup a piece.
+  struct Found {
+    std::shared_ptr<const BufferIndex> index;
+    std::vector<const LocalBuffer*> sends, recvs;
+  };
+  mutable std::mutex found_mu;
+  mutable std::shared_ptr<const Found> found;
 };
 
 class HostRun final : public RankRun {
@@ -108,7 +129,9 @@ class HostRun final : public RankRun {
   std::shared_ptr<const RankSchedule> schedule() const;
   std::shared_ptr<RankSchedule> derive_schedule() const;
   void gather_relays(RankSchedule& s) const;
-  void bundle(const std::vector<Bundle>& bundles);
+  void place_pieces(RankSchedule& s) const;
+  StatusOr<std::shared_ptr<const RankSchedule::Found>> find_buffers() const;
+  void bundle(const RankSchedule& s);
   uint8_t* read(const Posted& p, std::vector<uint8_t>& into) const;
   uint8_t* read_staged(Posted& p) const;  // read, packing into the piece's own staging
 
@@ -163,8 +186,8 @@ class HostRun final : public RankRun {
   // plane serves receives in the order they were posted; a holder waits for
   // its oldest sends before it packs more).
   std::vector<HolderSums> holder_sums_;  // sent, by the forwards' receiver
-  std::vector<HolderSums> taken_;        // taken, by holder (check_forwards)
-  std::set<size_t> chained_;  // the pieces this rank holds whose chains go on (their hashes are sent)
+  std::vector<HolderSums> taken_;        // taken, one per the schedule's `taken` (check_forwards)
+  const std::set<size_t>* chained_ = nullptr;  // the pieces this rank holds whose chains go on (their hashes are sent)
   // A delta plan's pieces encoded by this run: a piece sent twice is
   // encoded once (the baseline moved with the first), and its encoding is
   // kept until its last send is posted.

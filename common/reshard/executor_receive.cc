@@ -239,15 +239,13 @@ void HostRun::send_relay(Posted& source) {
 Status HostRun::check_forwards() {
   if (!checked_) return Status();
   if (Status s = take_holder_sums(); !s.ok()) return s;
-  std::unordered_map<size_t, const Posted*> received;  // the forwards, by index
-  received.reserve(recvs_.size());
-  for (const auto& p : recvs_)
-    if (transfer(p.transfer).after >= 0) received[p.transfer] = &p;
   std::vector<uint8_t> packed;
-  for (const HolderSums& h : taken_) {
-    if (Status s = h.work->wait(deadline); !s.ok()) return fail(h.forwards.front(), s);
-    for (size_t k = 0; k < h.forwards.size(); ++k) {
-      const Posted& p = *received.at(h.forwards[k]);
+  for (size_t j = 0; j < taken_.size(); ++j) {
+    const HolderSums& h = taken_[j];
+    const RankSchedule::Taken& t = schedule_->taken[j];
+    if (Status s = h.work->wait(deadline); !s.ok()) return fail(t.forwards.front(), s);
+    for (size_t k = 0; k < t.at.size(); ++k) {
+      const Posted& p = recvs_[t.at[k]];
       if (Status s = verify(p, read(p, packed), (*h.sums)[k], "landed"); !s.ok()) return fail(p.transfer, s);
     }
   }
@@ -257,14 +255,14 @@ Status HostRun::check_forwards() {
 // The holders' hashes of the forwards this rank received: one receive from
 // each holder, the forwards in schedule order.
 Status HostRun::take_holder_sums() {
-  std::vector<std::pair<int, size_t>> taken;  // (the piece's holder, the forward)
-  for (const auto& p : recvs_)
-    if (transfer(p.transfer).after >= 0) taken.emplace_back(holder(p.transfer), p.transfer);
-  taken_ = by_peer(taken);
-  for (HolderSums& h : taken_) {
-    h.sums->resize(h.forwards.size());
+  taken_.resize(schedule_->taken.size());
+  for (size_t j = 0; j < taken_.size(); ++j) {
+    const RankSchedule::Taken& t = schedule_->taken[j];
+    HolderSums& h = taken_[j];
+    h.peer = t.holder;
+    h.sums->resize(t.forwards.size());
     h.work = comm.recv(h.sums->data(), h.sums->size() * sizeof(uint64_t), h.peer,
-                       static_cast<uint32_t>(h.forwards.front()) | kChecksumTag);
+                       static_cast<uint32_t>(t.forwards.front()) | kChecksumTag);
     ++stats.messages;
   }
   return Status();

@@ -19,8 +19,9 @@ uint64_t held_by(const Posted& q) {
 // forward waits for the receive that brings its bytes: relay); a rank that
 // only sends holds at most staging_limit of packed pieces and encodings.
 Status HostRun::send_held() {
-  for (const auto& p : sends_)
-    if (transfer(p.transfer).after < 0) ++sends_left_[key(p)];
+  if (delta_)  // a piece sent twice keeps its encoding until its last send
+    for (const auto& p : sends_)
+      if (transfer(p.transfer).after < 0) ++sends_left_[key(p)];
   for (auto& p : sends_) {
     const Transfer& x = transfer(p.transfer);
     if (x.after >= 0) {
@@ -39,7 +40,7 @@ Status HostRun::send_held() {
     else
       read_dense(p);  // read (or pack)
     post(p);          // post (dense: then its hash)
-    --sends_left_[key(p)];
+    if (delta_) --sends_left_[key(p)];
     if (const uint64_t h = held_by(p); h > 0) {
       held_ += h;
       holding_.push_back(&p);
@@ -98,7 +99,7 @@ Status HostRun::send_bundle(Posted& lead) {
     at += x.bytes;
     record(x, m->bytes);
     ++stats.dense;
-    if (options.checksums && chained_.count(m->transfer)) note_held_hash(m->transfer, xxh64(m->bytes, x.bytes));
+    if (options.checksums && chained_->count(m->transfer)) note_held_hash(m->transfer, xxh64(m->bytes, x.bytes));
   }
   const Transfer& first = transfer(lead.transfer);
   const uint32_t tag = static_cast<uint32_t>(lead.transfer);
