@@ -269,7 +269,7 @@ Status PublisherImpl::sharded_shape(const ShardedCall& c, UpdatePlan& shape,
   const auto& wants = c.wants;
   std::map<std::string, std::pair<size_t, std::string>> index;
   firsts = {0};
-  Status held = add_holdings("publisher", 0, 0, c.own.specs, c.own.holds, c.own.digests, shape, index);
+  Status held = add_holdings("publisher", 0, 0, c.own.shape->specs, c.own.shape->holds, c.own.digests, shape, index);
   for (size_t i = 0; i < group.size() && held.ok(); ++i) {
     auto it = taken.find(group[i]);
     if (it == taken.end()) continue;
@@ -337,7 +337,7 @@ StatusOr<UpdatePlan> PublisherImpl::sharded_plan(ShardedCall& c) {
 // each trainer rank's part and each engine's Wants (the objects rank 0
 // read: a new message is a new input, even if it states the same).
 PublisherImpl::PlanInputs PublisherImpl::plan_inputs(const ShardedCall& c) const {
-  PlanInputs in{c.group, c.own.digest, {}, {}, c.options.partial};
+  PlanInputs in{c.group, c.own.shape->digest, {}, {}, c.options.partial};
   for (const auto& id : c.group) {
     auto t = c.taken.find(id);
     auto w = c.wants.find(id);

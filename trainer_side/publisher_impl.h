@@ -128,13 +128,18 @@ class PublisherImpl : public control::ControlServer::Listener {
   UpdateResult weight_update(const std::vector<TensorView>& tensors, const UpdateOptions& options);
   // Many-sender updates (publisher_sharded.cc).
   UpdateResult weight_update_sharded(const std::vector<ShardView>& shards, const UpdateOptions& options);
-  // This rank's shards as the plan states them: each shard's full tensor,
-  // its box, and (with checksums) the box's xxh64.
-  struct OwnPart {
+  // This rank's shards as the plan states them: each shard's full tensor
+  // and its box (the same for every call that holds the same part), and
+  // (with checksums) each box's xxh64 in this call.
+  struct OwnShape {
     std::vector<TensorSpec> specs;
     std::vector<std::pair<uint32_t, reshard::Region>> holds;  // shard index, its box
-    std::map<size_t, uint64_t> digests;                       // index in holds -> xxh64
     uint64_t digest = 0;                                      // HeldShapeDigest of specs and holds
+    bool stated_by(const std::vector<ShardView>& shards) const;
+  };
+  struct OwnPart {
+    std::shared_ptr<const OwnShape> shape;
+    std::map<size_t, uint64_t> digests;  // index in holds -> xxh64
   };
   // What a sharded plan is made from, by identity: the same inputs as the
   // last plan's make no plan (only its version, seqs and digests anew).
@@ -169,13 +174,14 @@ class PublisherImpl : public control::ControlServer::Listener {
   Status transform_own(const std::vector<ShardView>& shards, const std::vector<transform::Rule>& rules,
                        const UpdateOptions& options, transform::TransformedShards& wire, UpdateResult& r);
   Status state_own_part(const std::vector<ShardView>& sent, OwnPart& own);
+  static StatusOr<std::shared_ptr<const OwnShape>> state_own_shape(const std::vector<ShardView>& sent);
   Status take_parts(ShardedCall& c);
   StatusOr<UpdatePlan> sharded_plan(ShardedCall& c);
   Status plan_version(size_t tensors, const UpdateOptions& options, UpdateResult& r);
   PlanInputs plan_inputs(const ShardedCall& c) const;
   std::string plan_change(const PlanInputs& now) const;
   StatusOr<UpdatePlan> plan_from_kept(ShardedCall& c);
-  void run_sharded(ShardedCall& c, UpdatePlan& plan, const reshard::ShardedMoves& moves,
+  void run_sharded(ShardedCall& c, UpdatePlan& plan, const std::shared_ptr<const reshard::ShardedMoves>& moves,
                    const std::vector<ShardView>& sent);
   UpdateResult refuse_sharded(ShardedCall& c, const Status& why);
   UpdateResult finish_sharded(ShardedCall& c, const Status& status);
@@ -331,9 +337,12 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Test hook (PARAMCAST_FAULT_PAUSE_BEFORE_PLAN): an update of `version`
   // pauses after its group was checked and before its plan goes out.
   void pause_before_plan(uint64_t version) const;
-  Status move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves, const std::vector<ShardView>& shards,
-                      const std::vector<std::pair<uint32_t, reshard::Region>>& boxes, void* after_stream,
-                      UpdateResult& r);
+  std::shared_ptr<const reshard::BufferIndex> held_index(const reshard::ShardedMoves& moves,
+                                                          const std::vector<ShardView>& shards, const OwnPart& own);
+  Status move_sharded(const UpdatePlan& plan, const std::shared_ptr<const reshard::ShardedMoves>& moves,
+                      const std::vector<ShardView>& shards, const OwnPart& own, void* after_stream, UpdateResult& r);
+  std::shared_ptr<const reshard::BufferIndex> held_index(const std::shared_ptr<const reshard::ShardedMoves>& moves,
+                                                          const std::vector<ShardView>& shards, const OwnPart& own);
   void on_heartbeat(const std::string& id);
   bool is_live(const std::string& id) const { return server_.is_live(id); }
   std::string silence() const;
@@ -414,6 +423,16 @@ class PublisherImpl : public control::ControlServer::Listener {
   // update thread's, under the update lock).
   reshard::ShardedMovesCache sharded_cache_;
   std::optional<KeptPlan> kept_plan_;  // the last sharded plan whose moves were found (update thread)
+  std::shared_ptr<const OwnShape> own_shape_;  // this rank's part as its last call stated it (update thread)
+  // Rank 0's buffers for the last moves: while the moves, its part and
+  // its shards' addresses are the same (update thread).
+  struct HeldIndex {
+    std::shared_ptr<const reshard::ShardedMoves> moves;
+    std::shared_ptr<const OwnShape> shape;
+    std::vector<const void*> data;
+    std::shared_ptr<const reshard::BufferIndex> index;
+  };
+  HeldIndex held_index_;
   // Steps this rank refused before their plan (mu_): why, and the trainer
   // ranks whose call for it was ended. A rank whose part arrives after the
   // refusal is ended at once with the reason, not at its own timeout; its

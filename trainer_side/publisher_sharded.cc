@@ -153,7 +153,7 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (!moves.ok()) return refuse_sharded(c, moves.status().with_context("refused before any byte moved"));
   if (c.made) kept_plan_ = std::move(c.made);
   note_plan_shape(*plan, sharded_cache_.last_was_cached());
-  run_sharded(c, *plan, **moves, sent);
+  run_sharded(c, *plan, *moves, sent);
   // Failed for good (a plan abandoned for a dense try of the same version
   // is not): every partner call ends now, also that of a trainer rank that
   // never started its part (its Commit was lost) or is stalled in it (it
@@ -211,35 +211,73 @@ Status PublisherImpl::transform_own(const std::vector<ShardView>& shards, const 
 }
 
 // This rank's own shards as the plan states them: on the publisher's
-// device, each a box inside its tensor; with checksums, each box's xxh64
-// (compared with its replicas' on other ranks).
+// device, each a box inside its tensor (the last call's statement while
+// the shards are the same tensors' same boxes); with checksums, each box's
+// xxh64 (compared with its replicas' on other ranks).
 Status PublisherImpl::state_own_part(const std::vector<ShardView>& sent, OwnPart& own) {
+  if (!own_shape_ || !own_shape_->stated_by(sent)) {
+    auto shape = state_own_shape(sent);
+    if (!shape.ok()) return shape.status();
+    own_shape_ = std::move(*shape);
+  }
+  own.shape = own_shape_;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const ShardView& s = sent[i];
+    const reshard::Region& box = own.shape->holds[i].second;
+    std::string bad;
+    if (s.local.device != cfg_.publisher.device)
+      bad = "is on " + s.local.device.to_string() + ", not on publisher.device " + cfg_.publisher.device.to_string();
+    else if (!box.empty() && !s.local.data) bad = "has no data pointer";
+    if (!bad.empty()) return invalid_argument("shard of '" + s.local.spec.name + "' " + bad);
+    if (cfg_.data_plane.checksum == Checksum::kNone || box.empty()) continue;
+    auto digest = reshard::holding_digest(s.local.data, box.elements() * dtype_size(s.local.spec.dtype),
+                                          s.local.device, mem_.get());
+    if (!digest.ok()) return digest.status().with_context("shard of '" + s.local.spec.name + "'");
+    own.digests[i] = *digest;
+  }
+  return Status();
+}
+
+// Each shard's full tensor and box, each box inside its tensor.
+StatusOr<std::shared_ptr<const PublisherImpl::OwnShape>> PublisherImpl::state_own_shape(
+    const std::vector<ShardView>& sent) {
+  auto own = std::make_shared<OwnShape>();
+  own->specs.reserve(sent.size());
+  own->holds.reserve(sent.size());
   for (size_t i = 0; i < sent.size(); ++i) {
     const ShardView& s = sent[i];
     TensorSpec full = s.local.spec;
     if (!s.full_shape.empty()) full.shape = s.full_shape;
     reshard::Region box{s.offsets.empty() ? std::vector<int64_t>(full.shape.size(), 0) : s.offsets,
                         s.local.spec.shape};
-    std::string bad;
-    if (s.local.device != cfg_.publisher.device)
-      bad = "is on " + s.local.device.to_string() + ", not on publisher.device " + cfg_.publisher.device.to_string();
-    else if (!box.inside(full.shape)) bad = box.to_string() + " is not inside its shape " + full.type_string();
-    else if (!box.empty() && !s.local.data) bad = "has no data pointer";
-    if (!bad.empty()) return invalid_argument("shard of '" + s.local.spec.name + "' " + bad);
-    own.specs.push_back(full);
-    if (cfg_.data_plane.checksum != Checksum::kNone && !box.empty()) {
-      auto digest = reshard::holding_digest(s.local.data, static_cast<uint64_t>(box.elements()) * dtype_size(full.dtype),
-                                            s.local.device, mem_.get());
-      if (!digest.ok()) return digest.status().with_context("shard of '" + s.local.spec.name + "'");
-      own.digests[own.holds.size()] = *digest;
-    }
-    own.holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
+    if (!box.inside(full.shape))
+      return invalid_argument("shard of '" + s.local.spec.name + "' " + box.to_string() +
+                              " is not inside its shape " + full.type_string());
+    own->specs.push_back(std::move(full));
+    own->holds.emplace_back(static_cast<uint32_t>(i), std::move(box));
   }
   HeldShapeDigest named;
-  for (const auto& t : own.specs) named.tensor(t.name, t.dtype, t.shape);
-  for (const auto& [t, box] : own.holds) named.box(t, box.offsets, box.lengths);
-  own.digest = named.digest();
-  return Status();
+  for (const auto& t : own->specs) named.tensor(t.name, t.dtype, t.shape);
+  for (const auto& [t, box] : own->holds) named.box(t, box.offsets, box.lengths);
+  own->digest = named.digest();
+  return std::shared_ptr<const OwnShape>(std::move(own));
+}
+
+// `shards` are the tensors and boxes this part states, in its order.
+bool PublisherImpl::OwnShape::stated_by(const std::vector<ShardView>& shards) const {
+  if (shards.size() != specs.size()) return false;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardView& s = shards[i];
+    const TensorSpec& t = specs[i];
+    const reshard::Region& box = holds[i].second;
+    if (s.local.spec.name != t.name || s.local.spec.dtype != t.dtype || s.local.spec.shape != box.lengths ||
+        (s.full_shape.empty() ? s.local.spec.shape : s.full_shape) != t.shape)
+      return false;
+    if (s.offsets.empty() ? std::any_of(box.offsets.begin(), box.offsets.end(), [](int64_t o) { return o != 0; })
+                          : s.offsets != box.offsets)
+      return false;
+  }
+  return true;
 }
 
 // Whatever ends a call before its plan went out ends the partner calls
@@ -351,12 +389,13 @@ void PublisherImpl::note_plan_shape(const UpdatePlan& plan, bool same_as_last) {
 // update's, where the shape is the same: tensors, regions, ranks; the
 // replicas' digests compared afresh): delta or dense, plan and answers,
 // rank 0's own transfers, Applied.
-void PublisherImpl::run_sharded(ShardedCall& c, UpdatePlan& plan, const reshard::ShardedMoves& moves,
+void PublisherImpl::run_sharded(ShardedCall& c, UpdatePlan& plan,
+                                const std::shared_ptr<const reshard::ShardedMoves>& moves,
                                 const std::vector<ShardView>& sent) {
   pause_before_plan(plan.version);
   decide_sharded_delta(plan, c.group, c.r);
   if (plan_round(plan, c.r)) {
-    Status data = move_sharded(plan, moves, sent, c.own.holds, c.options.after_stream, c.r);
+    Status data = move_sharded(plan, moves, sent, c.own, c.options.after_stream, c.r);
     collect_applied(plan, data, c.r);
     // What crossed the data plane: every engine's received bytes (its
     // encodings, in a delta), as each reported them.
@@ -373,13 +412,12 @@ void PublisherImpl::run_sharded(ShardedCall& c, UpdatePlan& plan, const reshard:
 }
 
 // Rank 0's transfers of a sharded update (its shards to the engines).
-Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::ShardedMoves& moves,
-                                   const std::vector<ShardView>& shards,
-                                   const std::vector<std::pair<uint32_t, reshard::Region>>& boxes,
-                                   void* after_stream, UpdateResult& r) {
+Status PublisherImpl::move_sharded(const UpdatePlan& plan, const std::shared_ptr<const reshard::ShardedMoves>& moves,
+                                   const std::vector<ShardView>& shards, const OwnPart& own, void* after_stream,
+                                   UpdateResult& r) {
   MoveState m = start_move();
   reshard::RankBuffers buffers;
-  buffers.index = reshard::held_buffers(moves, shards, boxes);
+  buffers.index = held_index(moves, shards, own);
   reshard::RunOptions run;
   run.checksums = plan.checksum != Checksum::kNone;
   run.delta_base = plan.delta_base;
@@ -394,11 +432,24 @@ Status PublisherImpl::move_sharded(const UpdatePlan& plan, const reshard::Sharde
   if (run.memory) data = comm_->order_after(after_stream);
   reshard::RunOptions::Stats stats;
   run.stats = &stats;
-  run.schedule = &moves.schedule;  // kept with the moves for the next update of the same shape
-  if (data.ok()) data = reshard::run_reshard(moves.plan, moves.rounds, 0, *comm_, buffers, cap_, run);
+  run.schedule = &moves->schedule;  // kept with the moves for the next update of the same shape
+  if (data.ok()) data = reshard::run_reshard(moves->plan, moves->rounds, 0, *comm_, buffers, cap_, run);
   m.sent = stats.wire_sent;
   r.delta = plan.delta_base != 0;
   return end_move(plan, m, data);
+}
+
+// Rank 0's buffer of each piece it sends: the last update's index while the
+// moves, its part and its shards' addresses are the same.
+std::shared_ptr<const reshard::BufferIndex> PublisherImpl::held_index(
+    const std::shared_ptr<const reshard::ShardedMoves>& moves, const std::vector<ShardView>& shards,
+    const OwnPart& own) {
+  std::vector<const void*> data(shards.size());
+  for (size_t i = 0; i < shards.size(); ++i) data[i] = shards[i].local.data;
+  if (held_index_.moves == moves && held_index_.shape == own.shape && held_index_.data == data)
+    return held_index_.index;
+  held_index_ = {moves, own.shape, std::move(data), reshard::held_buffers(*moves, shards, own.shape->holds)};
+  return held_index_.index;
 }
 
 }  // namespace paramcast
