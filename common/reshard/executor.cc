@@ -17,6 +17,12 @@ namespace paramcast::reshard {
 
 void copy_region(const uint8_t* src, const Region& from, uint8_t* dst, const Region& to, const Region& region,
                  size_t element) {
+  if (region.empty()) return;
+  if (const auto f = contiguous_at(from, region, element))  // back to back at both ends: one copy
+    if (const auto t = contiguous_at(to, region, element)) {
+      std::memcpy(dst + *t, src + *f, region.elements() * element);
+      return;
+    }
   for_each_run(from, to, region, element,
                [&](uint64_t f, uint64_t t, size_t bytes) { std::memcpy(dst + t, src + f, bytes); });
 }
@@ -178,6 +184,20 @@ void HostRun::place_pieces(RankSchedule& s) const {
     for (const Chosen& c : *list) place.emplace(c.transfer, static_cast<uint32_t>(place.size()));
   for (const Bundle& b : s.bundles)
     for (size_t i : b.transfers) s.bundled.push_back(place.at(i));
+  // A forward whose bytes this rank never receives is never sent (account names it).
+  auto brought_by = [&](const Chosen& f) -> long {
+    const long after = transfer(f.transfer).after;
+    const auto it = after < 0 ? place.end() : place.find(static_cast<size_t>(after));
+    return it == place.end() || it->second < s.sends.size() ? -1 : static_cast<long>(it->second - s.sends.size());
+  };
+  s.forward_begin.assign(s.recvs.size() + 1, 0);
+  for (const Chosen& f : s.sends)
+    if (const long k = brought_by(f); k >= 0) ++s.forward_begin[static_cast<size_t>(k) + 1];
+  for (size_t k = 0; k < s.recvs.size(); ++k) s.forward_begin[k + 1] += s.forward_begin[k];
+  s.forwarded.resize(s.forward_begin.back());
+  std::vector<uint32_t> next(s.forward_begin.begin(), s.forward_begin.end() - 1);
+  for (uint32_t j = 0; j < s.sends.size(); ++j)
+    if (const long k = brought_by(s.sends[j]); k >= 0) s.forwarded[next[static_cast<size_t>(k)]++] = j;
   if (!checked_) return;
   std::map<int, RankSchedule::Taken> by_holder;
   for (uint32_t k = 0; k < s.recvs.size(); ++k) {

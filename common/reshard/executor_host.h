@@ -93,6 +93,9 @@ struct RankSchedule {
   // Each bundle's pieces, bundle after bundle, as places in this rank's
   // list of sends then receives (bundle()).
   std::vector<uint32_t> bundled;
+  // The forwards each receive brings the bytes of: receive k's are the sends
+  // at forwarded[forward_begin[k] .. forward_begin[k + 1]), in schedule order.
+  std::vector<uint32_t> forward_begin, forwarded;
   // Checked: the forwards this rank receives, by their holder (ascending),
   // each holder's in schedule order with its place in `recvs` (check_forwards).
   struct Taken {
@@ -159,7 +162,7 @@ class HostRun final : public RankRun {
   Status receive(size_t piece) override;
   StatusOr<const uint8_t*> check_decode(Posted& p);
   void place(const Posted& p, const uint8_t* bytes) const;
-  void relay(Posted& p);
+  void relay(size_t piece);
   void send_relay(Posted& source);
   Status end_batch(size_t, size_t) override { return Status(); }
   Status check_forwards() override;
@@ -178,7 +181,6 @@ class HostRun final : public RankRun {
   // so pointers into them stay.
   std::vector<Posted> sends_, recvs_;
   std::vector<Posted*> all_;
-  std::unordered_map<size_t, std::vector<Posted*>> forwards_;  // by the transfer that brings their bytes
   // The hashes this rank sends as a holder, in schedule order, once all its
   // own sends are posted; each rank takes them after all its moves landed,
   // in the same order, and checks the forwards it received then. Last on

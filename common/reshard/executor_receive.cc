@@ -147,7 +147,7 @@ Status HostRun::receive(size_t piece) {
   if (!now.ok()) return fail(p.transfer, now.status());
   if (!delta_) count_received(p.wire);
   place(p, *now);
-  relay(p);
+  relay(piece);
   if (p.lead && &p == p.lead->members.back())  // a bundle all placed: its staging goes
     for (Posted* m : p.lead->members) m->staging.reset();
   return Status();
@@ -202,11 +202,11 @@ void HostRun::place(const Posted& p, const uint8_t* bytes) const {
 // plan its header and wire bytes as they came (its receiver holds the same
 // base), else from where it was placed; a bundle's pieces that all go on
 // to one rank, as one relay once the last of them is placed.
-void HostRun::relay(Posted& p) {
+void HostRun::relay(size_t piece) {
+  Posted& p = recvs_[piece];
   if (p.lead && p.lead->relay && &p == p.lead->members.back()) send_relay(*p.lead);
-  const auto forwards = forwards_.find(p.transfer);
-  if (forwards == forwards_.end()) return;
-  for (Posted* f : forwards->second) {
+  for (uint32_t k = schedule_->forward_begin[piece]; k < schedule_->forward_begin[piece + 1]; ++k) {
+    Posted* f = &sends_[schedule_->forwarded[k]];
     if (f->lead) continue;  // in a relay
     if (delta_) {
       *f->head = *p.head;

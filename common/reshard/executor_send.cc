@@ -24,10 +24,7 @@ Status HostRun::send_held() {
       if (transfer(p.transfer).after < 0) ++sends_left_[key(p)];
   for (auto& p : sends_) {
     const Transfer& x = transfer(p.transfer);
-    if (x.after >= 0) {
-      forwards_[static_cast<size_t>(x.after)].push_back(&p);
-      continue;
-    }
+    if (x.after >= 0) continue;  // goes once its bytes came (relay)
     if (p.lead) {  // a bundle goes out whole at its first piece
       if (p.lead == &p)
         if (Status s = send_bundle(p); !s.ok()) return s;

@@ -119,15 +119,20 @@ std::vector<Region> subtract(const Region& a, const Region& b) {
 
 namespace {
 
-// Row-major strides (in elements) of a buffer holding `box`.
-std::vector<uint64_t> strides(const Region& box) {
-  std::vector<uint64_t> s(box.rank(), 1);
-  for (size_t d = box.rank(); d-- > 1;) s[d - 1] = s[d] * static_cast<uint64_t>(box.lengths[d]);
-  return s;
+// Up to this many dimensions, a walk keeps its strides and place on the
+// stack (no allocation a piece); more go on the heap.
+constexpr size_t kInlineRank = 8;
+
+// Row-major strides (in elements) of a buffer holding `box`, into `s`.
+void strides(const Region& box, uint64_t* s) {
+  const size_t n = box.rank();
+  if (n == 0) return;
+  s[n - 1] = 1;
+  for (size_t d = n; d-- > 1;) s[d - 1] = s[d] * static_cast<uint64_t>(box.lengths[d]);
 }
 
 // Element offset of `at` (global indices) in a buffer holding `box`.
-uint64_t offset_of(const Region& box, const std::vector<uint64_t>& stride, const std::vector<int64_t>& at) {
+uint64_t offset_of(const Region& box, const uint64_t* stride, const int64_t* at) {
   uint64_t o = 0;
   for (size_t d = 0; d < box.rank(); ++d) o += static_cast<uint64_t>(at[d] - box.offsets[d]) * stride[d];
   return o;
@@ -140,20 +145,40 @@ std::optional<uint64_t> contiguous_at(const Region& box, const Region& region, s
   while (d < region.rank() && region.lengths[d] == 1) ++d;
   for (size_t e = d + 1; e < region.rank(); ++e)
     if (region.offsets[e] != box.offsets[e] || region.lengths[e] != box.lengths[e]) return std::nullopt;
-  return offset_of(box, strides(box), region.offsets) * element;
+  uint64_t at = 0, stride = 1;
+  for (size_t e = box.rank(); e-- > 0;) {
+    at += static_cast<uint64_t>(region.offsets[e] - box.offsets[e]) * stride;
+    stride *= static_cast<uint64_t>(box.lengths[e]);
+  }
+  return at * element;
 }
 
 void for_each_run(const Region& from, const Region& to, const Region& region, size_t element,
                   const std::function<void(uint64_t, uint64_t, size_t)>& run) {
   if (region.empty()) return;
-  if (region.rank() == 0) {
+  const size_t n = region.rank();
+  if (n == 0) {
     run(0, 0, element);
     return;
   }
-  const auto sf = strides(from), st = strides(to);
-  const size_t last = region.rank() - 1;
+  uint64_t inline_strides[2 * kInlineRank];
+  int64_t inline_at[kInlineRank];
+  std::vector<uint64_t> heap_strides;
+  std::vector<int64_t> heap_at;
+  uint64_t* sf = inline_strides;
+  int64_t* at = inline_at;  // the first element of the current run
+  if (n > kInlineRank) {
+    heap_strides.resize(2 * n);
+    heap_at.resize(n);
+    sf = heap_strides.data();
+    at = heap_at.data();
+  }
+  uint64_t* st = sf + n;
+  strides(from, sf);
+  strides(to, st);
+  std::copy(region.offsets.begin(), region.offsets.end(), at);
+  const size_t last = n - 1;
   const size_t bytes = static_cast<size_t>(region.lengths[last]) * element;
-  std::vector<int64_t> at = region.offsets;  // the first element of the current run
   for (;;) {
     run(offset_of(from, sf, at) * element, offset_of(to, st, at) * element, bytes);
     // Next run: count up the dimensions before the last, like an odometer.
