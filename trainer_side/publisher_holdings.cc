@@ -363,9 +363,9 @@ std::string PublisherImpl::plan_change(const PlanInputs& now) const {
 // digests of this call (rank 0's own, then each trainer rank's in group
 // order, as sharded_shape laid them out).
 StatusOr<UpdatePlan> PublisherImpl::plan_from_kept(ShardedCall& c) {
-  const KeptPlan& kept = *kept_plan_;
+  KeptPlan& kept = *kept_plan_;
   if (Status s = plan_version(kept.plan.tensors.size(), c.options, c.r); !s.ok()) return s;
-  UpdatePlan plan = kept.plan;
+  UpdatePlan plan = std::move(kept.plan);  // lent for the call (weight_update_sharded gives it back)
   plan.version = c.r.version;
   last_version_ = c.r.version;
   c.r.bytes = plan.total_bytes;

@@ -153,7 +153,10 @@ class PublisherImpl : public control::ControlServer::Listener {
   };
   struct KeptPlan {
     PlanInputs inputs;
-    UpdatePlan plan;             // as made, before any round changed it
+    // As made; lent to each call of the same inputs (plan_from_kept) and
+    // given back when it ends: its version, delta base and the holders'
+    // seqs and digests are each call's, all set anew by the next.
+    UpdatePlan plan;
     std::vector<size_t> firsts;  // where each holding rank's holders begin in plan.holders, rank 0 first
   };
   // One weight_update_sharded call, as its steps pass it on.
@@ -181,6 +184,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   PlanInputs plan_inputs(const ShardedCall& c) const;
   std::string plan_change(const PlanInputs& now) const;
   StatusOr<UpdatePlan> plan_from_kept(ShardedCall& c);
+  UpdateResult run_planned(ShardedCall& c, UpdatePlan& plan, const std::vector<ShardView>& sent);
   void run_sharded(ShardedCall& c, UpdatePlan& plan, const std::shared_ptr<const reshard::ShardedMoves>& moves,
                    const std::vector<ShardView>& sent);
   UpdateResult refuse_sharded(ShardedCall& c, const Status& why);

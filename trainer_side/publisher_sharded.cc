@@ -146,14 +146,21 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (Status s = take_parts(c); !s.ok()) return refuse_sharded(c, s);
   auto plan = sharded_plan(c);
   if (!plan.ok()) return refuse_sharded(c, plan.status());
+  UpdateResult r = run_planned(c, *plan, sent);
+  if (c.from_kept && kept_plan_) kept_plan_->plan = std::move(*plan);  // lent by plan_from_kept: back
+  return r;
+}
+
+// The call's plan checked, its moves found, its rounds run.
+UpdateResult PublisherImpl::run_planned(ShardedCall& c, UpdatePlan& plan, const std::vector<ShardView>& sent) {
   if (cfg_.data_plane.checksum != Checksum::kNone)
-    if (Status s = reshard::check_replicas_digested(*plan, rank_names(c.group)); !s.ok())
+    if (Status s = reshard::check_replicas_digested(plan, rank_names(c.group)); !s.ok())
       return refuse_sharded(c, s.with_context("refused before any byte moved"));
-  auto moves = sharded_cache_.moves(*plan, static_cast<int>(c.group.size() + 1), rank_names(c.group), {c.from_kept, 0});
+  auto moves = sharded_cache_.moves(plan, static_cast<int>(c.group.size() + 1), rank_names(c.group), {c.from_kept, 0});
   if (!moves.ok()) return refuse_sharded(c, moves.status().with_context("refused before any byte moved"));
   if (c.made) kept_plan_ = std::move(c.made);
-  note_plan_shape(*plan, sharded_cache_.last_was_cached());
-  run_sharded(c, *plan, *moves, sent);
+  note_plan_shape(plan, sharded_cache_.last_was_cached());
+  run_sharded(c, plan, *moves, sent);
   // Failed for good (a plan abandoned for a dense try of the same version
   // is not): every partner call ends now, also that of a trainer rank that
   // never started its part (its Commit was lost) or is stalled in it (it
