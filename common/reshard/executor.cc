@@ -105,8 +105,7 @@ Status HostRun::choose() {
       p.head = std::shared_ptr<PieceHeader>(parts, &mine.head);
       all_.push_back(&p);
     }
-  holder_sums_ = by_peer(schedule_->sums_sent);
-  chained_ = &schedule_->chained;
+  if (checked_) held_sums_.assign(sends_.size(), 0);
   bundle(*schedule_);
   return Status();
 }
@@ -162,11 +161,6 @@ std::shared_ptr<RankSchedule> HostRun::derive_schedule() const {
       const Transfer& x = plan.transfers[i];
       if (x.from == rank || x.to == rank) (x.from == rank ? s->sends : s->recvs).push_back(Chosen{i, k, {}});
     }
-  if (checked_)
-    for (size_t i : hashed_forwards(/*sends=*/true, /*takes=*/false)) {
-      s->sums_sent.emplace_back(transfer(i).to, i);
-      s->chained.insert(chain_start(plan, i));
-    }
   if (!delta_) {
     s->bundles = plan_bundles(plan, rounds, rank);
     gather_relays(*s);
@@ -199,6 +193,17 @@ void HostRun::place_pieces(RankSchedule& s) const {
   for (uint32_t j = 0; j < s.sends.size(); ++j)
     if (const long k = brought_by(s.sends[j]); k >= 0) s.forwarded[next[static_cast<size_t>(k)]++] = j;
   if (!checked_) return;
+  s.chained.assign(s.sends.size(), false);
+  std::map<int, RankSchedule::Sums> by_peer;
+  for (size_t i : hashed_forwards(/*sends=*/true, /*takes=*/false)) {
+    const uint32_t from = place.at(chain_start(plan, i));  // a piece this rank holds: one of its sends
+    RankSchedule::Sums& g = by_peer[transfer(i).to];
+    g.peer = transfer(i).to;
+    g.forwards.push_back(i);
+    g.from.push_back(from);
+    s.chained[from] = true;
+  }
+  for (auto& [peer, g] : by_peer) s.sums.push_back(std::move(g));
   std::map<int, RankSchedule::Taken> by_holder;
   for (uint32_t k = 0; k < s.recvs.size(); ++k) {
     const size_t i = s.recvs[k].transfer;
@@ -258,20 +263,6 @@ void HostRun::bundle(const RankSchedule& s) {
     }
     if (b.source >= 0 && transfer(lead->transfer).from == rank) leads[static_cast<size_t>(b.source)]->relay = lead;
   }
-}
-
-// Forwards (peer, forward), in schedule order, grouped by peer: each
-// group's forwards in that order, the groups by peer.
-std::vector<HolderSums> HostRun::by_peer(const std::vector<std::pair<int, size_t>>& forwards) {
-  std::map<int, HolderSums> groups;
-  for (const auto& [peer, i] : forwards) {
-    HolderSums& g = groups[peer];
-    g.peer = peer;
-    g.forwards.push_back(i);
-  }
-  std::vector<HolderSums> out;
-  for (auto& [peer, g] : groups) out.push_back(std::move(g));
-  return out;
 }
 
 // A piece's moves (header, bytes, checksum), waited for in that order.

@@ -60,10 +60,6 @@ struct Posted : Chosen {
   Posted* relay = nullptr;
 };
 
-// The hashes of the pieces this rank holds whose chains reach one rank
-// (`peer`: the receiver of the forwards `forwards`, in schedule order), or
-// that a rank takes from one holder (`peer`): one message a pair, tag: the
-// first forward's index | kChecksumTag; both ends list the same forwards.
 // A piece's small parts, one slab a run: a Work that does not settle keeps
 // the whole slab (settle), not one allocation per piece.
 struct SmallParts {
@@ -71,9 +67,12 @@ struct SmallParts {
   PieceHeader head;
 };
 
+// The hashes of the pieces this rank holds whose chains reach one rank
+// (`peer`), or that a rank takes from one holder (`peer`): one message a
+// pair, tag: the first forward's index | kChecksumTag; both ends list the
+// same forwards, in schedule order (RankSchedule's `sums` and `taken`).
 struct HolderSums {
   int peer = -1;
-  std::vector<size_t> forwards;
   std::shared_ptr<std::vector<uint64_t>> sums = std::make_shared<std::vector<uint64_t>>();
   std::shared_ptr<Work> work;
 };
@@ -88,8 +87,16 @@ struct RankSchedule {
   bool delta = false, checked = false;
   std::vector<Chosen> sends, recvs;  // no buffer yet; receives in the order taken (relays gathered)
   std::vector<Bundle> bundles;       // dense plans (plan_bundles)
-  std::vector<std::pair<int, size_t>> sums_sent;  // checked: (a forward's receiver, the forward) whose holder this rank is
-  std::set<size_t> chained;                       // the pieces this rank holds whose chains go on
+  // Checked: the hashes this rank sends as the holder of pieces whose
+  // chains reach other ranks, one message a rank (ascending): the forwards
+  // in schedule order, each with its held piece's place in `sends`.
+  struct Sums {
+    int peer = -1;
+    std::vector<size_t> forwards;
+    std::vector<uint32_t> from;
+  };
+  std::vector<Sums> sums;
+  std::vector<bool> chained;  // by place in `sends`: a piece this rank holds whose chain goes on
   // Each bundle's pieces, bundle after bundle, as places in this rank's
   // list of sends then receives (bundle()).
   std::vector<uint32_t> bundled;
@@ -148,7 +155,6 @@ class HostRun final : public RankRun {
   void record(const Transfer& x, const uint8_t* now);
   void post(Posted& p);
   void post_holder_sums();
-  static std::vector<HolderSums> by_peer(const std::vector<std::pair<int, size_t>>& forwards);
 
   // For each piece that comes (executor_receive.cc): land, check, decode,
   // place, relay; then the forwards against their holders' hashes.
@@ -187,9 +193,9 @@ class HostRun final : public RankRun {
   // both ends of every pair, they never hold up a move of the plan (the shm
   // plane serves receives in the order they were posted; a holder waits for
   // its oldest sends before it packs more).
-  std::vector<HolderSums> holder_sums_;  // sent, by the forwards' receiver
+  std::vector<HolderSums> holder_sums_;  // sent, one per the schedule's `sums`
+  std::vector<uint64_t> held_sums_;      // checked: the hash of each piece this rank holds, by place in sends_
   std::vector<HolderSums> taken_;        // taken, one per the schedule's `taken` (check_forwards)
-  const std::set<size_t>* chained_ = nullptr;  // the pieces this rank holds whose chains go on (their hashes are sent)
   // A delta plan's pieces encoded by this run: a piece sent twice is
   // encoded once (the baseline moved with the first), and its encoding is
   // kept until its last send is posted.

@@ -96,7 +96,8 @@ Status HostRun::send_bundle(Posted& lead) {
     at += x.bytes;
     record(x, m->bytes);
     ++stats.dense;
-    if (options.checksums && chained_->count(m->transfer)) note_held_hash(m->transfer, xxh64(m->bytes, x.bytes));
+    if (const size_t at = static_cast<size_t>(m - sends_.data()); options.checksums && schedule_->chained[at])
+      held_sums_[at] = xxh64(m->bytes, x.bytes);  // for the ranks its chain reaches
   }
   const Transfer& first = transfer(lead.transfer);
   const uint32_t tag = static_cast<uint32_t>(lead.transfer);
@@ -187,13 +188,14 @@ void HostRun::post(Posted& p) {
   stats.messages += (p.head_work ? 1 : 0) + (p.work ? 1 : 0);
   stats.wire_sent += p.wire;
   if (x.after >= 0) return;
+  const size_t at = static_cast<size_t>(&p - sends_.data());
   if (delta_) {
-    note_held_hash(p.transfer, p.head->hash);
+    held_sums_[at] = p.head->hash;
   } else if (options.checksums) {
     *p.sum = xxh64(p.bytes, x.bytes);
     p.sum_work = comm.send(p.sum.get(), sizeof(uint64_t), x.to, tag | kChecksumTag);
     ++stats.messages;
-    note_held_hash(p.transfer, *p.sum);
+    held_sums_[at] = *p.sum;
   }
 }
 
@@ -201,11 +203,15 @@ void HostRun::post(Posted& p) {
 // reach, after all its own sends: one message to each (tag: its first
 // forward's index | kChecksumTag), the hashes in schedule order.
 void HostRun::post_holder_sums() {
-  for (HolderSums& h : holder_sums_) {
-    h.sums->clear();
-    for (size_t i : h.forwards) h.sums->push_back(holders_hash(i));
+  holder_sums_.resize(schedule_->sums.size());
+  for (size_t j = 0; j < holder_sums_.size(); ++j) {
+    const RankSchedule::Sums& g = schedule_->sums[j];
+    HolderSums& h = holder_sums_[j];
+    h.peer = g.peer;
+    h.sums->reserve(g.from.size());
+    for (uint32_t at : g.from) h.sums->push_back(held_sums_[at]);  // always sent earlier (a forward follows its piece)
     h.work = comm.send(h.sums->data(), h.sums->size() * sizeof(uint64_t), h.peer,
-                       static_cast<uint32_t>(h.forwards.front()) | kChecksumTag);
+                       static_cast<uint32_t>(g.forwards.front()) | kChecksumTag);
     ++stats.messages;
   }
 }
