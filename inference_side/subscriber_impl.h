@@ -11,9 +11,11 @@
 // handlers: Welcome, JoinGroup, Plan and its answer, Commit, Abandon, which
 // hand data-plane work to the data thread); subscriber_announcements.cc (the
 // per-bucket layouts and delta encodings the publisher announces, kept
-// bounded and waited for); plan_check (check_plan); subscriber_sharded.cc (a
-// sharded plan on a member: a trainer rank sends from its shards, an engine
-// receives each piece into its buffer or a host buffer for its callback);
+// bounded and waited for); plan_check (check_plan); subscriber_sharded_publish.cc
+// (what a member states before a sharded plan: a trainer rank's part, an
+// engine's slices); subscriber_sharded.cc (a sharded plan on a member: a
+// trainer rank sends from its shards, an engine receives each piece into its
+// buffer or a host buffer for its callback); subscriber_sharded_check.cc;
 // subscriber_metrics.cc; worker_main.cc (paramcast-worker).
 //
 // Threads: the client's control thread calls the Listener methods: it checks
@@ -61,8 +63,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   ~SubscriberImpl() override;
 
   Status register_tensor(const TensorView& destination);
-  // A trainer rank's part of the next sharded update: sends Holdings. On a
-  // GPU it first waits for `after_stream` (null: the legacy default stream).
+  // A trainer rank's part of the next sharded update: sends Holdings
+  // (subscriber_sharded_publish.cc). On a GPU it first waits for
+  // `after_stream` (null: the legacy default stream).
   Status publish(const std::vector<ShardView>& shards, uint64_t step, void* after_stream = nullptr);
   // This rank cannot publish its part of `step`: tells rank 0 why (it
   // refuses the update at once, naming this rank), and returns `why`.
