@@ -206,12 +206,13 @@ auth:
     for p, out in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit(f"publisher path M={senders} failed ({p.returncode}):\n{out}")
-    times = [duration_s(m.group(1)) for m in re.finditer(r"to \d+ members in ([\d.]+ \w+) \(", outs[0])]
+    # Rank 0's line for each update (M = 1: a single sender's, "... to N subscribers in ...").
+    times = [duration_s(m.group(1)) for m in re.finditer(r"to \d+ (?:members|subscribers) in ([\d.]+ \w+) \(", outs[0])]
     # The model as rank 0 states each update: "update vN: T tensors, X MiB ..." (an engine's
     # "verified" line counts what reached that engine, which a relay or a slice may make less).
     units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
     model = [int(float(m.group(2)) * units[m.group(3)])
-             for m in re.finditer(r"update v\d+: (\d+) tensors, ([\d.]+) (B|KiB|MiB|GiB)", outs[0])][:1]
+             for m in re.finditer(r"update v\d+: (\d+) tensors(?: in \d+ buckets)?, ([\d.]+) (B|KiB|MiB|GiB)", outs[0])][:1]
     # Rank 0's data-plane time of each update (its moves, before the last Applied).
     plane = [duration_s(m.group(1)) for m in re.finditer(r"; data plane ([\d.]+ \w+) \(", outs[0])]
     # The plan's control bytes (whole, or by reference: Plan.shapeRef), first and last update.
