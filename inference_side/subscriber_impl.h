@@ -271,7 +271,7 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // A trainer rank's buffers for those moves, while its calls hold the same
   // shards in the same memory (the data thread's).
   struct HeldIndex {
-    std::shared_ptr<const reshard::ShardedMoves> moves;
+    std::weak_ptr<const reshard::ShardedMoves> moves;  // not kept alive by this cache
     std::shared_ptr<const std::vector<ShardView>> holdings;
     std::shared_ptr<const reshard::BufferIndex> index;
   };

@@ -118,7 +118,7 @@ void SubscriberImpl::find_held(ShardedMove& m) {
     m.buffers.index = std::make_shared<const reshard::BufferIndex>(0);
     return;
   }
-  if (held_index_.moves == m.moves && held_index_.holdings && same_memory(*held_index_.holdings, *m.holdings)) {
+  if (held_index_.moves.lock() == m.moves && held_index_.holdings && same_memory(*held_index_.holdings, *m.holdings)) {
     m.buffers.index = held_index_.index;
     return;
   }

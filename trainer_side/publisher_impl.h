@@ -341,8 +341,6 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Test hook (PARAMCAST_FAULT_PAUSE_BEFORE_PLAN): an update of `version`
   // pauses after its group was checked and before its plan goes out.
   void pause_before_plan(uint64_t version) const;
-  std::shared_ptr<const reshard::BufferIndex> held_index(const reshard::ShardedMoves& moves,
-                                                          const std::vector<ShardView>& shards, const OwnPart& own);
   Status move_sharded(const UpdatePlan& plan, const std::shared_ptr<const reshard::ShardedMoves>& moves,
                       const std::vector<ShardView>& shards, const OwnPart& own, void* after_stream, UpdateResult& r);
   std::shared_ptr<const reshard::BufferIndex> held_index(const std::shared_ptr<const reshard::ShardedMoves>& moves,
@@ -431,7 +429,7 @@ class PublisherImpl : public control::ControlServer::Listener {
   // Rank 0's buffers for the last moves: while the moves, its part and
   // its shards' addresses are the same (update thread).
   struct HeldIndex {
-    std::shared_ptr<const reshard::ShardedMoves> moves;
+    std::weak_ptr<const reshard::ShardedMoves> moves;  // not kept alive by this cache
     std::shared_ptr<const OwnShape> shape;
     std::vector<const void*> data;
     std::shared_ptr<const reshard::BufferIndex> index;

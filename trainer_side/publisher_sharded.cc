@@ -146,8 +146,16 @@ UpdateResult PublisherImpl::weight_update_sharded(const std::vector<ShardView>& 
   if (Status s = take_parts(c); !s.ok()) return refuse_sharded(c, s);
   auto plan = sharded_plan(c);
   if (!plan.ok()) return refuse_sharded(c, plan.status());
-  UpdateResult r = run_planned(c, *plan, sent);
-  if (c.from_kept && kept_plan_) kept_plan_->plan = std::move(*plan);  // lent by plan_from_kept: back
+  // A plan lent by the kept one (plan_from_kept) goes back when the call
+  // ends; a call that throws leaves nothing kept (the next plans afresh).
+  UpdateResult r;
+  try {
+    r = run_planned(c, *plan, sent);
+  } catch (...) {
+    if (c.from_kept) kept_plan_.reset();
+    throw;
+  }
+  if (c.from_kept && kept_plan_) kept_plan_->plan = std::move(*plan);
   return r;
 }
 
@@ -453,7 +461,7 @@ std::shared_ptr<const reshard::BufferIndex> PublisherImpl::held_index(
     const OwnPart& own) {
   std::vector<const void*> data(shards.size());
   for (size_t i = 0; i < shards.size(); ++i) data[i] = shards[i].local.data;
-  if (held_index_.moves == moves && held_index_.shape == own.shape && held_index_.data == data)
+  if (held_index_.moves.lock() == moves && held_index_.shape == own.shape && held_index_.data == data)
     return held_index_.index;
   held_index_ = {moves, own.shape, std::move(data), reshard::held_buffers(*moves, shards, own.shape->holds)};
   return held_index_.index;

@@ -161,19 +161,22 @@ void for_each_run(const Region& from, const Region& to, const Region& region, si
     run(0, 0, element);
     return;
   }
+  // Room for the widest of the three (they are of one rank wherever the
+  // contract holds: `region` inside both boxes).
+  const size_t room = std::max({n, from.rank(), to.rank()});
   uint64_t inline_strides[2 * kInlineRank];
   int64_t inline_at[kInlineRank];
   std::vector<uint64_t> heap_strides;
   std::vector<int64_t> heap_at;
   uint64_t* sf = inline_strides;
   int64_t* at = inline_at;  // the first element of the current run
-  if (n > kInlineRank) {
-    heap_strides.resize(2 * n);
-    heap_at.resize(n);
+  if (room > kInlineRank) {
+    heap_strides.resize(2 * room);
+    heap_at.resize(room);
     sf = heap_strides.data();
     at = heap_at.data();
   }
-  uint64_t* st = sf + n;
+  uint64_t* st = sf + room;
   strides(from, sf);
   strides(to, st);
   std::copy(region.offsets.begin(), region.offsets.end(), at);

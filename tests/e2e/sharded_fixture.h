@@ -62,6 +62,8 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
   std::vector<ShardView> shards(int r, int64_t shift = 0, int64_t cut = 0) {
     std::vector<ShardView> out;
     auto& keep = r == 0 ? rows0_ : rows1_;
+    // The last call's rows stay alive, holding its bytes: these are new addresses.
+    if (fresh_addresses_) (r == 0 ? last_rows0_ : last_rows1_) = std::move(keep);
     keep.clear();
     keep.reserve(model_.specs.size());
     for (size_t i = 0; i < model_.specs.size(); ++i) {
@@ -130,6 +132,8 @@ class ShardedUpdateTest : public test::WorkerClusterTest {
   std::vector<std::vector<std::string>> engine_env_;  // each engine's environment, when set
   std::map<std::string, std::string> rank1_env_;       // rank 1's test hooks (PARAMCAST_FAULT_*)
   std::vector<std::vector<uint8_t>> rows0_, rows1_;
+  bool fresh_addresses_ = false;  // each call's shards in new buffers, the last call's kept alive
+  std::vector<std::vector<uint8_t>> last_rows0_, last_rows1_;
 };
 
 }  // namespace paramcast::sharded_test

@@ -82,6 +82,22 @@ TEST_F(ShardedNoEngineTest, AnUpdateThatReachesNoEngineFailsAsASingleSendersWith
   EXPECT_TRUE(workers_["worker-1"]->wait_for_output("worker-1: v4 verified", 30s)) << outputs();
 }
 
+// A kept plan while the callers' shards move to new buffers each step (the
+// last step's bytes still alive where they were): every trainer rank reads
+// each piece where its shard is now, not where its buffer index of the kept
+// plan found it, and both engines verify every step.
+TEST_F(ShardedUpdateTest, ShardsAtNewAddressesUnderAKeptPlanAreReadWhereTheyAreNow) {
+  fresh_addresses_ = true;
+  for (uint64_t v = 1; v <= 4; ++v) {
+    auto [r0, r1] = publish_both(v);
+    ASSERT_TRUE(r0.ok()) << "v" << v << ": " << r0.status.to_string() << outputs();
+    ASSERT_TRUE(r1.ok()) << "v" << v << ": " << r1.status.to_string();
+    EXPECT_EQ(r0.plan_kept, v > 1) << "v" << v << ": the same parts, Wants and group after the first";
+    for (const std::string id : {"worker-1", "worker-2"})
+      ASSERT_TRUE(workers_[id]->wait_for_output(id + ": v" + std::to_string(v) + " verified", 30s)) << outputs();
+  }
+}
+
 // A size as format_bytes prints it ("7.90 MiB"), in bytes.
 double parse_size(const std::string& text) {
   std::istringstream in(text);

@@ -1,9 +1,12 @@
 // How a rank finds its buffers for a sharded update's transfers
 // (common/reshard/executor.h): by the update plan's tensor index, which is
-// also the index every transfer of sharded_moves() names. Pure: no process,
-// no socket.
+// also the index every transfer of sharded_moves() names; and how a region
+// is copied between two buffers (copy_region, contiguous_at), against an
+// element-by-element copy. Pure: no process, no socket.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
 #include <set>
 
 #include "common/reshard/executor.h"
@@ -71,6 +74,59 @@ TEST(BufferIndexTest, ShardedMovesNameTheUpdatePlansTensorIndices) {
     sent.insert({x.from, x.tensor});
   }
   EXPECT_EQ(sent, (std::set<std::pair<int, uint32_t>>{{0, 0}, {0, 2}, {1, 1}, {2, 0}}));
+}
+
+// A box of `shape` at random, of at least one element per dimension, its
+// first dimensions often of length 1 (a row of a row range).
+Region random_box(std::mt19937& rng, const std::vector<int64_t>& shape) {
+  Region r{std::vector<int64_t>(shape.size()), std::vector<int64_t>(shape.size())};
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const bool whole = rng() % 3 == 0, one = rng() % 4 == 0;
+    r.offsets[d] = whole ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(shape[d]));
+    const int64_t room = shape[d] - r.offsets[d];
+    r.lengths[d] = whole ? shape[d] : one ? 1 : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(room));
+  }
+  return r;
+}
+
+// Element `at` (global indices) of a row-major buffer holding `box`, as a byte offset.
+uint64_t at_of(const Region& box, const std::vector<int64_t>& at, size_t element) {
+  uint64_t o = 0;
+  for (size_t d = 0; d < box.rank(); ++d) o = o * static_cast<uint64_t>(box.lengths[d]) + (at[d] - box.offsets[d]);
+  return o * element;
+}
+
+// copy_region (one memcpy where the region lies back to back at both ends,
+// else run by run) writes exactly what an element-by-element copy writes,
+// for boxes and regions of ranks 0 to 4, contiguous or not at either end.
+TEST(RegionCopyTest, CopiesWhatAnElementByElementCopyCopies) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const size_t rank = trial % 5, element = 1 + trial % 3;
+    std::vector<int64_t> shape(rank);
+    for (auto& n : shape) n = 1 + static_cast<int64_t>(rng() % 6);
+    const Region from = random_box(rng, shape), to = random_box(rng, shape);
+    const auto common = intersect(from, to);
+    if (!common) continue;
+    const Region region = random_box(rng, common->lengths);  // inside both, shifted into place
+    Region inside = region;
+    for (size_t d = 0; d < rank; ++d) inside.offsets[d] += common->offsets[d];
+    std::vector<uint8_t> src(from.elements() * element), got(to.elements() * element, 0xee), want = got;
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(rng());
+    copy_region(src.data(), from, got.data(), to, inside, element);
+    std::vector<int64_t> at = inside.offsets;  // every element of the region, by an odometer
+    for (uint64_t k = 0; k < inside.elements(); ++k) {
+      std::memcpy(want.data() + at_of(to, at, element), src.data() + at_of(from, at, element), element);
+      for (size_t d = rank; d-- > 0;) {
+        if (++at[d] < inside.offsets[d] + inside.lengths[d]) break;
+        at[d] = inside.offsets[d];
+      }
+    }
+    ASSERT_EQ(got, want) << "from " << from.to_string() << " to " << to.to_string() << ": " << inside.to_string();
+    if (const auto off = contiguous_at(from, inside, element)) {  // back to back: where its first element is
+      EXPECT_EQ(*off, at_of(from, inside.offsets, element)) << from.to_string() << " " << inside.to_string();
+    }
+  }
 }
 
 }  // namespace
