@@ -169,8 +169,9 @@ std::shared_ptr<RankSchedule> HostRun::derive_schedule() const {
   return s;
 }
 
-// Where the bundles' pieces and the forwards taken stand in this rank's
-// lists (sends then receives), found once a schedule.
+// Where the pieces of the bundles, of the forwards and of the holders'
+// hashes stand in this rank's lists (sends then receives), found once a
+// schedule.
 void HostRun::place_pieces(RankSchedule& s) const {
   std::unordered_map<size_t, uint32_t> place;  // a transfer -> its place
   place.reserve(s.sends.size() + s.recvs.size());
@@ -194,26 +195,22 @@ void HostRun::place_pieces(RankSchedule& s) const {
     if (const long k = brought_by(s.sends[j]); k >= 0) s.forwarded[next[static_cast<size_t>(k)]++] = j;
   if (!checked_) return;
   s.chained.assign(s.sends.size(), false);
-  std::map<int, RankSchedule::Sums> by_peer;
+  std::map<int, RankSchedule::PeerForwards> sent, taken;  // by peer, ascending
+  auto add = [](std::map<int, RankSchedule::PeerForwards>& to, int peer, size_t forward, uint32_t at) {
+    RankSchedule::PeerForwards& g = to[peer];
+    g.peer = peer;
+    g.forwards.push_back(forward);
+    g.at.push_back(at);
+  };
   for (size_t i : hashed_forwards(/*sends=*/true, /*takes=*/false)) {
-    const uint32_t from = place.at(chain_start(plan, i));  // a piece this rank holds: one of its sends
-    RankSchedule::Sums& g = by_peer[transfer(i).to];
-    g.peer = transfer(i).to;
-    g.forwards.push_back(i);
-    g.from.push_back(from);
-    s.chained[from] = true;
+    const uint32_t held = place.at(chain_start(plan, i));  // a piece this rank holds: one of its sends
+    add(sent, transfer(i).to, i, held);
+    s.chained[held] = true;
   }
-  for (auto& [peer, g] : by_peer) s.sums.push_back(std::move(g));
-  std::map<int, RankSchedule::Taken> by_holder;
-  for (uint32_t k = 0; k < s.recvs.size(); ++k) {
-    const size_t i = s.recvs[k].transfer;
-    if (transfer(i).after < 0) continue;
-    RankSchedule::Taken& t = by_holder[holder(i)];
-    t.holder = holder(i);
-    t.forwards.push_back(i);
-    t.at.push_back(k);
-  }
-  for (auto& [holder, t] : by_holder) s.taken.push_back(std::move(t));
+  for (uint32_t k = 0; k < s.recvs.size(); ++k)
+    if (const size_t i = s.recvs[k].transfer; transfer(i).after >= 0) add(taken, holder(i), i, k);
+  for (auto& [peer, g] : sent) s.sums.push_back(std::move(g));
+  for (auto& [peer, g] : taken) s.taken.push_back(std::move(g));
 }
 
 // A relay this rank receives comes whole once every forward in it can have

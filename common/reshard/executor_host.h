@@ -87,15 +87,18 @@ struct RankSchedule {
   bool delta = false, checked = false;
   std::vector<Chosen> sends, recvs;  // no buffer yet; receives in the order taken (relays gathered)
   std::vector<Bundle> bundles;       // dense plans (plan_bundles)
-  // Checked: the hashes this rank sends as the holder of pieces whose
-  // chains reach other ranks, one message a rank (ascending): the forwards
-  // in schedule order, each with its held piece's place in `sends`.
-  struct Sums {
+  // Forwards whose holders' hashes travel between this rank and one other
+  // (`peer`), one message a pair: the forwards in schedule order, each with
+  // the place of a piece in this rank's lists (`at`).
+  struct PeerForwards {
     int peer = -1;
     std::vector<size_t> forwards;
-    std::vector<uint32_t> from;
+    std::vector<uint32_t> at;
   };
-  std::vector<Sums> sums;
+  // Checked: the hashes this rank sends as the holder of pieces whose chains
+  // reach other ranks, by receiver (ascending); `at`: the held piece's place
+  // in `sends`.
+  std::vector<PeerForwards> sums;
   std::vector<bool> chained;  // by place in `sends`: a piece this rank holds whose chain goes on
   // Each bundle's pieces, bundle after bundle, as places in this rank's
   // list of sends then receives (bundle()).
@@ -103,14 +106,9 @@ struct RankSchedule {
   // The forwards each receive brings the bytes of: receive k's are the sends
   // at forwarded[forward_begin[k] .. forward_begin[k + 1]), in schedule order.
   std::vector<uint32_t> forward_begin, forwarded;
-  // Checked: the forwards this rank receives, by their holder (ascending),
-  // each holder's in schedule order with its place in `recvs` (check_forwards).
-  struct Taken {
-    int holder = -1;
-    std::vector<size_t> forwards;
-    std::vector<uint32_t> at;
-  };
-  std::vector<Taken> taken;
+  // Checked: the forwards this rank receives, by their holder (ascending);
+  // `at`: the forward's place in `recvs` (check_forwards).
+  std::vector<PeerForwards> taken;
   // Each send's and receive's buffer as an index gave them (find_buffers),
   // kept while runs of this schedule come with that very index (the same
   // shards, or the same registrations): no lookup a piece.

@@ -242,7 +242,7 @@ Status HostRun::check_forwards() {
   std::vector<uint8_t> packed;
   for (size_t j = 0; j < taken_.size(); ++j) {
     const HolderSums& h = taken_[j];
-    const RankSchedule::Taken& t = schedule_->taken[j];
+    const RankSchedule::PeerForwards& t = schedule_->taken[j];
     if (Status s = h.work->wait(deadline); !s.ok()) return fail(t.forwards.front(), s);
     for (size_t k = 0; k < t.at.size(); ++k) {
       const Posted& p = recvs_[t.at[k]];
@@ -257,9 +257,9 @@ Status HostRun::check_forwards() {
 Status HostRun::take_holder_sums() {
   taken_.resize(schedule_->taken.size());
   for (size_t j = 0; j < taken_.size(); ++j) {
-    const RankSchedule::Taken& t = schedule_->taken[j];
+    const RankSchedule::PeerForwards& t = schedule_->taken[j];
     HolderSums& h = taken_[j];
-    h.peer = t.holder;
+    h.peer = t.peer;
     h.sums->resize(t.forwards.size());
     h.work = comm.recv(h.sums->data(), h.sums->size() * sizeof(uint64_t), h.peer,
                        static_cast<uint32_t>(t.forwards.front()) | kChecksumTag);

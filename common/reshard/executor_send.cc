@@ -205,11 +205,11 @@ void HostRun::post(Posted& p) {
 void HostRun::post_holder_sums() {
   holder_sums_.resize(schedule_->sums.size());
   for (size_t j = 0; j < holder_sums_.size(); ++j) {
-    const RankSchedule::Sums& g = schedule_->sums[j];
+    const RankSchedule::PeerForwards& g = schedule_->sums[j];
     HolderSums& h = holder_sums_[j];
     h.peer = g.peer;
-    h.sums->reserve(g.from.size());
-    for (uint32_t at : g.from) h.sums->push_back(held_sums_[at]);  // always sent earlier (a forward follows its piece)
+    h.sums->reserve(g.at.size());
+    for (uint32_t at : g.at) h.sums->push_back(held_sums_[at]);  // always sent earlier (a forward follows its piece)
     h.work = comm.send(h.sums->data(), h.sums->size() * sizeof(uint64_t), h.peer,
                        static_cast<uint32_t>(g.forwards.front()) | kChecksumTag);
     ++stats.messages;
