@@ -52,6 +52,8 @@ struct PlanBucket {
   std::vector<PlanPiece> pieces;
 };
 
+// A new field goes into plan_by_reference (common/plan_proto.cc) too: it
+// copies a kept plan's fields but its regions.
 struct UpdatePlan {
   uint64_t version = 0;
   uint64_t manifest_hash = 0;

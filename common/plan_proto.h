@@ -28,8 +28,11 @@ PlanBucket bucket_from_proto(proto::Bucket::Reader in);
 StatusOr<UpdatePlan> plan_from_proto(proto::Plan::Reader in);
 // A plan in the reference form (Plan.shapeRef) read against `kept`, the
 // member's plan of that shape (whose digest the caller matched): the kept
-// tensors and regions with this update's version, checksum, delta base and
-// each holding rank's seq. Refused where anything disagrees with `kept`.
+// tensors with this update's version, checksum and delta base, and each
+// holding rank once with its seq and no region (tensor -1). The regions
+// (holders' and wanters') stay the kept plan's: a member reads them there
+// (its ShapeId), never copied an update. Refused where anything disagrees
+// with `kept`.
 StatusOr<UpdatePlan> plan_by_reference(proto::Plan::Reader in, const UpdatePlan& kept);
 
 proto::MismatchKind mismatch_kind_to_proto(Mismatch::Kind k);

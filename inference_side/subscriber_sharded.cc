@@ -34,9 +34,12 @@ bool same_memory(const std::vector<ShardView>& a, const std::vector<ShardView>& 
 
 // One sharded move on this rank, shared by move_sharded's steps: the plan's
 // moves, the registrations taken for it, and where each tensor's pieces go.
+// `plan` is this update's (version, holders' seqs), `shape` the plan whose
+// regions it has (itself, or the kept plan it refers to: plan_by_reference).
 struct SubscriberImpl::ShardedMove {
-  explicit ShardedMove(const UpdatePlan& p) : plan(p) {}
+  ShardedMove(const UpdatePlan& p, const UpdatePlan& s) : plan(p), shape(s) {}
   const UpdatePlan& plan;
+  const UpdatePlan& shape;
   int rank = -1;
   std::shared_ptr<const reshard::ShardedMoves> moves;
   reshard::RankBuffers buffers;
@@ -48,7 +51,7 @@ struct SubscriberImpl::ShardedMove {
 };
 
 Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& collective_done) {
-  ShardedMove m(*job.plan);
+  ShardedMove m(*job.plan, job.shape ? *job.shape : *job.plan);
   int world = 0;
   std::vector<std::string> names;
   {
@@ -60,7 +63,7 @@ Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& co
   sharded_received_ = 0;
   // The last update's, when of the same shape: known without a comparison
   // when the plan copies the very kept plan the moves were made for.
-  auto moves = sharded_cache_.moves(m.plan, world, names, {false, job.shape});
+  auto moves = sharded_cache_.moves(m.shape, world, names, {false, job.shape});
   if (!moves.ok()) {
     // The publisher checked this plan; a rank that cannot follow it fails
     // the update for all (its peers wait for it).
@@ -193,7 +196,7 @@ Status SubscriberImpl::find_wanted(ShardedMove& m, Communicator* comm) {
 // An engine: the slices registered now are those the plan was checked
 // against (a registration since would make a piece miss its buffer).
 Status SubscriberImpl::check_registrations(ShardedMove& m, Communicator* comm) {
-  const UpdatePlan& plan = m.plan;
+  const UpdatePlan& plan = m.shape;  // its regions (the version: m.plan's)
   // The same registrations (one snapshot) under the same moves as the last
   // update, which passed: they pass again.
   if (registrations_checked_.first == m.moves && registrations_checked_.second == m.registered) return Status();
@@ -210,9 +213,9 @@ Status SubscriberImpl::check_registrations(ShardedMove& m, Communicator* comm) {
                                 box_of(sl->second, t.shape) == pl->second;
     if (!fits) {
       comm->abort(id_ + ": its registration of '" + t.name + "' changed after it accepted plan v" +
-                  std::to_string(plan.version));
+                  std::to_string(m.plan.version));
       return invalid_argument("the registration of '" + t.name + "' changed after plan v" +
-                              std::to_string(plan.version) + " was accepted; nothing of it was written");
+                              std::to_string(m.plan.version) + " was accepted; nothing of it was written");
     }
   }
   registrations_checked_ = {m.moves, m.registered};

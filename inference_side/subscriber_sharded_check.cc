@@ -100,15 +100,16 @@ void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, const S
   const uint64_t part = part_sent_.first == active_seq_ ? part_sent_.second : 0;
   const CheckedShape now{shape, 0, part, rank, plan.partial};
   if (!(shape && part && checked_ == now)) {
+    const UpdatePlan& regions = shape ? *shape : plan;  // a plan by reference has its shape's
     std::set<std::pair<std::string, reshard::Region>> mine, planned;
     if (holdings_)
       for (const auto& h : *holdings_) {
         const auto& full = h.full_shape.empty() ? h.local.spec.shape : h.full_shape;
         mine.insert({h.local.spec.name, box_of(h, full)});
       }
-    for (const auto& h : plan.holders)
+    for (const auto& h : regions.holders)
       if (h.rank == rank && h.tensor >= 0)
-        planned.insert({plan.tensors[static_cast<size_t>(h.tensor)].name, reshard::Region{h.offsets, h.lengths}});
+        planned.insert({regions.tensors[static_cast<size_t>(h.tensor)].name, reshard::Region{h.offsets, h.lengths}});
     if (mine != planned) {
       out.push_back({Mismatch::Kind::kOther, "<holdings>",
                      std::to_string(mine.size()) + " regions of publish call " + std::to_string(active_seq_),
@@ -118,7 +119,7 @@ void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, const S
     // A partial plan need not name every holder: the next call digests every box.
     replicated_ = {};
     if (part && holdings_ && !plan.partial)
-      replicated_ = {part, std::make_shared<const std::vector<uint32_t>>(replicated_boxes(plan, rank, *holdings_))};
+      replicated_ = {part, std::make_shared<const std::vector<uint32_t>>(replicated_boxes(regions, rank, *holdings_))};
   }
   if (!out.empty()) return;
   checked_ = now;                // a later plan by reference to it passes as this one
@@ -149,7 +150,7 @@ void SubscriberImpl::check_engine_part(const UpdatePlan& plan, int rank, const S
     registry[name] = TensorView{TensorSpec{name, s.local.spec.dtype, s.full_shape}, s.local.data, s.local.device};
   auto more = check_plan(plan, registry, bool(callback_));
   out.insert(out.end(), more.begin(), more.end());
-  check_planned_slices(plan, rank, out);
+  check_planned_slices(shape ? *shape : plan, rank, out);  // a plan by reference has its shape's wants
   if (out.size() == before) checked_ = now;  // a later plan by reference to it passes as this one
 }
 

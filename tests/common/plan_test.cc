@@ -101,8 +101,9 @@ UpdatePlan sharded_plan(uint64_t version) {
 }
 
 // A plan by reference (Plan.shapeRef) carries the version and the ranks'
-// seqs; read against the member's kept plan of that digest it is that plan
-// again, and anything that disagrees with the kept plan is refused.
+// seqs; read against the member's kept plan of that digest it is that
+// plan's tensors with this update's version and seqs (the regions are read
+// in the kept plan), and anything that disagrees with it is refused.
 TEST(PlanTest, APlanByReferenceIsTheKeptPlanWithThisUpdatesVersionAndSeqs) {
   const UpdatePlan first = sharded_plan(1);
   capnp::MallocMessageBuilder whole;
@@ -124,11 +125,20 @@ TEST(PlanTest, APlanByReferenceIsTheKeptPlanWithThisUpdatesVersionAndSeqs) {
   ASSERT_TRUE(read.ok()) << read.status().to_string();
   EXPECT_EQ(read->version, 2u);
   EXPECT_EQ(read->tensors, first.tensors);
-  ASSERT_EQ(read->holders.size(), first.holders.size());
-  for (size_t i = 0; i < read->holders.size(); ++i) {
-    EXPECT_EQ(read->holders[i].offsets, first.holders[i].offsets);
-    EXPECT_EQ(read->holders[i].seq, first.holders[i].seq + 10);
+  EXPECT_EQ(read->nbytes, first.nbytes);
+  EXPECT_EQ(read->manifest_hash, first.manifest_hash);
+  EXPECT_TRUE(read->sharded);
+  // Each holding rank once, with this update's seq and no region: the
+  // regions stay the kept plan's (no copy of them an update).
+  ASSERT_EQ(read->holders.size(), 2u);
+  for (const auto& h : read->holders) {
+    EXPECT_EQ(h.tensor, -1);
+    EXPECT_TRUE(h.offsets.empty() && h.lengths.empty());
+    EXPECT_EQ(h.seq, (h.rank == 0 ? 3u : 4u) + 10);
   }
+  EXPECT_EQ(read->holders[0].rank, 0);
+  EXPECT_EQ(read->holders[1].rank, 1);
+  EXPECT_TRUE(read->wanters.empty());
   // Without a kept plan the reference cannot be read as a plan.
   EXPECT_FALSE(plan_from_proto(r.asReader()).ok());
   // A rank the kept plan lacks, a rank listed twice, another manifest.
