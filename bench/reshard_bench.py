@@ -223,6 +223,8 @@ auth:
     parts = re.findall(r"; trainer ranks' parts: ([^;\n]*)", outs[0])
     if parts:
         print(f"  trainer ranks' part messages: first update {parts[0]}; last {parts[-1]}", flush=True)
+    if times:  # the first update plans (every rank), and connects the pairs
+        print(f"  first update {times[0]:.3f} s (planning and pairing included)", flush=True)
     if getattr(args, "local", False):
         return times[1:], model[0] if model else 0, plane[1:]
     return times[1:], model[0] if model else 0

@@ -257,8 +257,10 @@ class SubscriberImpl : public control::ControlClient::Listener {
   int world_ = 0;
   std::vector<std::string> rank_names_;
   std::atomic<uint64_t> sharded_received_{0};
-  // The last sharded plan's moves, reused while its shape holds (the data thread's).
-  reshard::ShardedMovesCache sharded_cache_;
+  // The last sharded plan's moves, reused while its shape holds (the data
+  // thread's). Planned without the self-check: rank 0 made and checked the
+  // same plan from the same manifests, and a member only follows it.
+  reshard::ShardedMovesCache sharded_cache_{reshard::ReshardOptions{.forward = true, .validate = false}};
   // An engine's buffers for those moves, while its registrations are the
   // same snapshot and hold every tensor (no copy, nothing for the
   // callback): the data thread's.

@@ -75,6 +75,12 @@ struct ReshardOptions {
   // Forward pieces several ranks want along them instead of sending each
   // its own copy. Default: true
   bool forward = true;
+  // Check the plan made against the manifests (validate_plan) before
+  // returning it: a third of the planning. A rank that follows a plan
+  // another rank made and checked from the same manifests with this same
+  // code (a member of a sharded update follows rank 0's) may skip it.
+  // Default: true
+  bool validate = true;
 };
 
 struct ReshardPlan {

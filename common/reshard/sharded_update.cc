@@ -21,7 +21,8 @@ std::string rank_name(const std::vector<std::string>& names, int r) {
 
 }  // namespace
 
-StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names) {
+StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names,
+                                     const ReshardOptions& options) {
   const std::string where = "sharded update v" + std::to_string(plan.version);
   if (!plan.sharded) return invalid_argument(where + ": the plan is not sharded");
   std::map<int, RankManifest> by_rank;
@@ -73,7 +74,7 @@ StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const st
   }
   std::vector<RankManifest> ranks;
   for (auto& [r, m] : by_rank) ranks.push_back(std::move(m));
-  auto p = plan_reshard(ranks);
+  auto p = plan_reshard(ranks, options);
   if (!p.ok()) return p.status().with_context(where);
   out.plan = std::move(p.value());
   // The moves' tensors are the update plan's, in its order: a transfer's
@@ -178,7 +179,7 @@ StatusOr<std::shared_ptr<const ShardedMoves>> ShardedMovesCache::moves(const Upd
     return kept_;
   }
   kept_.reset();  // a failed plan keeps nothing
-  auto fresh = sharded_moves(plan, world, names);
+  auto fresh = sharded_moves(plan, world, names, options_);
   if (!fresh.ok()) return fresh.status();
   kept_ = std::make_shared<const ShardedMoves>(std::move(fresh.value()));
   shape_ = std::move(shape);

@@ -51,8 +51,9 @@ struct ShardedMoves {
 };
 
 // `names[r]` names rank r in messages ("publisher", worker ids); ranks
-// without a name are "rank r".
-StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names);
+// without a name are "rank r". `options` go to plan_reshard().
+StatusOr<ShardedMoves> sharded_moves(const UpdatePlan& plan, int world, const std::vector<std::string>& names,
+                                     const ReshardOptions& options = {});
 
 // Where the data plane's checksums are on, every replica (a holder of the
 // same non-empty box of a tensor as another) must come with its digest: a
@@ -82,6 +83,9 @@ struct KnownShape {
 };
 class ShardedMovesCache {
  public:
+  // `options`: how it plans (a member follows rank 0's checked plan, and
+  // plans without the self-check: ReshardOptions::validate).
+  explicit ShardedMovesCache(ReshardOptions options = {}) : options_(options) {}
   // What the caller knows of `plan`'s shape, which spares the comparison:
   // `same_as_kept`, it is the kept moves' shape (rank 0 made it from the
   // same inputs: its kept plan); or `shape`, the object whose shape it has
@@ -94,6 +98,7 @@ class ShardedMovesCache {
   bool last_was_cached() const { return cached_; }
 
  private:
+  ReshardOptions options_;
   std::string shape_;
   std::shared_ptr<const void> owner_;  // the object whose shape the kept moves are of, where a caller told it
   int world_ = 0;

@@ -429,6 +429,17 @@ TEST(ReshardPlanTest, RandomLayoutsArePlannedExactlyAndScheduledWithoutContentio
       ASSERT_TRUE(plan.ok()) << "round " << round << ": " << plan.status().to_string();
       ASSERT_TRUE(validate_plan(*plan, ranks).ok()) << validate_plan(*plan, ranks).to_string();
       EXPECT_GE(plan->busiest_bytes(), plan->least_busiest_bytes);
+      // A rank that follows a checked plan (a member of a sharded update)
+      // plans without the self-check, and gets the same transfers.
+      auto followed = plan_reshard(ranks, ReshardOptions{.forward = forward, .validate = false});
+      ASSERT_TRUE(followed.ok()) << followed.status().to_string();
+      ASSERT_EQ(followed->transfers.size(), plan->transfers.size());
+      for (size_t i = 0; i < plan->transfers.size(); ++i) {
+        const Transfer &a = plan->transfers[i], &b = followed->transfers[i];
+        EXPECT_TRUE(a.from == b.from && a.to == b.to && a.tensor == b.tensor && a.region == b.region &&
+                    a.bytes == b.bytes && a.after == b.after)
+            << "transfer " << i;
+      }
       auto rounds = schedule_rounds(*plan);
       std::vector<size_t> round_of(plan->transfers.size(), SIZE_MAX);
       for (size_t r = 0; r < rounds.size(); ++r) {
