@@ -50,6 +50,36 @@ TEST(TextLimits, OversizedIdsAndHostsAreRefusedOnDecode) {
   EXPECT_NE(d.status().message().find("'host'"), std::string::npos) << d.status().message();
 }
 
+// A plan's tensor list is read through its own fast path (codec.cc,
+// check_tensor_entries): a name or a dtype over its limit in the last of
+// many tensors is refused all the same, naming the field.
+TEST(TextLimits, ATensorsNameOrDtypeOverItsLimitIsRefusedInAListOfMany) {
+  auto plan_with = [](const std::string& name, const std::string& dtype) {
+    capnp::MallocMessageBuilder b;
+    auto plan = b.initRoot<proto::Envelope>().initBody().initPlan();
+    auto tensors = plan.initTensors(1000);
+    for (unsigned i = 0; i < 999; ++i) {
+      tensors[i].setName("layers." + std::to_string(i) + ".weight");
+      tensors[i].setDtype("BF16");
+    }
+    tensors[999].setName(name);
+    tensors[999].setDtype(dtype);
+    return control::encode(b);
+  };
+  auto ok = plan_with(std::string(control::kMaxNameBytes, 'n'), std::string(control::kMaxIdBytes, 'd'));
+  EXPECT_TRUE(control::decode(ok.data(), ok.size(), {}).ok());
+  auto long_name = plan_with(std::string(control::kMaxNameBytes + 1, 'n'), "BF16");
+  auto d = control::decode(long_name.data(), long_name.size(), {});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), Code::kProtocol);
+  EXPECT_NE(d.status().message().find("text field 'name' of 1025 bytes exceeds its limit of 1024"), std::string::npos)
+      << d.status().message();
+  auto long_dtype = plan_with("last.weight", std::string(control::kMaxIdBytes + 1, 'd'));
+  d = control::decode(long_dtype.data(), long_dtype.size(), {});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("text field 'dtype' of 256 bytes"), std::string::npos) << d.status().message();
+}
+
 TEST(TextLimits, SendersClampLongTextsInsteadOfBeingRefused) {
   auto m = control::make_message(1, 1, [](auto b) { b.initGroupFailed().setReason(std::string(100000, 'r')); });
   auto d = control::decode(m.data(), m.size(), {});
