@@ -182,8 +182,10 @@ struct RunOptions {
   // in the order it takes them, bundles and relays, whose hashes it sends:
   // a walk of the whole plan, most of a run's cost at 50,000 tensors) for
   // the next run of the same plan object, with the same rank, delta and
-  // checksums; anything else derives it afresh. The slot must live with the
-  // plan (ShardedMoves::schedule). Null: derived for this run only.
+  // checksums; anything else derives it afresh. While runs of it come with
+  // the same BufferIndex (RankBuffers::index), it also keeps each piece's
+  // buffer (no lookup a piece). The slot must live with the plan
+  // (ShardedMoves::schedule). Null: derived for this run only.
   std::shared_ptr<const detail::RankSchedule>* schedule = nullptr;
   // What the run did (may be null).
   struct Stats {
