@@ -67,6 +67,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   // (subscriber_sharded_publish.cc). On a GPU it first waits for
   // `after_stream` (null: the legacy default stream).
   Status publish(const std::vector<ShardView>& shards, uint64_t step, void* after_stream = nullptr);
+  Status check_shards(const std::vector<ShardView>& shards) const;
+  Status publish_part(const std::vector<ShardView>& shards, uint64_t step,
+                      std::shared_ptr<const std::vector<ShardView>> held, uint64_t part);
   // This rank cannot publish its part of `step`: tells rank 0 why (it
   // refuses the update at once, naming this rank), and returns `why`.
   Status publish_refused(const Status& why, uint64_t step);
@@ -216,6 +219,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::map<std::string, TensorView> registry_;
   // A source's shards of the update it published (reg_mu_), shared with its move.
   std::shared_ptr<const std::vector<ShardView>> holdings_;
+  // The last call's shards that passed its checks, and its part's digest
+  // (reg_mu_): a call of the same shards (same_shards) takes them as they are.
+  std::pair<std::shared_ptr<const std::vector<ShardView>>, uint64_t> last_part_;
   std::map<std::string, ShardView> slices_;  // an engine's registered slices (reg_mu_)
   uint64_t wants_seq_ = 0;                   // reg_mu_
   uint64_t publish_seq_ = 0;         // reg_mu_
@@ -333,5 +339,9 @@ class SubscriberImpl : public control::ControlClient::Listener {
   std::condition_variable jobs_cv_;
   std::deque<Job> jobs_;
 };
+
+// Two calls' shards are the same tensors' same boxes at the same addresses
+// on the same device (subscriber_sharded_publish.cc).
+bool same_shards(const std::vector<ShardView>& a, const std::vector<ShardView>& b);
 
 }  // namespace paramcast

@@ -19,19 +19,6 @@
 
 namespace paramcast {
 
-namespace {
-// Two calls' shards are the same tensors' same boxes at the same addresses.
-bool same_memory(const std::vector<ShardView>& a, const std::vector<ShardView>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].local.data != b[i].local.data || a[i].offsets != b[i].offsets || a[i].full_shape != b[i].full_shape ||
-        a[i].local.spec.shape != b[i].local.spec.shape || a[i].local.spec.dtype != b[i].local.spec.dtype ||
-        a[i].local.spec.name != b[i].local.spec.name)
-      return false;
-  return true;
-}
-}  // namespace
-
 // One sharded move on this rank, shared by move_sharded's steps: the plan's
 // moves, the registrations taken for it, and where each tensor's pieces go.
 // `plan` is this update's (version, holders' seqs), `shape` the plan whose
@@ -121,7 +108,8 @@ void SubscriberImpl::find_held(ShardedMove& m) {
     m.buffers.index = std::make_shared<const reshard::BufferIndex>(0);
     return;
   }
-  if (held_index_.moves.lock() == m.moves && held_index_.holdings && same_memory(*held_index_.holdings, *m.holdings)) {
+  if (held_index_.moves.lock() == m.moves && held_index_.holdings &&
+      (held_index_.holdings == m.holdings || same_shards(*held_index_.holdings, *m.holdings))) {
     m.buffers.index = held_index_.index;
     return;
   }
