@@ -87,12 +87,14 @@ Status HostRun::choose() {
     if (options.sent) options.sent->end_run(false);
     return found.status();
   }
-  for (auto [chosen, at, into] : {std::tuple{&schedule_->sends, &(*found)->sends, &sends_},
-                                  std::tuple{&schedule_->recvs, &(*found)->recvs, &recvs_}}) {
+  for (auto [chosen, at, in_place, into] :
+       {std::tuple{&schedule_->sends, &(*found)->sends, &(*found)->sends_in_place, &sends_},
+        std::tuple{&schedule_->recvs, &(*found)->recvs, &(*found)->recvs_in_place, &recvs_}}) {
     into->resize(chosen->size());
     for (size_t k = 0; k < chosen->size(); ++k) {
       static_cast<Chosen&>((*into)[k]) = (*chosen)[k];
       (*into)[k].at = (*at)[k];
+      (*into)[k].in_place = (*in_place)[k];
     }
   }
   auto parts = std::make_shared<std::vector<SmallParts>>(sends_.size() + recvs_.size());
@@ -119,12 +121,17 @@ StatusOr<std::shared_ptr<const RankSchedule::Found>> HostRun::find_buffers() con
   }
   auto found = std::make_shared<RankSchedule::Found>();
   found->index = buffers.index;
-  for (auto [chosen, into] : {std::pair{&schedule_->sends, &found->sends}, std::pair{&schedule_->recvs, &found->recvs}}) {
+  for (auto [chosen, into, in_place] : {std::tuple{&schedule_->sends, &found->sends, &found->sends_in_place},
+                                        std::tuple{&schedule_->recvs, &found->recvs, &found->recvs_in_place}}) {
     into->reserve(chosen->size());
+    in_place->reserve(chosen->size());
     for (const Chosen& c : *chosen) {
-      auto at = buffer_of(plan, buffers, transfer(c.transfer), rank, found_);
+      const Transfer& x = transfer(c.transfer);
+      auto at = buffer_of(plan, buffers, x, rank, found_);
       if (!at.ok()) return at.status();
       into->push_back(*at);
+      const auto offset = contiguous_at((*at)->box, x.region, element(x));
+      in_place->push_back(offset ? static_cast<int64_t>(*offset) : -1);
     }
   }
   if (buffers.index) {
@@ -325,15 +332,14 @@ Status HostRun::out_of_memory() {
 // The region's bytes in the rank's buffer, contiguous: in place, or packed into `into`.
 uint8_t* HostRun::read(const Posted& p, std::vector<uint8_t>& into) const {
   const Transfer& x = transfer(p.transfer);
-  if (const auto at = contiguous_at(p.at->box, x.region, element(x))) return p.at->data + *at;
+  if (p.in_place >= 0) return p.at->data + p.in_place;
   into.resize(x.bytes);
   copy_region(p.at->data, p.at->box, into.data(), x.region, x.region, element(x));
   return into.data();
 }
 
 uint8_t* HostRun::read_staged(Posted& p) const {
-  const Transfer& x = transfer(p.transfer);
-  if (const auto at = contiguous_at(p.at->box, x.region, element(x))) return p.at->data + *at;
+  if (p.in_place >= 0) return p.at->data + p.in_place;
   return read(p, p.stage());
 }
 

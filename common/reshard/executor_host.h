@@ -47,6 +47,9 @@ struct Posted : Chosen {
   }
   std::shared_ptr<std::vector<uint8_t>> encoded;  // a send's delta encoding (shared by sends of the same piece)
   bool direct = false;                            // a receive straight into the rank's buffer
+  // The region's byte offset in its buffer where it lies back to back there
+  // (contiguous_at: it moves in place), else -1 (packed or unpacked).
+  int64_t in_place = -1;
   // A bundle's piece (plan_bundles): the bundle's first piece carries its
   // moves, staging and checksum; each piece's bytes are its part of that
   // staging. Null: the piece travels alone.
@@ -115,6 +118,7 @@ struct RankSchedule {
   struct Found {
     std::shared_ptr<const BufferIndex> index;
     std::vector<const LocalBuffer*> sends, recvs;
+    std::vector<int64_t> sends_in_place, recvs_in_place;  // each piece's Posted::in_place
   };
   mutable std::mutex found_mu;
   mutable std::shared_ptr<const Found> found;

@@ -1,5 +1,7 @@
 // HostRun's receives: for each piece that comes, land, check, decode,
 // place, relay; then the forwards against their holders' hashes.
+#include <cstring>
+
 #include "common/delta/delta_codec.h"
 #include "common/reshard/executor_host.h"
 #include "common/xxhash.h"
@@ -38,10 +40,9 @@ void HostRun::post_dense_receive(Posted& p) {
     return;
   }
   const Transfer& x = transfer(p.transfer);
-  const auto at = contiguous_at(p.at->box, x.region, element(x));
-  p.direct = at.has_value();
-  uint8_t* into = at ? p.at->data + *at : nullptr;
-  if (!at) {
+  p.direct = p.in_place >= 0;
+  uint8_t* into = p.direct ? p.at->data + p.in_place : nullptr;
+  if (!p.direct) {
     p.stage().resize(x.bytes);
     into = p.staging->data();
   }
@@ -90,9 +91,8 @@ Status HostRun::post_delta_receive(Posted& p) {
   if (!p.wire) return Status();
   uint8_t* into = nullptr;
   if (h.kind == static_cast<uint8_t>(delta::Kind::kDense)) {
-    const auto at = contiguous_at(p.at->box, x.region, element(x));
-    p.direct = at.has_value();
-    if (at) into = p.at->data + *at;
+    p.direct = p.in_place >= 0;
+    if (p.direct) into = p.at->data + p.in_place;
   }
   if (!into) {
     p.stage().resize(p.wire);
@@ -194,8 +194,10 @@ StatusOr<const uint8_t*> HostRun::check_decode(Posted& p) {
 // piece lands in the bundle's staging).
 void HostRun::place(const Posted& p, const uint8_t* bytes) const {
   const Transfer& x = transfer(p.transfer);
-  if (p.lead || !contiguous_at(p.at->box, x.region, element(x)))
+  if (p.in_place < 0)
     copy_region(bytes, x.region, p.at->data, p.at->box, x.region, element(x));
+  else if (p.lead)  // a bundle's piece, from the bundle's staging to where it lies back to back
+    std::memcpy(p.at->data + p.in_place, bytes, x.bytes);
 }
 
 // A received piece goes on to the ranks it is forwarded to: in a delta

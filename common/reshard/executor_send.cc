@@ -30,7 +30,7 @@ Status HostRun::send_held() {
         if (Status s = send_bundle(p); !s.ok()) return s;
       continue;
     }
-    const bool packs = !contiguous_at(p.at->box, x.region, element(x)).has_value();
+    const bool packs = p.in_place < 0;
     if (Status s = make_room(delta_ || packs ? x.bytes : 0); !s.ok()) return s;
     if (delta_)
       encode(p);  // read (or pack), encode against the baseline, hash
