@@ -1,6 +1,8 @@
 // HostRun's sends: for each piece this rank holds, read (or pack) it,
 // encode it against the baseline, hash it, post it; then the hashes of the
 // pieces its chains forward.
+#include <cstring>
+
 #include "common/delta/delta_codec.h"
 #include "common/reshard/executor_host.h"
 #include "common/xxhash.h"
@@ -90,7 +92,10 @@ Status HostRun::send_bundle(Posted& lead) {
   for (Posted* m : lead.members) {
     const Transfer& x = transfer(m->transfer);
     uint8_t* into = lead.staging->data() + at;
-    copy_region(m->at->data, m->at->box, into, x.region, x.region, element(x));
+    if (m->in_place >= 0)  // back to back in its buffer: one copy
+      std::memcpy(into, m->at->data + m->in_place, x.bytes);
+    else
+      copy_region(m->at->data, m->at->box, into, x.region, x.region, element(x));
     m->bytes = into;
     m->wire = x.bytes;
     at += x.bytes;
