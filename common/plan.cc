@@ -1,6 +1,7 @@
 #include "common/plan.h"
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_set>
 
 #include "common/xxhash.h"
@@ -110,7 +111,9 @@ StatusOr<UpdatePlan> plan_tensors(uint64_t version, const std::vector<TensorSpec
   plan.version = version;
   plan.tensors = tensors;
   plan.checksum = options.checksum;
-  std::unordered_set<std::string> names;
+  std::unordered_set<std::string_view> names;  // views of `tensors`' names: no copy of each name an update
+  names.reserve(tensors.size());
+  plan.nbytes.reserve(tensors.size());
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     if (t.name.empty()) return invalid_argument("tensor #" + std::to_string(i) + " has an empty name");

@@ -1,5 +1,6 @@
 #include "inference_side/plan_check.h"
 
+#include <string_view>
 #include <unordered_set>
 
 namespace paramcast {
@@ -7,7 +8,8 @@ namespace paramcast {
 std::vector<Mismatch> check_plan(const UpdatePlan& plan, const std::map<std::string, TensorView>& registry,
                                  bool has_callback) {
   std::vector<Mismatch> out;
-  std::unordered_set<std::string> seen;
+  std::unordered_set<std::string_view> seen;  // views of the plan's names: no copy of each name an update
+  seen.reserve(plan.tensors.size());
   for (const auto& t : plan.tensors) {
     auto it = registry.find(t.name);
     if (it == registry.end()) {
