@@ -97,14 +97,14 @@ Status HostRun::choose() {
       (*into)[k].in_place = (*in_place)[k];
     }
   }
-  auto parts = std::make_shared<std::vector<SmallParts>>(sends_.size() + recvs_.size());
+  parts_ = std::make_shared<std::vector<SmallParts>>(sends_.size() + recvs_.size());
   size_t k = 0;
-  all_.reserve(parts->size());
+  all_.reserve(parts_->size());
   for (auto* list : {&sends_, &recvs_})
     for (Posted& p : *list) {
-      SmallParts& mine = (*parts)[k++];
-      p.sum = std::shared_ptr<uint64_t>(parts, &mine.sum);  // owned by the slab
-      p.head = std::shared_ptr<PieceHeader>(parts, &mine.head);
+      SmallParts& mine = (*parts_)[k++];
+      p.sum = &mine.sum;
+      p.head = &mine.head;
       all_.push_back(&p);
     }
   if (checked_) held_sums_.assign(sends_.size(), 0);
@@ -302,18 +302,16 @@ Status HostRun::account() {
 // under a write.
 void HostRun::settle(const Status& s) {
   comm.abort(s.message());
+  bool parts_unsettled = false;
   for (Posted* q : all_) {
     if (unsettled(q->work)) {
       if (q->direct && options.unsettled) *options.unsettled = true;
       new std::shared_ptr<std::vector<uint8_t>>(q->staging);              // deliberately leaked
       new std::shared_ptr<std::vector<uint8_t>>(std::move(q->encoded));  // deliberately leaked
     }
-    for (const auto* w : {&q->sum_work, &q->head_work})
-      if (unsettled(*w)) {
-        new std::shared_ptr<uint64_t>(q->sum);      // deliberately leaked
-        new std::shared_ptr<PieceHeader>(q->head);  // deliberately leaked
-      }
+    parts_unsettled = parts_unsettled || unsettled(q->sum_work) || unsettled(q->head_work);
   }
+  if (parts_unsettled) new std::shared_ptr<std::vector<SmallParts>>(parts_);  // deliberately leaked
   for (auto* sums : {&holder_sums_, &taken_})
     for (auto& h : *sums)
       if (unsettled(h.work)) new std::shared_ptr<std::vector<uint64_t>>(h.sums);  // deliberately leaked

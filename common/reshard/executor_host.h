@@ -32,9 +32,10 @@ struct Posted : Chosen {
   std::shared_ptr<Work> work;
   std::shared_ptr<Work> sum_work;   // the checksum that follows it (dense plans with checksums)
   std::shared_ptr<Work> head_work;  // its header (delta plans)
-  // Sent, or received: both in the run's slab of small parts (choose).
-  std::shared_ptr<uint64_t> sum;
-  std::shared_ptr<PieceHeader> head;
+  // Sent, or received: both in the run's slab of small parts (choose;
+  // HostRun::parts_, which a Work that does not settle keeps: settle).
+  uint64_t* sum = nullptr;
+  PieceHeader* head = nullptr;
   const uint8_t* bytes = nullptr;  // the bytes on the wire, contiguous (a receive: once landed)
   uint64_t wire = 0;               // how many
   // Packed bytes (a send) or their landing (a receive) when not contiguous;
@@ -189,6 +190,7 @@ class HostRun final : public RankRun {
   // so pointers into them stay.
   std::vector<Posted> sends_, recvs_;
   std::vector<Posted*> all_;
+  std::shared_ptr<std::vector<SmallParts>> parts_;  // every piece's sum and head
   // The hashes this rank sends as a holder, in schedule order, once all its
   // own sends are posted; each rank takes them after all its moves landed,
   // in the same order, and checks the forwards it received then. Last on

@@ -25,7 +25,7 @@ Status HostRun::post_batch(size_t begin, size_t end) {
   }
   for (size_t i = begin; i < end; ++i) {
     Posted& p = recvs_[i];
-    p.head_work = comm.recv(p.head.get(), sizeof(PieceHeader), transfer(p.transfer).from,
+    p.head_work = comm.recv(p.head, sizeof(PieceHeader), transfer(p.transfer).from,
                             static_cast<uint32_t>(p.transfer) | kHeaderTag);
     ++stats.messages;
   }
@@ -51,7 +51,7 @@ void HostRun::post_dense_receive(Posted& p) {
   p.wire = x.bytes;
   ++stats.messages;
   if (options.checksums && x.after < 0) {  // a forward is checked once every move landed
-    p.sum_work = comm.recv(p.sum.get(), sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
+    p.sum_work = comm.recv(p.sum, sizeof(uint64_t), x.from, static_cast<uint32_t>(p.transfer) | kChecksumTag);
     ++stats.messages;
   }
 }
@@ -75,7 +75,7 @@ void HostRun::post_bundle_receive(Posted& lead) {
   lead.work = comm.recv(lead.staging->data(), total, first.from, tag);
   ++stats.messages;
   if (options.checksums && !lead.relayed) {
-    lead.sum_work = comm.recv(lead.sum.get(), sizeof(uint64_t), first.from, tag | kChecksumTag);
+    lead.sum_work = comm.recv(lead.sum, sizeof(uint64_t), first.from, tag | kChecksumTag);
     ++stats.messages;
   }
 }

@@ -111,7 +111,7 @@ Status HostRun::send_bundle(Posted& lead) {
   ++stats.messages;
   if (options.checksums) {
     *lead.sum = xxh64(lead.staging->data(), total);
-    lead.sum_work = comm.send(lead.sum.get(), sizeof(uint64_t), first.to, tag | kChecksumTag);
+    lead.sum_work = comm.send(lead.sum, sizeof(uint64_t), first.to, tag | kChecksumTag);
     ++stats.messages;
   }
   held_ += total;
@@ -188,7 +188,7 @@ void HostRun::encode(Posted& p) {
 void HostRun::post(Posted& p) {
   const Transfer& x = transfer(p.transfer);
   const uint32_t tag = static_cast<uint32_t>(p.transfer);
-  if (delta_) p.head_work = comm.send(p.head.get(), sizeof(PieceHeader), x.to, tag | kHeaderTag);
+  if (delta_) p.head_work = comm.send(p.head, sizeof(PieceHeader), x.to, tag | kHeaderTag);
   if (!delta_ || p.wire) p.work = comm.send(p.bytes, p.wire, x.to, tag);
   stats.messages += (p.head_work ? 1 : 0) + (p.work ? 1 : 0);
   stats.wire_sent += p.wire;
@@ -198,7 +198,7 @@ void HostRun::post(Posted& p) {
     held_sums_[at] = p.head->hash;
   } else if (options.checksums) {
     *p.sum = xxh64(p.bytes, x.bytes);
-    p.sum_work = comm.send(p.sum.get(), sizeof(uint64_t), x.to, tag | kChecksumTag);
+    p.sum_work = comm.send(p.sum, sizeof(uint64_t), x.to, tag | kChecksumTag);
     ++stats.messages;
     held_sums_[at] = *p.sum;
   }
