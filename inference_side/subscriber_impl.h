@@ -140,9 +140,13 @@ class SubscriberImpl : public control::ControlClient::Listener {
   void abort_comm(const std::string& why, uint64_t only_version = 0);
   void push_job(Job job);
   // A sharded plan's shape, by the object that holds it: the kept whole
-  // plan a plan by reference copies, or the whole plan's own copy (which
+  // plan a plan by reference refers to, or the whole plan's own copy (which
   // becomes the kept one once accepted). Null for other plans.
   using ShapeId = std::shared_ptr<const UpdatePlan>;
+  // Where `plan`'s regions (holders', wanters') are: a plan by reference
+  // carries none (plan_by_reference), they are its shape's; any other plan
+  // has its own.
+  static const UpdatePlan& regions_of(const UpdatePlan& plan, const ShapeId& shape) { return shape ? *shape : plan; }
   std::vector<Mismatch> check(const UpdatePlan& plan, const ShapeId& shape = nullptr);
 
   // Data thread.

@@ -38,7 +38,7 @@ struct SubscriberImpl::ShardedMove {
 };
 
 Status SubscriberImpl::move_sharded(const Job& job, Communicator* comm, bool& collective_done) {
-  ShardedMove m(*job.plan, job.shape ? *job.shape : *job.plan);
+  ShardedMove m(*job.plan, regions_of(*job.plan, job.shape));
   int world = 0;
   std::vector<std::string> names;
   {

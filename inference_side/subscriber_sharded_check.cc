@@ -100,7 +100,7 @@ void SubscriberImpl::check_source_part(const UpdatePlan& plan, int rank, const S
   const uint64_t part = part_sent_.first == active_seq_ ? part_sent_.second : 0;
   const CheckedShape now{shape, 0, part, rank, plan.partial};
   if (!(shape && part && checked_ == now)) {
-    const UpdatePlan& regions = shape ? *shape : plan;  // a plan by reference has its shape's
+    const UpdatePlan& regions = regions_of(plan, shape);
     std::set<std::pair<std::string, reshard::Region>> mine, planned;
     if (holdings_)
       for (const auto& h : *holdings_) {
@@ -150,7 +150,7 @@ void SubscriberImpl::check_engine_part(const UpdatePlan& plan, int rank, const S
     registry[name] = TensorView{TensorSpec{name, s.local.spec.dtype, s.full_shape}, s.local.data, s.local.device};
   auto more = check_plan(plan, registry, bool(callback_));
   out.insert(out.end(), more.begin(), more.end());
-  check_planned_slices(shape ? *shape : plan, rank, out);  // a plan by reference has its shape's wants
+  check_planned_slices(regions_of(plan, shape), rank, out);
   if (out.size() == before) checked_ = now;  // a later plan by reference to it passes as this one
 }
 
